@@ -1,0 +1,19 @@
+# The two commands a new user needs: `make demo` (the live TUI on a failing run) and `make test`.
+.PHONY: setup demo test lint bench screenshots
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/nnwatch demo exploding
+
+test: setup
+	@bash scripts/system-deps.sh
+	bash scripts/test.sh
+
+lint: setup
+	.venv/bin/ruff check .
+
+bench: setup
+	.venv/bin/python bench/overhead.py
+	.venv/bin/python bench/channel.py

@@ -1,0 +1,66 @@
+"""The ``nnwatch`` command. Each subcommand is its own module in this package.
+
+A subcommand module defines ``COMMAND`` (its name), ``HELP`` (one line), ``add_arguments(parser)``
+and ``run(args) -> int``. Modules are found by name, so adding a command touches no shared file.
+UI libraries are imported inside ``run`` only, so ``nnwatch ls`` stays fast and headless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from types import ModuleType
+
+DEFAULT_COMMAND = "pick"  # `nnwatch` alone opens the run picker
+
+
+def _command_modules() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        name = getattr(mod, "COMMAND", None)
+        if name:
+            found[name] = mod
+    return found
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    from nnwatch._version import __version__
+
+    mods = _command_modules()
+    parser = argparse.ArgumentParser(
+        prog="nnwatch",
+        description="Live monitor and debugger for PyTorch training runs.",
+    )
+    parser.add_argument("--version", action="version", version=f"nnwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in sorted(mods):
+        mod = mods[name]
+        p = sub.add_parser(name, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", ""))
+        mod.add_arguments(p)
+    return parser, mods
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, mods = build_parser()
+    if not argv and DEFAULT_COMMAND in mods:
+        argv = [DEFAULT_COMMAND]
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return int(mods[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

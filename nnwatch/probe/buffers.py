@@ -1,0 +1,120 @@
+"""The preallocated step record: where hooks write, and how it reaches the host once per step.
+
+On the CPU the device block *is* the host record (a torch view of numpy memory), so hooks write
+straight into what gets published and nothing is copied. On CUDA the device block is copied once
+per step into a pinned buffer with ``non_blocking=True``; the record is published when its CUDA
+event has completed, usually one step later. If the GPU falls ``PIPELINE`` steps behind, the oldest
+copy is waited for; by then the CPU would have stalled on the GPU anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from nnwatch.schema import DEV_FIELDS, HOST_FIELDS, RunSchema
+
+PIPELINE = 4
+HOST_INDEX = {name: i for i, name in enumerate(HOST_FIELDS)}
+DEV_INDEX = {name: i for i, name in enumerate(DEV_FIELDS)}
+
+
+class StepBuffers:
+    """Record memory for one run. Views are named after the schema's fields."""
+
+    def __init__(self, schema: RunSchema, device: torch.device) -> None:
+        self.schema = schema
+        self.record = np.zeros(schema.record_size, dtype=np.uint8)
+        hs = schema.host_size
+        self.host = self.record[:hs].view(np.float64)
+        self.lr_offset = len(HOST_FIELDS)
+        self._dev_view = self.record[hs:].view(np.float32)
+        self._pending: deque[tuple[torch.cuda.Event, int, np.ndarray]] = deque()
+        self._pinned: list[torch.Tensor] = []
+        self._next = 0
+        self.device = torch.device("cpu")
+        self._allocate(device)
+
+    # -- layout ----------------------------------------------------------------------------------
+    def _allocate(self, device: torch.device) -> None:
+        s = self.schema
+        n = self._dev_view.size
+        self.device = device
+        if device.type == "cpu":
+            self.dev = torch.from_numpy(self._dev_view)
+            self._pinned = []
+        else:
+            self.dev = torch.empty(n, dtype=torch.float32, device=device)
+            self._pinned = [
+                torch.empty(n, dtype=torch.float32, pin_memory=True) for _ in range(PIPELINE)
+            ]
+        nd, L, P = len(DEV_FIELDS), s.num_layers, s.num_param_layers
+        self.scalars = self.dev[:nd]
+        self.act_sum = self.dev[nd : nd + L]
+        self.act_stats = self.dev[nd + L : nd + 6 * L].view(5, L)
+        self.grad_layer = self.dev[nd + 6 * L : nd + 6 * L + P]
+        template = torch.full((n,), math.nan, dtype=torch.float32)
+        template[nd : nd + L] = 0.0  # sums accumulate from zero; every other value starts absent
+        self.template = template.to(device)
+        self.dev.copy_(self.template)
+
+    def slot(self, name: str) -> torch.Tensor:
+        """The 0-d device view of one scalar field, e.g. ``slot("loss")``."""
+        return self.scalars[DEV_INDEX[name]]
+
+    def stat_column(self, layer: int) -> torch.Tensor:
+        return self.act_stats[:, layer]
+
+    def set_host(self, name: str, value: float) -> None:
+        self.host[HOST_INDEX[name]] = value
+
+    def move_to(self, device: torch.device, publish: Callable[[memoryview], None]) -> None:
+        """Follow a model that was moved: flush what is in flight, reallocate on the new device."""
+        self.flush(publish)
+        self._allocate(device)
+
+    def permute_layers(self, order: list[int]) -> None:
+        """Reorder the per-layer block once, after the first forward revealed the real order."""
+        idx = torch.tensor(order, dtype=torch.long, device=self.dev.device)
+        self.act_sum.copy_(self.act_sum[idx])
+        self.act_stats.copy_(self.act_stats[:, idx])
+
+    # -- per step --------------------------------------------------------------------------------
+    def commit(self, publish: Callable[[memoryview], None]) -> None:
+        """Hand this step's record to ``publish`` (now on CPU, when its copy lands on CUDA), reset."""
+        if not self._pinned:
+            publish(memoryview(self.record))
+            self.dev.copy_(self.template)
+            return
+        if len(self._pending) >= PIPELINE:
+            ev, k, host = self._pending.popleft()
+            ev.synchronize()
+            self._emit(k, host, publish)
+        k = self._next
+        self._next = (self._next + 1) % PIPELINE
+        self._pinned[k].copy_(self.dev, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._pending.append((ev, k, self.host.copy()))
+        self.dev.copy_(self.template)
+        while self._pending and self._pending[0][0].query():
+            _, k2, host2 = self._pending.popleft()
+            self._emit(k2, host2, publish)
+
+    def flush(self, publish: Callable[[memoryview], None]) -> None:
+        """Wait for and publish every record still in flight (at close or on a device move)."""
+        while self._pending:
+            ev, k, host = self._pending.popleft()
+            ev.synchronize()
+            self._emit(k, host, publish)
+
+    def _emit(self, k: int, host: np.ndarray, publish: Callable[[memoryview], None]) -> None:
+        saved = self.host.copy()
+        self.host[:] = host
+        self._dev_view[:] = self._pinned[k].numpy()
+        publish(memoryview(self.record))
+        self.host[:] = saved

@@ -1,0 +1,97 @@
+"""Which modules the probe watches, and how parameters map to the layers that own them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_STAT_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._NormBase,  # BatchNorm*, InstanceNorm*
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.MultiheadAttention,
+    nn.Embedding,
+)
+if hasattr(nn, "RMSNorm"):
+    _STAT_TYPES = (*_STAT_TYPES, nn.RMSNorm)
+_ACTIVATION_TYPES: tuple[type[nn.Module], ...] = tuple(
+    cls
+    for cls in vars(nn.modules.activation).values()
+    if isinstance(cls, type)
+    and issubclass(cls, nn.Module)
+    and cls.__module__ == nn.modules.activation.__name__
+)
+
+
+def is_stat_layer(module: nn.Module) -> bool:
+    """Activation modules (ReLU, GELU, ...) and Linear, Conv, Norm, Embedding and attention outputs."""
+    return isinstance(module, _STAT_TYPES + _ACTIVATION_TYPES)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """The modules to hook (registration order) and the parameter-to-layer map for grad norms."""
+
+    stat_names: tuple[str, ...]
+    stat_kinds: tuple[str, ...]
+    stat_modules: tuple[nn.Module, ...]
+    param_layer_names: tuple[str, ...]
+    params: tuple[torch.nn.Parameter, ...]  # trainable parameters, in model.parameters() order
+    param_layer_index: tuple[int, ...]  # for each of ``params``, its index in param_layer_names
+
+
+def plan_layers(model: nn.Module) -> LayerPlan:
+    root_name = type(model).__name__
+    stat_names: list[str] = []
+    stat_kinds: list[str] = []
+    stat_modules: list[nn.Module] = []
+    param_layers: list[str] = []
+    owner: dict[int, int] = {}
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        label = name or root_name
+        if is_stat_layer(module):
+            stat_names.append(label)
+            stat_kinds.append(type(module).__name__)
+            stat_modules.append(module)
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own:
+            idx = len(param_layers)
+            param_layers.append(label)
+            for p in own:
+                owner.setdefault(id(p), idx)
+    params = tuple(p for p in model.parameters() if p.requires_grad)
+    return LayerPlan(
+        stat_names=tuple(stat_names),
+        stat_kinds=tuple(stat_kinds),
+        stat_modules=tuple(stat_modules),
+        param_layer_names=tuple(param_layers),
+        params=params,
+        param_layer_index=tuple(owner[id(p)] for p in params),
+    )
+
+
+def first_tensor(output: object) -> torch.Tensor | None:
+    """The tensor a module 'produced': itself, the first of a tuple/list, or the first dict value.
+
+    Attention returns ``(output, weights)``; Hugging Face models return dict-like outputs; some
+    modules return None. Only floating tensors carry activation statistics.
+    """
+    for _ in range(4):  # nested containers, a few levels deep at most
+        if isinstance(output, torch.Tensor):
+            return output if output.is_floating_point() else None
+        if isinstance(output, (tuple, list)):
+            output = output[0] if output else None
+        elif isinstance(output, dict):
+            output = next((v for v in output.values() if isinstance(v, torch.Tensor)), None)
+        else:
+            return None
+    return None

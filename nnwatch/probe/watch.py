@@ -1,0 +1,771 @@
+"""``nnwatch.watch()``: the probe a training script attaches to its model and optimizer.
+
+It hooks the model's layers, measures gradients right before ``optimizer.step()``, and turns each
+``w.step()`` into one fixed-size record that goes to the run log (durable history), the ring file
+(live monitors) and the detectors. Nothing here blocks or raises into the training loop: a failure
+inside nnwatch is logged once and switches off only the part that failed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import random
+import socket
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nnwatch import grad as gradmath
+from nnwatch._version import __version__
+from nnwatch.paths import RunDirError, default_root, ensure_private_dir
+from nnwatch.probe.activation_stats import accumulate_sum, write_stats
+from nnwatch.probe.buffers import StepBuffers
+from nnwatch.probe.grad_norms import LayerReducer, squared_norms
+from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers
+from nnwatch.probe.sysmon import SystemSampler
+from nnwatch.runlog import RunLogWriter
+from nnwatch.schema import RunMeta, RunSchema
+
+log = logging.getLogger("nnwatch")
+
+RECENT_STEPS = 500  # scalar rows kept in memory for snapshots
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def detect(cls) -> RankInfo:
+        """From torch.distributed when it is initialised, else from the launcher's variables."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls(
+                    dist.get_rank(),
+                    int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+                    dist.get_world_size(),
+                )
+        except Exception:  # noqa: BLE001 - a broken process group must not stop the probe
+            pass
+        env = os.environ
+        return cls(
+            int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1))
+        )
+
+
+def _capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A detached CPU copy of a nested structure of tensors (a state_dict, a batch)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_to_cpu(v) for v in obj]
+        return type(obj)(items) if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def _batch_size(batch: Any) -> int | None:
+    t = first_tensor(batch) if not isinstance(batch, torch.Tensor) else batch
+    if t is None and isinstance(batch, (tuple, list)) and batch:
+        t = next((b for b in batch if isinstance(b, torch.Tensor)), None)
+    if isinstance(t, torch.Tensor) and t.dim() > 0:
+        return int(t.shape[0])
+    return None
+
+
+class Watch:
+    """One watched training run. Create it with :func:`watch`; call :meth:`step` once per step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scaler: Any = None,
+        *,
+        num_classes: int | None = None,
+        name: str | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        layer_interval: int = 10,
+        stat_cap: int = 65536,
+        guard: bool | None = None,
+        skip_nonfinite: bool = False,
+        channel: bool = True,
+        detectors: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.num_classes = num_classes
+        self.name = name or type(model).__name__
+        self.findings: list[Any] = []
+        self.should_stop = False
+        self.step_index = 0
+        self.layer_interval = max(1, int(layer_interval))
+        self.stat_cap = int(stat_cap)
+        self.skip_nonfinite = skip_nonfinite
+        self.disabled: str | None = None
+        self.closed = False
+        self.run_dir = Path()
+        self.rank = RankInfo.detect()
+        self._warned: set[str] = set()
+        self._handles: list[Any] = []
+        self._log: RunLogWriter | None = None
+        self._channel: Any = None
+        self._diagnosis: Any = None
+        self._want_channel = channel
+        self._want_detectors = detectors
+        self._started = time.time()
+        self._last_time = math.nan
+        self._step_open = False
+        self._backward_seen = False
+        self._norms_done = False
+        self._clip_override: float | None = None
+        self._clip_threshold = math.nan
+        self._anomaly_left = 0
+        self._anomaly_prev: bool | None = None
+        self._paused = False
+        self._snapshot_reason: str | None = None
+        self._rng_at_start: dict[str, Any] | None = None
+        self._pre_state: dict[str, Any] | None = None
+        self._guard_tripped = False
+        self._order: list[int] = []
+        self._finalized = False
+        self._recent: np.ndarray | None = None
+
+        self.plan: LayerPlan = plan_layers(model)
+        if not self.plan.stat_modules:
+            self._warn_once(
+                "no-layers",
+                f"found no layers to watch in {type(model).__name__} (no Linear, Conv, Norm, "
+                "attention or activation modules); per-layer statistics are off, loss and "
+                "gradient norms are still recorded",
+            )
+        self.device = self._param_device()
+        self.guard = (self.device.type == "cpu") if guard is None else bool(guard)
+        self._reducer = LayerReducer(self.plan.param_layer_index, len(self.plan.param_layer_names))
+        self._slots = list(range(len(self.plan.stat_modules)))
+        num_lr = len(optimizer.param_groups) if optimizer is not None else 0
+        self.schema = RunSchema(
+            self.plan.stat_names, self.plan.stat_kinds, self.plan.param_layer_names, num_lr
+        )
+        self._buf = StepBuffers(self.schema, self.device)
+        self._refresh_views()
+        self._sampled = True  # step 0 always samples per-layer stats
+        self._sysmon = SystemSampler()
+
+        try:
+            self.run_dir = self._make_run_dir(run_dir)
+        except (OSError, RunDirError) as exc:
+            self._disable(f"cannot use the run directory ({exc}); monitoring is off for this run")
+            return
+        self._attach_hooks()
+        self._sysmon.start()
+        self._atexit = weakref.WeakMethod(self.close)
+        atexit.register(_close_at_exit, self._atexit)
+        print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
+
+    # ------------------------------------------------------------------------------------------
+    # set-up
+    def _param_device(self) -> torch.device:
+        p = next(self.model.parameters(), None)
+        if p is None:
+            b = next(self.model.buffers(), None)
+            return b.device if b is not None else torch.device("cpu")
+        return p.device
+
+    def _make_run_dir(self, run_dir: str | os.PathLike[str] | None) -> Path:
+        if run_dir is not None:
+            path = Path(run_dir).expanduser()
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise RunDirError(f"{path} is not writable")
+            return path
+        root = ensure_private_dir(default_root())
+        runs = ensure_private_dir(root / "runs")
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.name)[:40] or "run"
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._started))
+        suffix = f"-r{self.rank.rank}" if self.rank.world_size > 1 else ""
+        path = runs / f"{safe}-{stamp}-{os.getpid()}{suffix}"
+        path.mkdir(mode=0o700)
+        return path
+
+    def _attach_hooks(self) -> None:
+        self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start))
+        for i, module in enumerate(self.plan.stat_modules):
+            self._handles.append(module.register_forward_hook(self._make_layer_hook(i)))
+        if self.plan.params:
+            first = self.plan.params[0]
+            self._hooked_param = (first, first._post_accumulate_grad_hooks is None)
+            self._handles.append(first.register_post_accumulate_grad_hook(self._on_backward))
+        if self.optimizer is not None:
+            self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
+
+    def _refresh_views(self) -> None:
+        """Per-layer slot views, rebuilt when slots are reordered or the buffers move device."""
+        b = self._buf
+        self._sum_views = [b.act_sum[s] for s in self._slots]
+        self._col_views = [b.act_stats[:, s] for s in self._slots]
+
+    # ------------------------------------------------------------------------------------------
+    # hooks (hot path: no host sync, no allocation that grows with the run)
+    def _on_forward_start(self, module: nn.Module, args: Any) -> None:
+        if self._step_open or self.disabled:
+            return
+        try:
+            self._step_open = True
+            dev = self._param_device()
+            if dev != self._buf.device:
+                self._buf.move_to(dev, self._publish)
+                self.device = dev
+                self._refresh_views()
+            if self._snapshot_reason is not None or self.guard:
+                self._rng_at_start = _capture_rng()
+        except Exception as exc:  # noqa: BLE001
+            self._disable(f"internal error at forward start: {exc!r}")
+
+    def _make_layer_hook(self, i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.disabled or not torch.is_grad_enabled():
+                return
+            try:
+                x = first_tensor(output)
+                if x is None:
+                    return
+                if not self._finalized and i not in self._order:
+                    self._order.append(i)
+                x = x.detach()
+                accumulate_sum(x, self._sum_views[i])
+                if self._sampled:
+                    write_stats(x, self._col_views[i], self.stat_cap)
+            except Exception as exc:  # noqa: BLE001 - never raise into the forward pass
+                self._layer_failed(i, exc)
+
+        return hook
+
+    def _on_backward(self, param: torch.Tensor) -> None:
+        self._backward_seen = True
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.disabled:
+            return
+        try:
+            if not self._norms_done:
+                total = self._measure_grads(self._clip_override)
+            else:
+                total = self._buf.slot("grad_norm")
+            if self._snapshot_reason is not None and self._pre_state is None:
+                self._pre_state = self._capture_state()
+            if self.guard and total is not None and not bool(torch.isfinite(total)):
+                self._on_guard_hit()
+        except Exception as exc:  # noqa: BLE001
+            self._disable(f"internal error before optimizer.step(): {exc!r}")
+
+    # ------------------------------------------------------------------------------------------
+    # gradients
+    def _grads(self) -> tuple[list[int], list[torch.Tensor]]:
+        present, grads = [], []
+        for i, p in enumerate(self.plan.params):
+            if p.grad is not None:
+                present.append(i)
+                grads.append(p.grad)
+        return present, grads
+
+    def _measure_grads(self, clip: float | None) -> torch.Tensor | None:
+        """Global and per-layer norms of the current gradients; clips when a monitor asked to."""
+        present, grads = self._grads()
+        self._norms_done = True
+        if not grads:
+            return None
+        b = self._buf
+        sq = squared_norms(grads, b.dev.device)
+        total = sq.sum().sqrt()
+        self._reducer.write(sq, present, b.grad_layer, squared=True)
+        b.slot("grad_norm").copy_(total)
+        b.slot("nonfinite_grads").copy_(~torch.isfinite(total))
+        if clip is not None:
+            self._record_clip(total, clip)
+            coef = (clip / (total + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        return total
+
+    def _record_clip(self, total: torch.Tensor, max_norm: float) -> None:
+        b = self._buf
+        total = total.to(device=b.dev.device, dtype=torch.float32)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        b.slot("grad_norm_clipped").copy_(total * coef)
+        b.slot("clipped").copy_(total > max_norm)
+        self._clip_threshold = float(max_norm)
+
+    def clip_grad_norm_(
+        self,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+        foreach: bool | None = None,
+        parameters: Iterable[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Clip like ``torch.nn.utils.clip_grad_norm_`` (bitwise) and record both norms.
+
+        A threshold set from the monitor (``set_clip``) overrides ``max_norm`` until the run ends.
+        With ``max_norm=None`` gradients are only measured, unless the monitor set a threshold.
+        """
+        params = list(self.plan.params if parameters is None else parameters)
+        limit = self._clip_override if self._clip_override is not None else max_norm
+        if self.disabled:
+            if limit is None:
+                return gradmath.global_norm(params, norm_type)
+            return gradmath.clip_grad_norm_(params, limit, norm_type, error_if_nonfinite, foreach)
+        total, present, norms = gradmath.param_grad_norms(params, norm_type, foreach)
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(
+                f"The total norm of order {norm_type} for gradients from `parameters` is "
+                "non-finite, so it cannot be clipped. To disable this error and scale the "
+                "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`"
+            )
+        if limit is not None:
+            gradmath.clip_grads_with_norm_(params, limit, total, foreach)
+        try:
+            b = self._buf
+            tot32 = total.to(device=b.dev.device, dtype=torch.float32)
+            b.slot("grad_norm").copy_(tot32)
+            b.slot("nonfinite_grads").copy_(~torch.isfinite(tot32))
+            if parameters is None and norms:
+                self._reducer.write(torch.stack([n.float() for n in norms]), present, b.grad_layer, norm_type)
+            if limit is not None:
+                self._record_clip(tot32, float(limit))
+            self._norms_done = True
+        except Exception as exc:  # noqa: BLE001 - clipping happened; recording must not raise
+            self._warn_once("clip-record", f"could not record the clip: {exc!r}")
+        return total
+
+    # ------------------------------------------------------------------------------------------
+    # the step
+    def step(self, loss: Any = None, batch: Any = None) -> None:
+        """Record one training step. Call it once per optimizer step, after ``optimizer.step()``."""
+        if self.disabled or self.closed:
+            return
+        try:
+            self._step(loss, batch)
+        except Exception as exc:  # noqa: BLE001 - training must never crash because of nnwatch
+            self._disable(f"internal error in step(): {exc!r}")
+
+    def _step(self, loss: Any, batch: Any) -> None:
+        now = time.time()
+        if not self._step_open and not self._backward_seen and self.step_index > 0:
+            self._warn_once(
+                "double-step",
+                "w.step() was called again with no forward or backward pass since the last call; "
+                "the extra call is ignored (call it once per optimizer step)",
+            )
+            return
+        b = self._buf
+        self._record_loss(loss)
+        if not self._norms_done:
+            if self._backward_seen or not self.plan.params:
+                self._measure_grads(None)
+            elif self.plan.params:
+                self._warn_once(
+                    "no-backward",
+                    "w.step() was called with no backward() since the previous step; gradient "
+                    "norms are not recorded for such steps",
+                )
+        self._record_amp()
+        h = b.set_host
+        h("step", float(self.step_index))
+        h("time", now)
+        dt = now - self._last_time
+        h("step_time", dt)
+        bs = _batch_size(batch) if batch is not None else None
+        h("samples_per_sec", bs / dt if bs and dt > 0 else math.nan)
+        h("clip_threshold", self._clip_threshold)
+        h("layer_stats", 1.0 if self._sampled and self.plan.stat_modules else 0.0)
+        if b.device.type == "cuda":
+            h("cuda_allocated", float(torch.cuda.memory_allocated(b.device)))
+            h("cuda_reserved", float(torch.cuda.memory_reserved(b.device)))
+            h("cuda_peak", float(torch.cuda.max_memory_allocated(b.device)))
+        else:
+            h("cuda_allocated", math.nan)
+            h("cuda_reserved", math.nan)
+            h("cuda_peak", math.nan)
+        h("cpu_percent", self._sysmon.cpu_percent)
+        h("rss", self._sysmon.rss)
+        if self.optimizer is not None:
+            off = b.lr_offset
+            for gi, group in enumerate(self.optimizer.param_groups[: self.schema.num_lr]):
+                lr = group.get("lr", math.nan)
+                if isinstance(lr, torch.Tensor):
+                    lr = float(lr) if lr.device.type == "cpu" else math.nan
+                b.host[off + gi] = float(lr)
+        if not self._finalized:
+            self._finalize()
+        if self._snapshot_reason is not None:
+            self._write_snapshot(batch)
+        b.commit(self._publish)
+        self._after_step(now)
+
+    def _record_loss(self, loss: Any) -> None:
+        slot = self._buf.slot("loss")
+        if loss is None:
+            return
+        if isinstance(loss, torch.Tensor):
+            value = loss.detach()
+            if value.numel() != 1:
+                self._warn_once(
+                    "loss-shape",
+                    f"the loss passed to w.step() has shape {tuple(value.shape)}, not a scalar; "
+                    "nnwatch records its mean (pass loss.mean() to silence this)",
+                )
+                value = value.float().mean()
+            slot.copy_(value.reshape(()))
+        else:
+            try:
+                slot.fill_(float(loss))
+            except (TypeError, ValueError):
+                self._warn_once(
+                    "loss-type",
+                    f"w.step() got a loss of type {type(loss).__name__}; pass the loss tensor",
+                )
+
+    def _record_amp(self) -> None:
+        sc = self.scaler
+        if sc is None or not getattr(sc, "is_enabled", lambda: False)():
+            return
+        scale = getattr(sc, "_scale", None)  # the tensor itself: get_scale() would sync
+        if not isinstance(scale, torch.Tensor):
+            return
+        b = self._buf
+        s = scale.detach().reshape(()).to(b.dev.device, torch.float32)
+        b.slot("amp_scale").copy_(s)
+        prev = getattr(self, "_prev_scale", None)
+        if prev is None:
+            init = float(getattr(sc, "_init_scale", math.inf) or math.inf)
+            prev = self._prev_scale = torch.full((), init, device=b.dev.device)
+        b.slot("amp_skipped").copy_(s < prev)  # the scale only drops when a step was skipped
+        prev.copy_(s)
+
+    def _after_step(self, now: float) -> None:
+        self._last_time = now
+        self.step_index += 1
+        self._step_open = False
+        self._backward_seen = False
+        self._norms_done = False
+        self._clip_threshold = math.nan
+        self._sampled = self.step_index % self.layer_interval == 0
+        if self._anomaly_left > 0:
+            self._anomaly_left -= 1
+            if self._anomaly_left == 0 and self._anomaly_prev is not None:
+                torch.autograd.set_detect_anomaly(self._anomaly_prev)
+                self._anomaly_prev = None
+        if self._channel is not None:
+            self._channel.after_step(self)
+
+    def _publish(self, record: memoryview) -> None:
+        data = bytes(record)
+        if self._recent is not None:
+            row = np.frombuffer(data, dtype=self._recent.dtype, count=1, offset=0)
+            self._recent[int(row["step"][0]) % RECENT_STEPS] = row[0]
+        if self._log is not None:
+            self._log.put(data)
+        if self._channel is not None:
+            self._channel.publish(record)
+
+    # ------------------------------------------------------------------------------------------
+    # first step: layer order, run files, channel
+    def _finalize(self) -> None:
+        order = list(self._order) + [i for i in range(len(self.plan.stat_modules)) if i not in self._order]
+        self._finalized = True
+        if order != list(range(len(order))):
+            self._buf.permute_layers(order)
+            new_slot = [0] * len(order)
+            for pos, reg in enumerate(order):
+                new_slot[reg] = pos
+            self._slots = new_slot
+            self._refresh_views()
+        names = tuple(self.plan.stat_names[i] for i in order)
+        kinds = tuple(self.plan.stat_kinds[i] for i in order)
+        self.schema = RunSchema(names, kinds, self.plan.param_layer_names, self.schema.num_lr)
+        self._buf.schema = self.schema
+        self.meta = RunMeta(
+            name=self.name,
+            schema=self.schema,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=self._started,
+            device=str(self.device),
+            num_classes=self.num_classes,
+            rank=self.rank.rank,
+            local_rank=self.rank.local_rank,
+            world_size=self.rank.world_size,
+            nnwatch_version=__version__,
+            torch_version=torch.__version__,
+            extra={"argv": list(sys.argv), "cwd": os.getcwd(), "layer_interval": self.layer_interval},
+        )
+        self._recent = np.full(RECENT_STEPS, np.nan, dtype=self.schema.record_dtype())
+        try:
+            self._log = RunLogWriter(self.run_dir, self.meta)
+            self._log.on_error.append(self._on_log_error)
+        except OSError as exc:
+            self._disable(f"cannot write the run log in {self.run_dir}: {exc}")
+            return
+        if self._want_detectors:
+            self._diagnosis = _make_diagnosis(self)
+        if self._want_channel:
+            self._channel = _make_channel(self)
+
+    # ------------------------------------------------------------------------------------------
+    # commands from monitors, applied by the training thread at a step boundary
+    def apply_command(self, name: str, args: dict[str, Any]) -> tuple[bool, str, int]:
+        """Apply one validated command; returns (ok, error, step at which it takes effect)."""
+        at = self.step_index
+        if name == "set_clip":
+            value = args.get("max_norm")
+            self._clip_override = None if value is None else float(value)
+        elif name == "set_layer_interval":
+            self.layer_interval = max(1, int(args["n"]))
+        elif name == "anomaly":
+            steps = max(1, int(args.get("steps", 1)))
+            if self._anomaly_prev is None:
+                self._anomaly_prev = torch.is_anomaly_enabled()
+            torch.autograd.set_detect_anomaly(True)
+            self._anomaly_left = steps
+        elif name == "snapshot":
+            self.request_snapshot(str(args.get("reason", "requested")))
+        elif name == "stop":
+            self.should_stop = True
+        elif name == "pause":
+            self._paused = True
+        elif name == "resume":
+            self._paused = False
+        else:
+            return False, f"unknown command {name!r}", at
+        self.log_event({"type": "command", "command": name, "args": args, "step": at})
+        return True, "", at
+
+    @property
+    def clip_override(self) -> float | None:
+        return self._clip_override
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # ------------------------------------------------------------------------------------------
+    # snapshots and the non-finite guard
+    def request_snapshot(self, reason: str = "requested") -> None:
+        """Snapshot the next step: its batch, RNG, and the weights from before its update."""
+        if self._snapshot_reason is None:
+            self._snapshot_reason = reason
+
+    def _capture_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": _to_cpu(self.model.state_dict())}
+        if self.optimizer is not None:
+            state["optimizer"] = _to_cpu(self.optimizer.state_dict())
+            state["lr"] = [g.get("lr") for g in self.optimizer.param_groups]
+        if self.scaler is not None and hasattr(self.scaler, "state_dict"):
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def _on_guard_hit(self) -> None:
+        if not self._guard_tripped:
+            self._guard_tripped = True
+            self.request_snapshot("nonfinite")
+            if self._pre_state is None:
+                self._pre_state = self._capture_state()
+        if self._diagnosis is not None:
+            self._diagnosis.on_nonfinite_grads(self.step_index)
+        if self.skip_nonfinite:
+            for p in self.plan.params:
+                p.grad = None  # optimizers skip parameters without a gradient
+            self.log_event({"type": "skipped_step", "step": self.step_index, "reason": "nonfinite"})
+
+    def _write_snapshot(self, batch: Any) -> None:
+        reason = self._snapshot_reason or "requested"
+        self._snapshot_reason = None
+        state = self._pre_state or self._capture_state()
+        self._pre_state = None
+        rng = self._rng_at_start or _capture_rng()
+        try:
+            from nnwatch.diagnosis.snapshot import write_snapshot
+        except ImportError:
+            self._warn_once("no-snapshot", "snapshots are not available in this build")
+            return
+        try:
+            path = write_snapshot(self, reason=reason, state=state, rng=rng, batch=batch)
+        except Exception as exc:  # noqa: BLE001 - a failed snapshot is a finding, never a crash
+            self.log_event({"type": "snapshot_failed", "step": self.step_index, "error": str(exc)})
+            self._warn_once("snapshot-failed", f"could not write the snapshot: {exc}")
+            return
+        self.log_event({"type": "snapshot", "step": self.step_index, "reason": reason, "path": str(path)})
+
+    def recent_records(self) -> np.ndarray:
+        """Up to the last 500 step records, oldest first (for snapshots and detectors)."""
+        if self._recent is None:
+            return np.zeros(0)
+        rows = self._recent[np.isfinite(self._recent["step"])]
+        return rows[np.argsort(rows["step"])]
+
+    # ------------------------------------------------------------------------------------------
+    # events, findings, failures
+    def log_event(self, event: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.event(event)
+        if self._channel is not None:
+            self._channel.event(event)
+
+    def add_finding(self, finding: Any) -> None:
+        """Called by the detectors: keep it, log it once, write it to events.jsonl."""
+        self.findings.append(finding)
+        d = finding.to_dict() if hasattr(finding, "to_dict") else dict(finding)
+        self.log_event({"type": "finding", **d})
+        log.warning("nnwatch: %s", getattr(finding, "message", None) or d.get("message") or d)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("nnwatch: %s", message)
+
+    def _layer_failed(self, i: int, exc: BaseException) -> None:
+        name = self.plan.stat_names[i]
+        self._warn_once(f"layer-{i}", f"stopped watching layer {name!r} after an error: {exc!r}")
+        self._sum_views[i] = torch.zeros((), device=self._buf.dev.device)
+        self._col_views[i] = torch.zeros(5, device=self._buf.dev.device)
+
+    def _on_log_error(self, message: str) -> None:
+        self.findings.append({"kind": "nnwatch_error", "severity": "error", "message": message})
+
+    def _disable(self, reason: str) -> None:
+        if self.disabled is None:
+            self.disabled = reason
+            log.error("nnwatch: %s; training continues without it", reason)
+            self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:  # noqa: BLE001
+                pass
+        self._handles.clear()
+        hooked = getattr(self, "_hooked_param", None)
+        if hooked is not None:
+            param, was_none = hooked
+            if was_none and not param._post_accumulate_grad_hooks:
+                param._post_accumulate_grad_hooks = None  # leave the tensor exactly as it was
+            self._hooked_param = None
+
+    # ------------------------------------------------------------------------------------------
+    def close(self, status: str = "finished") -> None:
+        """End the run: remove every hook, flush the log, write ``end.json``. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        self._remove_hooks()
+        if self._anomaly_prev is not None:
+            torch.autograd.set_detect_anomaly(self._anomaly_prev)
+            self._anomaly_prev = None
+        self._sysmon.stop()
+        try:
+            self._buf.flush(self._publish)
+        except Exception:  # noqa: BLE001
+            pass
+        if self._channel is not None:
+            self._channel.close(status)
+        if self._diagnosis is not None:
+            self._diagnosis.close()
+        if self._log is not None:
+            self._log.close(status, self.step_index)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None or issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            self.close("finished" if exc_type is None else "stopped")
+        else:
+            self.log_event({"type": "error", "step": self.step_index, "error": repr(exc)})
+            self.close("crashed")
+
+
+def _close_at_exit(ref: weakref.WeakMethod[Any]) -> None:
+    method = ref()
+    if method is not None:
+        try:
+            method()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _make_diagnosis(w: Watch) -> Any:
+    try:
+        from nnwatch.diagnosis import Diagnosis
+    except ImportError:
+        return None
+    try:
+        diag = Diagnosis(w)
+    except Exception as exc:  # noqa: BLE001
+        w._warn_once("diagnosis", f"detectors are off: {exc!r}")
+        return None
+    if w._log is not None:
+        w._log.observers.append(diag.observe)
+    return diag
+
+
+def _make_channel(w: Watch) -> Any:
+    try:
+        from nnwatch.probe.channel_link import ChannelLink
+    except ImportError:
+        return None
+    try:
+        return ChannelLink(w)
+    except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
+        w._warn_once("channel", f"live monitoring is off: {exc!r}")
+        return None
+
+
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scaler: Any = None,
+    *,
+    num_classes: int | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> Watch:
+    """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
+
+    Use it as a context manager, or call ``close()`` at the end. Options: ``run_dir``,
+    ``layer_interval`` (sample per-layer activation stats every N steps, default 10),
+    ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite check
+    before ``optimizer.step()``: on by default on the CPU, where it is free), ``skip_nonfinite``,
+    ``channel`` (live monitoring, default on) and ``detectors`` (default on).
+    """
+    return Watch(model, optimizer, scaler, num_classes=num_classes, name=name, **options)

@@ -1,0 +1,348 @@
+"""The durable run log: every step record, appended off the training thread, loadable as arrays.
+
+Layout in the run directory:
+
+- ``meta.json``   the run's :class:`~nnwatch.schema.RunMeta` (names, sizes, versions)
+- ``scalars.bin`` a 64-byte header, then one fixed-size row per step (``schema.scalar_dtype()``)
+- ``layers.bin``  the same header, then one row per step whose per-layer stats were sampled or that
+                  held a non-finite value (``schema.layer_row_dtype()``)
+- ``events.jsonl`` findings, snapshots and commands, one JSON object per line
+- ``end.json``    written at a clean close; its absence with a dead pid means the run crashed
+
+Fixed-size binary rows were chosen over JSON lines or SQLite because numpy maps them without
+parsing (10 million steps open in milliseconds), a reader can follow the file while it grows, and
+a ``kill -9`` can only cut the last row short, which the loader then ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta
+
+log = logging.getLogger("nnwatch")
+
+MAGIC = b"NNWLOG1\0"
+HEADER_SIZE = 64
+_HEADER = struct.Struct("<8sII")  # magic, row size, kind (0 scalars, 1 layers)
+KIND_SCALARS, KIND_LAYERS = 0, 1
+SCALARS_FILE, LAYERS_FILE, META_FILE = "scalars.bin", "layers.bin", "meta.json"
+EVENTS_FILE, END_FILE = "events.jsonl", "end.json"
+
+
+class RunLogError(RuntimeError):
+    """A run directory cannot be read; the message names the file and what to do."""
+
+
+def _header(row_size: int, kind: int) -> bytes:
+    return _HEADER.pack(MAGIC, row_size, kind).ljust(HEADER_SIZE, b"\0")
+
+
+def _open_append(path: Path, row_size: int, kind: int) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if os.fstat(fd).st_size == 0:
+        os.write(fd, _header(row_size, kind))
+    return fd
+
+
+class RunLogWriter:
+    """Appends step records from a background thread so the training thread only enqueues.
+
+    The thread wakes on every record, so a ``kill -9`` loses at most the record in flight. A full
+    disk or any write error is reported once through ``on_error`` and turns the writer into a
+    counter of lost records: training goes on.
+    """
+
+    def __init__(self, run_dir: Path, meta: RunMeta, *, max_pending: int = 65536) -> None:
+        self.run_dir = Path(run_dir)
+        self.meta = meta
+        schema = meta.schema
+        self._record_dtype = schema.record_dtype()
+        self._scalar_size = schema.scalar_size
+        self._layer_block = slice(schema.scalar_size, schema.record_size)
+        self._layer_row_size = schema.layer_row_dtype().itemsize
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._max_pending = max_pending
+        self._pending = 0
+        self.written = 0
+        self.lost = 0
+        self.error: str | None = None
+        self._events_lock = threading.Lock()
+        self.on_error: list[Any] = []
+        #: Called in the writer thread with each batch of new records (a structured array);
+        #: the detectors live here, off the training thread.
+        self.observers: list[Any] = []
+        from nnwatch.paths import write_private_file
+
+        write_private_file(self.run_dir / META_FILE, meta.to_json().encode())
+        self._fd_s = _open_append(self.run_dir / SCALARS_FILE, self._scalar_size, KIND_SCALARS)
+        self._fd_l = _open_append(self.run_dir / LAYERS_FILE, self._layer_row_size, KIND_LAYERS)
+        self._fd_e = os.open(self.run_dir / EVENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._thread = threading.Thread(target=self._run, name="nnwatch-log", daemon=True)
+        self._thread.start()
+
+    # -- training thread -------------------------------------------------------------------------
+    def put(self, record: bytes) -> None:
+        """Queue one whole record (a private copy). O(1); drops and counts when hopelessly behind."""
+        if self._pending >= self._max_pending or self.error is not None:
+            self.lost += 1
+            return
+        self._pending += 1
+        self._queue.put(record)
+
+    # -- any thread ------------------------------------------------------------------------------
+    def event(self, event: dict[str, Any]) -> None:
+        """Append one event line; events are rare, so this writes synchronously."""
+        event = {"time": time.time(), **event}
+        line = (json.dumps(event, default=_json_default, sort_keys=True) + "\n").encode()
+        with self._events_lock:
+            try:
+                os.write(self._fd_e, line)
+            except OSError as exc:
+                self._fail(f"cannot append to {EVENTS_FILE}: {exc.strerror or exc}")
+
+    def close(self, status: str = "finished", steps: int | None = None) -> None:
+        """Flush every queued record, then write ``end.json``. Safe to call twice."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+        for fd in (self._fd_s, self._fd_l, self._fd_e):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fd_s = self._fd_l = self._fd_e = -1
+        end = {"status": status, "steps": steps, "ended": time.time(), "lost_records": self.lost}
+        try:
+            from nnwatch.paths import write_private_file
+
+            write_private_file(self.run_dir / END_FILE, json.dumps(end).encode())
+        except OSError as exc:
+            log.warning("nnwatch: could not write %s: %s", self.run_dir / END_FILE, exc)
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while True:  # drain whatever else is waiting, to write it in one go
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            done = False
+            records = []
+            for rec in batch:
+                if rec is None:
+                    done = True
+                else:
+                    records.append(rec)
+            if records:
+                self._write(records)
+                self._pending -= len(records)
+                self._notify(records)
+            if done:
+                return
+
+    def _write(self, records: list[bytes]) -> None:
+        if self.error is not None:
+            self.lost += len(records)
+            return
+        scalars = b"".join(r[: self._scalar_size] for r in records)
+        layer_rows = []
+        for r in records:
+            row = np.frombuffer(r, dtype=self._record_dtype, count=1)[0]
+            sampled = row["layer_stats"] == 1.0
+            bad = row["nonfinite_grads"] == 1.0 or not np.isfinite(row["act_sum"]).all()
+            if sampled or bad:
+                step = struct.pack("<q", int(row["step"]))
+                layer_rows.append(step + r[self._layer_block])
+        try:
+            os.write(self._fd_s, scalars)
+            if layer_rows:
+                os.write(self._fd_l, b"".join(layer_rows))
+            self.written += len(records)
+        except OSError as exc:
+            self.lost += len(records)
+            self._fail(f"cannot append to the run log in {self.run_dir}: {exc.strerror or exc}")
+
+    def _notify(self, records: list[bytes]) -> None:
+        if not self.observers:
+            return
+        rows = np.frombuffer(b"".join(records), dtype=self._record_dtype)
+        for observer in list(self.observers):
+            try:
+                observer(rows)
+            except Exception as exc:  # noqa: BLE001 - a broken detector must not stop the log
+                self.observers.remove(observer)
+                log.error("nnwatch: a detector failed and was switched off: %r", exc)
+
+    def _fail(self, message: str) -> None:
+        if self.error is None:
+            self.error = message
+            log.error("nnwatch: %s; training goes on, but this run's history stops here", message)
+            for cb in self.on_error:
+                try:
+                    cb(message)
+                except Exception:  # noqa: BLE001 - a callback must not kill the writer
+                    pass
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class Run:
+    """A run's whole history. ``run["loss"]`` is the loss of every step as a numpy array."""
+
+    run_dir: Path
+    meta: RunMeta
+    scalars: np.ndarray
+    layers: np.ndarray
+    events: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "finished"
+    end: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in (self.scalars.dtype.names or ()):
+            return self.scalars[name]
+        raise KeyError(
+            f"{name!r} is not a per-step metric; choose from {', '.join(self.scalars.dtype.names or ())}"
+        )
+
+    def __len__(self) -> int:
+        return len(self.scalars)
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.scalars["step"]
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        return self.meta.schema.layer_names
+
+    def layer_stat(self, stat: str, layer: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of one per-layer stat (``act_zero``, ``grad_layer``, ...) for one layer."""
+        names = self.meta.schema.param_layer_names if stat == GRAD_LAYER_FIELD else self.layer_names
+        if layer not in names:
+            raise KeyError(f"no layer {layer!r}; layers are: {', '.join(names)}")
+        i = names.index(layer)
+        return self.layers["step"], self.layers[stat][:, i]
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("type", "finding") == "finding" and "kind" in e]
+
+
+def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np.ndarray:
+    if not path.exists():
+        warnings.append(f"{path.name} is missing")
+        return np.zeros(0, dtype=dtype)
+    size = path.stat().st_size
+    if size < HEADER_SIZE:
+        if size:
+            warnings.append(f"{path.name} is shorter than its header ({size} bytes)")
+        return np.zeros(0, dtype=dtype)
+    with open(path, "rb") as fh:
+        magic, row_size, file_kind = _HEADER.unpack(fh.read(_HEADER.size))
+    if magic != MAGIC:
+        raise RunLogError(f"{path} is not an nnwatch log (bad magic {magic!r}); it may be corrupt")
+    if row_size != dtype.itemsize or file_kind != kind:
+        raise RunLogError(
+            f"{path} holds rows of {row_size} bytes but meta.json describes {dtype.itemsize}; "
+            "the run directory mixes files from different runs"
+        )
+    n, extra = divmod(size - HEADER_SIZE, row_size)
+    if extra:
+        warnings.append(f"{path.name}: ignored a partial last row ({extra} bytes; the run was killed)")
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
+
+
+def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Events from ``events.jsonl``, skipping (and counting) lines that are not valid JSON objects."""
+    if not path.exists():
+        return
+    bad = 0
+    with open(path, "rb") as fh:
+        for raw in fh:
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(ev, dict):
+                yield ev
+            else:
+                bad += 1
+    if bad and warnings is not None:
+        warnings.append(f"{path.name}: skipped {bad} unreadable line(s)")
+
+
+def _pid_alive(pid: int, started: float) -> bool:
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        # the run started after its process did; a younger process reuses the pid
+        return proc.create_time() <= started + 1.0
+    except Exception:  # noqa: BLE001 - psutil raises several kinds for "gone"
+        return False
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Run:
+    """Load a run directory, finished, crashed or still running, as numpy arrays (memory-mapped)."""
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise RunLogError(f"{run_dir} is not a directory; pass the run directory that watch() printed")
+    meta_path = run_dir / META_FILE
+    if not meta_path.exists():
+        raise RunLogError(
+            f"{run_dir} has no {META_FILE}: it is not an nnwatch run, or the run never finished a step"
+        )
+    try:
+        meta = RunMeta.from_json(meta_path.read_text())
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunLogError(f"{meta_path} is corrupt ({exc}); the run cannot be decoded") from exc
+    warnings: list[str] = []
+    schema = meta.schema
+    scalars = _map_rows(run_dir / SCALARS_FILE, schema.scalar_dtype(), KIND_SCALARS, warnings)
+    layers = _map_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype(), KIND_LAYERS, warnings)
+    events = list(iter_events(run_dir / EVENTS_FILE, warnings))
+    end: dict[str, Any] = {}
+    end_path = run_dir / END_FILE
+    if end_path.exists():
+        try:
+            end = json.loads(end_path.read_text())
+            status = str(end.get("status", "finished"))
+        except ValueError:
+            warnings.append(f"{END_FILE} is corrupt")
+            status = "finished"
+    else:
+        status = "running" if _pid_alive(meta.pid, meta.started) else "crashed"
+    return Run(run_dir, meta, scalars, layers, events, status, end, warnings)

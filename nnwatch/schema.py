@@ -1,0 +1,187 @@
+"""The step record: one fixed-size binary layout shared by the probe, the ring, the log and readers.
+
+A record is three contiguous blocks, so that the probe can fill the last two with one device copy:
+
+    host   float64 fields the training thread sets from Python (step, time, LR, memory, ...)
+    dev    float32 scalars computed on the device (loss, grad norms, AMP scale, ...)
+    layers float32 per-layer arrays (activation stats, per-layer grad norms)
+
+NaN means "not measured" everywhere, never zero: a run without a scaler has a NaN ``amp_scale``.
+The layout is described in ``meta.json`` so that any reader can rebuild it without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+HOST_FIELDS: tuple[str, ...] = (
+    "step",  # 0-based index of the optimizer step this record describes
+    "time",  # wall-clock time (time.time()) when w.step() was called
+    "step_time",  # seconds since the previous w.step()
+    "samples_per_sec",  # batch size / step_time, when the batch size is known
+    "clip_threshold",  # max_norm of the last clip, NaN when the step was not clipped
+    "layer_stats",  # 1.0 when per-layer activation stats were sampled on this step
+    "cuda_allocated",  # torch.cuda.memory_allocated() in bytes
+    "cuda_reserved",  # torch.cuda.memory_reserved() in bytes
+    "cuda_peak",  # torch.cuda.max_memory_allocated() in bytes
+    "cpu_percent",  # process CPU use in percent of one core, sampled at ~1 Hz
+    "rss",  # process resident memory in bytes, sampled at ~1 Hz
+)
+DEV_FIELDS: tuple[str, ...] = (
+    "loss",  # the loss passed to w.step()
+    "grad_norm",  # global L2 norm of the gradients before clipping
+    "grad_norm_clipped",  # global norm after clipping (NaN if no clip was called)
+    "clipped",  # 1.0 when clipping scaled the gradients down, 0.0 when not, NaN if no clip
+    "amp_scale",  # GradScaler scale after this step's update
+    "amp_skipped",  # 1.0 when the scaler skipped optimizer.step() (its scale went down)
+    "nonfinite_grads",  # 1.0 when any gradient held NaN or Inf
+)
+LAYER_FIELDS_ACT: tuple[str, ...] = (
+    "act_mean",
+    "act_std",
+    "act_zero",  # fraction of outputs exactly zero (dead-ReLU sparsity)
+    "act_nonfinite",  # count of NaN/Inf outputs
+    "act_maxabs",
+)
+#: Every step: the float32 sum of each layer's output. A non-finite sum means the output held a
+#: NaN or Inf, which is how the first bad layer is found on steps whose full stats were not sampled.
+ACT_SUM_FIELD = "act_sum"
+#: Every step: the gradient norm of each parameter-owning layer. NaN means the layer had no
+#: gradient; +Inf means its gradient held NaN or Inf (so the two never look alike).
+GRAD_LAYER_FIELD = "grad_layer"
+
+
+@dataclass(frozen=True)
+class RunSchema:
+    """Sizes that fix the record layout for one run: layers, parameter-owning layers, LR groups."""
+
+    layer_names: tuple[str, ...]
+    layer_kinds: tuple[str, ...]
+    param_layer_names: tuple[str, ...]
+    num_lr: int
+    version: int = SCHEMA_VERSION
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    @property
+    def num_param_layers(self) -> int:
+        return len(self.param_layer_names)
+
+    def host_dtype(self) -> np.dtype:
+        fields: list[tuple[Any, ...]] = [(n, "<f8") for n in HOST_FIELDS]
+        fields.append(("lr", "<f8", (self.num_lr,)))
+        return np.dtype(fields)
+
+    def dev_scalar_dtype(self) -> np.dtype:
+        return np.dtype([(n, "<f4") for n in DEV_FIELDS])
+
+    def layer_dtype(self) -> np.dtype:
+        L, P = self.num_layers, self.num_param_layers
+        fields: list[tuple[Any, ...]] = [(ACT_SUM_FIELD, "<f4", (L,))]
+        fields += [(n, "<f4", (L,)) for n in LAYER_FIELDS_ACT]
+        fields.append((GRAD_LAYER_FIELD, "<f4", (P,)))
+        return np.dtype(fields)
+
+    def scalar_dtype(self) -> np.dtype:
+        """Host and device scalars, flattened into one row: what ``scalars.bin`` stores per step."""
+        h, d = self.host_dtype(), self.dev_scalar_dtype()
+        return _concat(h, d)
+
+    def record_dtype(self) -> np.dtype:
+        """The whole step record: scalars followed by the per-layer block."""
+        return _concat(self.scalar_dtype(), self.layer_dtype())
+
+    def layer_row_dtype(self) -> np.dtype:
+        """One row of ``layers.bin``: the step index, then the per-layer block."""
+        return _concat(np.dtype([("step", "<i8")]), self.layer_dtype())
+
+    @property
+    def host_size(self) -> int:
+        return self.host_dtype().itemsize
+
+    @property
+    def dev_size(self) -> int:
+        """Bytes of the device-computed tail (dev scalars + layers), all float32."""
+        return self.dev_scalar_dtype().itemsize + self.layer_dtype().itemsize
+
+    @property
+    def record_size(self) -> int:
+        return self.host_size + self.dev_size
+
+    @property
+    def scalar_size(self) -> int:
+        return self.host_size + self.dev_scalar_dtype().itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layer_names"] = list(self.layer_names)
+        d["layer_kinds"] = list(self.layer_kinds)
+        d["param_layer_names"] = list(self.param_layer_names)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSchema:
+        version = int(d.get("version", SCHEMA_VERSION))
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"this run was written by a newer nnwatch (schema {version}, this one reads "
+                f"up to {SCHEMA_VERSION}); upgrade nnwatch to read it"
+            )
+        return cls(
+            layer_names=tuple(d["layer_names"]),
+            layer_kinds=tuple(d.get("layer_kinds") or ("?",) * len(d["layer_names"])),
+            param_layer_names=tuple(d["param_layer_names"]),
+            num_lr=int(d["num_lr"]),
+            version=version,
+        )
+
+
+def _concat(a: np.dtype, b: np.dtype) -> np.dtype:
+    """Two packed structured dtypes laid end to end (numpy has no operator for it)."""
+    names = list(a.names or ()) + list(b.names or ())
+    formats = [a.fields[n][0] for n in a.names or ()] + [b.fields[n][0] for n in b.names or ()]
+    offsets = [a.fields[n][1] for n in a.names or ()] + [
+        a.itemsize + b.fields[n][1] for n in b.names or ()
+    ]
+    return np.dtype(
+        {"names": names, "formats": formats, "offsets": offsets, "itemsize": a.itemsize + b.itemsize}
+    )
+
+
+@dataclass
+class RunMeta:
+    """Facts about a run that do not change per step; stored as ``meta.json`` in the run directory."""
+
+    name: str
+    schema: RunSchema
+    pid: int
+    host: str
+    started: float
+    device: str = "cpu"
+    num_classes: int | None = None
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    nnwatch_version: str = ""
+    torch_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["schema"] = self.schema.to_dict()
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunMeta:
+        d = json.loads(text)
+        d["schema"] = RunSchema.from_dict(d["schema"])
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)

@@ -1,0 +1,70 @@
+"""The one interface between the monitor and where its data comes from."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nnwatch.schema import RunMeta
+
+#: Run states a source can report. "recorded" is a finished run read from disk.
+STATES = ("live", "paused", "hung", "finished", "crashed", "lost", "recorded")
+
+
+class SourceError(RuntimeError):
+    """A source cannot deliver (run unreachable, log corrupt); the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    state: str
+    heartbeat_age: float | None = None  # seconds since the trainer last wrote its heartbeat
+    dropped: int = 0  # records lost because this reader fell behind the ring
+    torn: int = 0  # slots caught mid-write and skipped
+    message: str = ""  # plain words for the header, e.g. "trainer pid 123 is gone"
+
+
+@dataclass(frozen=True)
+class SourceUpdate:
+    """What arrived since the previous poll. Arrays may be empty, never None."""
+
+    scalars: np.ndarray  # rows of meta.schema.scalar_dtype(), in step order
+    layers: np.ndarray  # rows of meta.schema.layer_row_dtype() (sampled or non-finite steps)
+    events: list[dict[str, Any]] = field(default_factory=list)  # findings, snapshots, commands
+    status: SourceStatus = SourceStatus("live")
+
+
+@dataclass(frozen=True)
+class CommandReply:
+    ok: bool
+    applies_at_step: int | None = None
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class RunSource(ABC):
+    """A run the monitor can follow. ``poll`` never blocks for long; ``command`` may fail cleanly."""
+
+    @property
+    @abstractmethod
+    def meta(self) -> RunMeta: ...
+
+    @property
+    def can_command(self) -> bool:
+        """False for recorded runs and fixtures: the UI then greys out keys that steer training."""
+        return False
+
+    @abstractmethod
+    def poll(self) -> SourceUpdate: ...
+
+    def command(self, name: str, **args: Any) -> CommandReply:
+        return CommandReply(False, error="this run is not live; it cannot be steered")
+
+    def reconnect(self) -> None:
+        """Try to reach the run again after it was lost. Recorded sources have nothing to do."""
+
+    def close(self) -> None:
+        """Release files and sockets. Safe to call twice."""

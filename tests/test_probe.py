@@ -1,0 +1,230 @@
+"""The probe records what a real training loop did, exactly, and absent things stay absent."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nnwatch
+from nnwatch.probe.activation_stats import stats_reference, write_stats
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 24), nn.Tanh(), nn.Linear(24, 3))
+
+
+def _train(w: nnwatch.Watch, model: nn.Module, opt: torch.optim.Optimizer, steps: int, clip=None):
+    losses, norms = [], []
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(10, 12, generator=g)
+        y = torch.randint(0, 3, (10,), generator=g)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if clip is not None:
+            norms.append(w.clip_grad_norm_(max_norm=clip).clone())
+        opt.step()
+        w.step(loss, batch=(x, y))
+        losses.append(loss.detach().clone())
+    return losses, norms
+
+
+def test_records_match_the_training_loop_bit_for_bit() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nnwatch.watch(model, opt, num_classes=3, name="exact", layer_interval=1) as w:
+        losses, norms = _train(w, model, opt, 6, clip=0.25)
+    run = nnwatch.load_run(w.run_dir)
+    assert run.status == "finished"
+    assert list(run.steps) == list(range(6))
+    assert np.array_equal(run["loss"], np.array([float(v) for v in losses], dtype=np.float32))
+    assert np.array_equal(run["grad_norm"], np.array([float(n) for n in norms], dtype=np.float32))
+    assert np.all(run["clip_threshold"] == 0.25)
+    fired = run["grad_norm"] > 0.25
+    assert np.array_equal(run["clipped"] == 1.0, fired)
+    post = run["grad_norm_clipped"]
+    assert np.allclose(post[fired], 0.25, rtol=1e-4)
+    assert np.allclose(post[~fired], run["grad_norm"][~fired], rtol=1e-5)
+    assert np.all(run["lr"][:, 0] == 0.1)
+    assert np.all(run["samples_per_sec"][1:] > 0)
+    # no scaler and no CUDA: absent, never zero
+    assert np.all(np.isnan(run["amp_scale"]))
+    assert np.all(np.isnan(run["cuda_allocated"]))
+
+
+def test_per_layer_stats_match_a_reference_on_the_last_step() -> None:
+    model = _mlp()
+    outputs: dict[str, torch.Tensor] = {}
+    for name, mod in model.named_modules():
+        if name:
+            mod.register_forward_hook(lambda m, i, o, name=name: outputs.__setitem__(name, o.detach().clone()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nnwatch.watch(model, opt, name="stats", layer_interval=1) as w:
+        _train(w, model, opt, 3)
+    run = nnwatch.load_run(w.run_dir)
+    assert run.layer_names == ("0", "1", "2", "3", "4")
+    last = run.layers[-1]
+    assert last["step"] == 2
+    for i, name in enumerate(run.layer_names):
+        ref = stats_reference(outputs[name])
+        got = [last[f][i] for f in ("act_mean", "act_std", "act_zero", "act_nonfinite", "act_maxabs")]
+        assert got == pytest.approx(ref, rel=1e-4, abs=1e-5), name
+    relu = run.layer_names.index("1")
+    assert 0.2 < last["act_zero"][relu] < 0.8  # a live ReLU zeroes part of its outputs
+    # per-layer grad norms fold into the global norm
+    g = run.layers["grad_layer"][-1]
+    assert math.isclose(float(np.sqrt((g.astype(np.float64) ** 2).sum())), float(run["grad_norm"][-1]), rel_tol=1e-5)
+
+
+def test_layer_stats_are_sampled_every_n_steps_and_absent_between() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nnwatch.watch(model, opt, name="interval", layer_interval=4) as w:
+        _train(w, model, opt, 9)
+    run = nnwatch.load_run(w.run_dir)
+    assert list(run.layers["step"]) == [0, 4, 8]
+    assert list(run["layer_stats"]) == [1, 0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_layers_are_named_in_forward_order_not_definition_order() -> None:
+    class Backwards(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.last = nn.Linear(8, 2)
+            self.first = nn.Linear(4, 8)
+            self.act = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.last(self.act(self.first(x)))
+
+    model = Backwards()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nnwatch.watch(model, opt, name="order", layer_interval=1) as w:
+        for _ in range(2):
+            opt.zero_grad()
+            out = model(torch.randn(5, 4))
+            out.sum().backward()
+            opt.step()
+            w.step(out.sum())
+    run = nnwatch.load_run(w.run_dir)
+    assert run.layer_names == ("first", "act", "last")
+    assert run.meta.schema.layer_kinds == ("Linear", "ReLU", "Linear")
+    # the ReLU output is never negative: its mean must be >= 0 in the ReLU slot, wherever it sits
+    assert np.all(run.layers["act_mean"][:, 1] >= 0)
+
+
+def test_nan_in_one_layer_shows_in_that_layers_sum_on_an_unsampled_step() -> None:
+    class Poison(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.c = nn.Linear(4, 1)
+            self.poison = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            h = self.b(h)
+            if self.poison:
+                h = torch.log(h - 100)  # NaN appears in b's consumer; b's own output is fine
+            return self.c(h)
+
+    model = Poison()
+    with nnwatch.watch(model, name="poison", layer_interval=100, guard=False) as w:
+        for i in range(3):
+            model.poison = i == 2
+            out = model(torch.randn(3, 4)).sum()
+            out.backward()
+            w.step(out)
+    run = nnwatch.load_run(w.run_dir)
+    sums = run.layers["act_sum"]
+    steps = list(run.layers["step"])
+    assert steps == [0, 2]  # step 2 is logged because it held a non-finite value
+    bad = ~np.isfinite(sums[1])
+    assert list(bad) == [False, False, True]  # c is the first layer whose output is non-finite
+    assert math.isnan(run["loss"][2])
+    assert run["nonfinite_grads"][2] == 1.0
+
+
+def test_watch_without_optimizer_scaler_or_classes_records_what_it_can() -> None:
+    model = _mlp()
+    with nnwatch.watch(model) as w:
+        for _ in range(3):
+            model.zero_grad()
+            loss = model(torch.randn(4, 12)).pow(2).mean()
+            loss.backward()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    assert run["lr"].shape == (3, 0)
+    assert np.all(np.isfinite(run["grad_norm"]))
+    assert np.all(np.isnan(run["clip_threshold"]))
+    assert np.all(np.isnan(run["samples_per_sec"]))  # no batch given
+    assert run.meta.num_classes is None
+
+
+def test_amp_scale_is_read_without_get_scale_and_skips_are_seen() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1000)
+    with nnwatch.watch(model, opt, scaler, name="amp") as w:
+        for i in range(4):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 12)).pow(2).mean()
+            if i == 2:
+                loss = loss * float("inf")  # poison one step: the scaler must skip it
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    assert list(run["amp_scale"]) == [2.0**16, 2.0**16, 2.0**15, 2.0**15]
+    assert list(run["amp_skipped"]) == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_close_leaves_the_model_as_it_was_and_it_can_be_watched_again() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def hook_state(m: nn.Module) -> list:
+        return [
+            (sorted(vars(s).keys()), len(s._forward_hooks), len(s._forward_pre_hooks), len(s._backward_hooks))
+            for s in m.modules()
+        ]
+
+    before = hook_state(model)
+    params_before = [p._post_accumulate_grad_hooks for p in model.parameters()]
+    opt_hooks_before = len(opt._optimizer_step_pre_hooks)
+    for round_ in range(2):
+        with nnwatch.watch(model, opt, name=f"again{round_}") as w:
+            _train(w, model, opt, 2)
+        assert hook_state(model) == before
+        assert [p._post_accumulate_grad_hooks for p in model.parameters()] == params_before
+        assert len(opt._optimizer_step_pre_hooks) == opt_hooks_before
+        assert len(nnwatch.load_run(w.run_dir)) == 2
+
+
+def test_write_stats_matches_reference_with_nan_inf_and_zeros() -> None:
+    x = torch.randn(1000)
+    x[:300] = 0.0
+    col = torch.zeros(5)
+    write_stats(x, col, cap=10_000)
+    assert col.tolist() == pytest.approx(stats_reference(x), rel=1e-4, abs=1e-6)
+    x[5], x[7], x[9] = float("nan"), float("inf"), float("-inf")
+    write_stats(x, col, cap=10_000)
+    assert col[3].item() == 3.0  # the non-finite count is exact
+    half = torch.randn(64, 32).half()
+    write_stats(half, col, cap=10_000)
+    assert col.tolist() == pytest.approx(stats_reference(half), rel=1e-3, abs=1e-4)
+
+
+def test_stats_cap_bounds_the_elements_read() -> None:
+    x = torch.cat([torch.zeros(100), torch.ones(100)])
+    col = torch.zeros(5)
+    write_stats(x, col, cap=100)
+    assert col[2].item() == 1.0  # only the zero prefix was read

@@ -1,0 +1,219 @@
+"""Bad input never crashes training: each case gets a clear message or graceful handling."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nnwatch
+
+
+def _step(w: nnwatch.Watch, model: nn.Module, x: torch.Tensor, opt=None) -> torch.Tensor:
+    if opt is not None:
+        opt.zero_grad()
+    else:
+        model.zero_grad()
+    loss = model(x).float().pow(2).mean()
+    loss.backward()
+    if opt is not None:
+        opt.step()
+    w.step(loss)
+    return loss
+
+
+def test_model_with_no_hookable_layers_warns_and_still_records(caplog: pytest.LogCaptureFixture) -> None:
+    class Bare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w
+
+    model = Bare()
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="bare") as w:
+        for _ in range(3):
+            _step(w, model, torch.randn(4, 3))
+    assert "found no layers to watch in Bare" in caplog.text
+    run = nnwatch.load_run(w.run_dir)
+    assert len(run) == 3 and run.layer_names == ()
+    assert np.all(np.isfinite(run["grad_norm"]))
+    assert run.meta.schema.param_layer_names == ("Bare",)
+
+
+def test_non_scalar_loss_is_recorded_as_its_mean_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Linear(3, 1)
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="vec") as w:
+        out = model(torch.randn(5, 3))
+        per_sample = out.squeeze(1).pow(2)
+        per_sample.mean().backward()
+        w.step(per_sample)
+    assert "has shape (5,), not a scalar" in caplog.text
+    assert nnwatch.load_run(w.run_dir)["loss"][0] == pytest.approx(float(per_sample.detach().mean()), rel=1e-6)
+
+
+def test_step_twice_is_ignored_and_step_without_backward_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="twice") as w:
+        loss = _step(w, model, torch.randn(2, 3))
+        w.step(loss)  # a second call for the same step
+        out = model(torch.randn(2, 3)).sum()  # forward only, no backward
+        w.step(out)
+    assert "called again with no forward or backward pass" in caplog.text
+    assert "no backward() since the previous step" in caplog.text
+    run = nnwatch.load_run(w.run_dir)
+    assert list(run.steps) == [0, 1]
+    assert np.isfinite(run["grad_norm"][0]) and np.isnan(run["grad_norm"][1])
+
+
+def test_non_finite_loss_is_recorded_and_training_goes_on() -> None:
+    model = nn.Linear(3, 1)
+    with nnwatch.watch(model, name="nanloss", guard=False) as w:
+        for v in (1.0, float("nan"), float("inf"), 2.0):
+            model.zero_grad()
+            loss = model(torch.randn(2, 3)).sum() * 0 + v
+            loss.backward()
+            w.step(loss)
+    loss = nnwatch.load_run(w.run_dir)["loss"]
+    assert loss[0] == 1.0 and np.isnan(loss[1]) and np.isinf(loss[2]) and loss[3] == 2.0
+
+
+def test_modules_returning_tuples_dicts_and_none() -> None:
+    class TupleOut(nn.Linear):
+        def forward(self, x):  # type: ignore[override]
+            return super().forward(x), "extra"
+
+    class DictOut(nn.Linear):
+        def forward(self, x):  # type: ignore[override]
+            return {"hidden": super().forward(x)}
+
+    class NoneOut(nn.ReLU):
+        def forward(self, x):  # type: ignore[override]
+            return None
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = TupleOut(4, 4)
+            self.d = DictOut(4, 4)
+            self.n = NoneOut()
+            self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h, _ = self.t(x)
+            h = self.d(h)["hidden"]
+            self.n(h)
+            a, _ = self.attn(h.unsqueeze(1), h.unsqueeze(1), h.unsqueeze(1))
+            return a.squeeze(1)
+
+    model = Net()
+    with nnwatch.watch(model, name="shapes", layer_interval=1) as w:
+        for _ in range(2):
+            _step(w, model, torch.randn(3, 4))
+    run = nnwatch.load_run(w.run_dir)
+    idx = {n: i for i, n in enumerate(run.layer_names)}
+    row = run.layers[-1]
+    for name in ("t", "d", "attn"):
+        assert np.isfinite(row["act_mean"][idx[name]]), name
+    assert np.isnan(row["act_mean"][idx["n"]])  # None output: absent, not zero
+
+
+def test_a_failing_layer_probe_is_switched_off_alone(caplog: pytest.LogCaptureFixture) -> None:
+    class SparseOut(nn.Linear):
+        def forward(self, x):  # type: ignore[override]
+            return super().forward(x).to_sparse()
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ok = nn.Linear(4, 4)
+            self.weird = SparseOut(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.weird(self.ok(x)).to_dense()
+
+    model = Net()
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="weird", layer_interval=1) as w:
+        for _ in range(3):
+            _step(w, model, torch.randn(2, 4))
+    assert "stopped watching layer 'weird'" in caplog.text
+    assert caplog.text.count("stopped watching layer") == 1
+    run = nnwatch.load_run(w.run_dir)
+    assert len(run) == 3
+    assert np.all(np.isfinite(run.layers["act_mean"][:, run.layer_names.index("ok")]))
+
+
+def test_model_converted_after_watch_is_followed() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with nnwatch.watch(model, name="dtype", layer_interval=1) as w:
+        _step(w, model, torch.randn(2, 3))
+        model.double()
+        _step(w, model, torch.randn(2, 3, dtype=torch.float64))
+    run = nnwatch.load_run(w.run_dir)
+    assert len(run) == 2 and np.all(np.isfinite(run.layers["act_mean"]))
+    assert np.all(np.isfinite(run["grad_norm"]))
+
+
+@pytest.mark.gpu
+def test_model_moved_to_cuda_after_watch_is_followed() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with nnwatch.watch(model, name="move", layer_interval=1) as w:
+        _step(w, model, torch.randn(2, 3))
+        model.cuda()
+        _step(w, model, torch.randn(2, 3, device="cuda"))
+        _step(w, model, torch.randn(2, 3, device="cuda"))
+    run = nnwatch.load_run(w.run_dir)
+    assert len(run) == 3 and np.all(np.isfinite(run["grad_norm"]))
+    assert np.all(np.isfinite(run["cuda_allocated"][1:]))
+
+
+def test_unwritable_run_directory_turns_monitoring_off_not_training(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    model = nn.Linear(3, 1)
+    with caplog.at_level(logging.ERROR, "nnwatch"), nnwatch.watch(model, run_dir=blocker / "run") as w:
+        for _ in range(2):
+            _step(w, model, torch.randn(2, 3))
+    assert w.disabled is not None and "cannot use the run directory" in w.disabled
+    assert "training continues without it" in caplog.text
+    assert not model._forward_hooks
+
+
+def test_run_root_that_is_a_symlink_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("NNWATCH_RUN_DIR", str(link))
+    w = nnwatch.watch(nn.Linear(2, 2))
+    assert w.disabled is not None and "symlink" in w.disabled
+    w.close()
+
+
+def test_import_nnwatch_pulls_in_no_ui_library() -> None:
+    code = (
+        "import sys, nnwatch, nnwatch.probe.watch, nnwatch.runlog, nnwatch.schema, nnwatch.grad\n"
+        "import importlib, pkgutil\n"
+        "for pkg in ('nnwatch.probe', 'nnwatch.channel', 'nnwatch.diagnosis', 'nnwatch.checks', 'nnwatch.sources'):\n"
+        "    try:\n"
+        "        mod = importlib.import_module(pkg)\n"
+        "    except ImportError:\n"
+        "        continue\n"
+        "    for info in pkgutil.walk_packages(mod.__path__, pkg + '.'):\n"
+        "        importlib.import_module(info.name)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
