@@ -63,8 +63,8 @@ class RunSource(ABC):
     def command(self, name: str, **args: Any) -> CommandReply:
         return CommandReply(False, error="this run is not live; it cannot be steered")
 
-    def reconnect(self) -> None:
+    def reconnect(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Try to reach the run again after it was lost. Recorded sources have nothing to do."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release files and sockets. Safe to call twice."""

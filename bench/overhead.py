@@ -1,0 +1,249 @@
+"""What nnwatch costs a training loop, side by side with what users would otherwise write.
+
+Variants run interleaved in one process (bare, nnwatch, ..., bare, nnwatch, ...) so that the
+machine's drift hits them all alike; each round times ``--steps`` steps per variant and the
+report gives each variant's step time as a ratio to the bare loop of the same round: median and
+min-max over the rounds. Because end-to-end ratios on a shared 2-core machine swing by a few
+percent between identical loops, nnwatch's *direct* cost is also timed in place: the time spent
+inside its hooks and ``step()``, as a share of the median bare step.
+
+    python bench/overhead.py                 # all models, 12 rounds
+    python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import nnwatch
+from nnwatch.probe import watch as watch_mod
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+def mlp() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    m = nn.Sequential(
+        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+        nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10),
+    )
+    return m, lambda: (torch.randn(128, 784), torch.randint(0, 10, (128,)))
+
+
+def cnn() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    m = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+    return m, lambda: (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(32, 256)
+        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(x)).mean(dim=1))
+
+
+def transformer() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    return Encoder(), lambda: (torch.randn(16, 128, 32), torch.randint(0, 10, (16,)))
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+
+
+# ------------------------------------------------------------------------------------------------
+# what users would otherwise write
+def naive_hooks(model: nn.Module) -> Callable[[], None]:
+    """The blog-post monitor: .item() per layer per step."""
+    stats: dict[str, tuple[float, float, float]] = {}
+
+    def make(name: str) -> Callable[..., None]:
+        def hook(mod: nn.Module, inp: Any, out: Any) -> None:
+            o = out[0] if isinstance(out, tuple) else out
+            d = o.detach()
+            stats[name] = (d.mean().item(), d.std().item(), (d == 0).float().mean().item())
+
+        return hook
+
+    handles = [
+        m.register_forward_hook(make(n))
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Linear, nn.Conv2d, nn.ReLU, nn.LayerNorm, nn.BatchNorm2d))
+    ]
+    return lambda: [h.remove() for h in handles]  # type: ignore[func-returns-value]
+
+
+@dataclass
+class Variant:
+    name: str
+    times: list[list[float]] = field(default_factory=list)  # per round, per step seconds
+    direct: list[float] = field(default_factory=list)  # per step seconds inside nnwatch
+
+
+class DirectTimer:
+    """Accumulates time spent inside nnwatch's hooks and step(), by wrapping them in place."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.total += time.perf_counter() - t
+
+        return timed
+
+
+def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Variant]:
+    torch.manual_seed(0)
+    build = MODELS[name]
+    model, batch = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loss_fn = nn.CrossEntropyLoss()
+    data = [batch() for _ in range(4)]
+    tmp = tempfile.mkdtemp(prefix="nnw-bench-")
+
+    def train_steps(n: int, on_step: Callable[[torch.Tensor, Any, int], None] | None,
+                    clip: Callable[[], Any] | None = None) -> list[float]:
+        out = []
+        for i in range(n):
+            x, y = data[i % len(data)]
+            t = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if clip is not None:
+                clip()
+            opt.step()
+            if on_step is not None:
+                on_step(loss, (x, y), i)
+            out.append(time.perf_counter() - t)
+        return out
+
+    variants = {n: Variant(n) for n in ("bare", "nnwatch", "nnwatch_detailed", "nnwatch_noguard",
+                                         "naive_item_hooks", "tensorboard")}
+
+    def run_nnwatch(v: Variant, **opts: Any) -> None:
+        timer = DirectTimer()
+        orig_make = watch_mod.Watch._make_layer_hook
+
+        def make(self: Any, i: int) -> Any:
+            return timer.wrap(orig_make(self, i))
+
+        watch_mod.Watch._make_layer_hook = make  # type: ignore[method-assign]
+        try:
+            w = nnwatch.watch(model, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
+                              channel=True, **opts)
+        finally:
+            watch_mod.Watch._make_layer_hook = orig_make  # type: ignore[method-assign]
+        # the optimizer pre-hook and forward pre-hook are bound methods: time them via the handles
+        w._remove_hooks()
+        w._handles.append(model.register_forward_pre_hook(timer.wrap(w._on_forward_start)))
+        for i, m in enumerate(w.plan.stat_modules):
+            w._handles.append(m.register_forward_hook(timer.wrap(orig_make(w, i))))
+        if w.plan.params:
+            w._handles.append(w.plan.params[0].register_post_accumulate_grad_hook(w._on_backward))
+        w._handles.append(opt.register_step_pre_hook(timer.wrap(w._before_optimizer_step)))
+        step = timer.wrap(w.step)
+        train_steps(warmup, lambda loss, b, i: step(loss, batch=b))
+        timer.total = 0.0
+        v.times.append(train_steps(steps, lambda loss, b, i: step(loss, batch=b)))
+        v.direct.append(timer.total / steps)
+        w.close()
+
+    for r in range(rounds):
+        # bare
+        train_steps(warmup, None)
+        variants["bare"].times.append(train_steps(steps, None))
+        run_nnwatch(variants["nnwatch"])
+        run_nnwatch(variants["nnwatch_detailed"], layer_interval=1)
+        run_nnwatch(variants["nnwatch_noguard"], guard=False)
+        # naive hooks + a .item() global norm, as in the textbook loop
+        remove = naive_hooks(model)
+        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()  # noqa: E731
+        train_steps(warmup, None, clip)
+        variants["naive_item_hooks"].times.append(train_steps(steps, None, clip))
+        remove()
+        # TensorBoard: scalars every step, histograms of every gradient every 10 steps
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(tempfile.mkdtemp(dir=tmp))
+        gn: dict[str, torch.Tensor] = {}
+
+        def tb_clip(gn: dict[str, torch.Tensor] = gn) -> None:
+            gn["v"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+
+        def tb_step(loss: torch.Tensor, b: Any, i: int, writer: Any = writer,
+                    gn: dict[str, torch.Tensor] = gn) -> None:
+            writer.add_scalar("loss", loss.item(), i)
+            writer.add_scalar("grad_norm", gn["v"].item(), i)
+            if i % 10 == 0:
+                for pn, p in model.named_parameters():
+                    if p.grad is not None:
+                        writer.add_histogram(f"grad/{pn}", p.grad, i)
+
+        train_steps(warmup, tb_step, tb_clip)
+        variants["tensorboard"].times.append(train_steps(steps, tb_step, tb_clip))
+        writer.close()
+        print(f"  {name}: round {r + 1}/{rounds} done", flush=True)
+    return variants
+
+
+def report(name: str, variants: dict[str, Variant]) -> list[str]:
+    bare = variants["bare"]
+    bare_med = [statistics.median(t) for t in bare.times]
+    lines = [f"\n{name}: bare step median {statistics.median(bare_med) * 1e3:.1f} ms "
+             f"({len(bare.times)} rounds x {len(bare.times[0])} steps)"]
+    lines.append(f"  {'variant':<20} {'ratio median':>12} {'min':>7} {'max':>7} {'direct cost':>12}")
+    for v in variants.values():
+        ratios = [statistics.median(t) / b for t, b in zip(v.times, bare_med, strict=True)]
+        direct = ""
+        if v.direct:
+            direct = f"{statistics.median(v.direct) / statistics.median(bare_med) * 100:10.2f} %"
+        lines.append(
+            f"  {v.name:<20} {statistics.median(ratios):12.3f} {min(ratios):7.3f} {max(ratios):7.3f} {direct:>12}"
+        )
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
+    out: list[str] = []
+    for name in args.models:
+        out += report(name, run_model(name, args.rounds, args.steps, args.warmup))
+    print("\n".join(out))
+    print("\nratio = variant step time / bare step time in the same round; direct cost = time inside "
+          "nnwatch's hooks and step() / median bare step. nnwatch_noguard drops the one non-finite "
+          "check before optimizer.step().")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

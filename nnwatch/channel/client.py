@@ -1,0 +1,294 @@
+"""The monitor's end of the command socket, shared by ``nnwatch ctl`` and the TUI.
+
+Two kinds of connection: :class:`ChannelClient` sends commands and waits for their replies (and,
+while it stays open, holds any pause it asked for); :class:`Subscription` turns a connection into
+the run's stream (see :mod:`nnwatch.channel.stream`). Requests are validated here with the same
+rules the server uses, so a typo is reported before anything is sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import select
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nnwatch.channel.commands import CommandError, encode_request, validate
+from nnwatch.schema import RunMeta
+from nnwatch.sources.base import CommandReply
+
+#: Largest line accepted from a run: stream chunks are at most ~1.4 MB of base64.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+DEFAULT_TIMEOUT = 10.0
+
+
+class ChannelError(RuntimeError):
+    """The run cannot be reached or answered nonsense; the message says what to do."""
+
+
+def connect(path: Path | str, timeout: float = DEFAULT_TIMEOUT) -> socket.socket:
+    """Connect to a run's command socket, turning OS errors into plain words."""
+    path = os.fspath(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except FileNotFoundError:
+        sock.close()
+        raise ChannelError(
+            f"no socket at {path}: the run has ended, or the path is wrong (see `nnwatch ls`)"
+        ) from None
+    except ConnectionRefusedError:
+        sock.close()
+        raise ChannelError(
+            f"nobody answers at {path}: the run is gone and left its socket behind "
+            "(`nnwatch gc` cleans up)"
+        ) from None
+    except PermissionError:
+        sock.close()
+        raise ChannelError(f"not allowed to open {path}: it belongs to another user") from None
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.ENAMETOOLONG or "too long" in str(exc):
+            raise ChannelError(f"the socket path {path} is too long for a Unix socket") from None
+        raise ChannelError(f"cannot connect to {path}: {exc.strerror or exc}") from None
+    return sock
+
+
+class LineReader:
+    """Split a socket's bytes into lines, refusing any line longer than ``limit``."""
+
+    def __init__(self, sock: socket.socket, limit: int = MAX_LINE_BYTES) -> None:
+        self.sock = sock
+        self.limit = limit
+        self.buf = bytearray()
+        self.eof = False
+
+    def _take_line(self) -> bytes | None:
+        nl = self.buf.find(b"\n")
+        if nl < 0:
+            if len(self.buf) > self.limit:
+                raise ChannelError(f"the run sent a line longer than {self.limit} bytes")
+            return None
+        line = bytes(self.buf[:nl])
+        del self.buf[: nl + 1]
+        return line
+
+    def readline(self, timeout: float | None) -> bytes | None:
+        """The next line, or None when ``timeout`` passed first or the other end closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            line = self._take_line()
+            if line is not None:
+                return line
+            if self.eof:
+                return None
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.sock], [], [], wait)
+            if not ready:
+                return None
+            try:
+                data = self.sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError, TimeoutError):
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.eof = True
+                continue
+            self.buf += data
+
+
+def _reply(obj: dict[str, Any]) -> CommandReply:
+    data = obj.get("data")
+    step = obj.get("applies_at_step")
+    return CommandReply(
+        ok=bool(obj.get("ok")),
+        applies_at_step=int(step) if isinstance(step, (int, float)) else None,
+        error=str(obj.get("error") or ""),
+        data=data if isinstance(data, dict) else {},
+    )
+
+
+class ChannelClient:
+    """A command connection to one run. Keep it open to hold a pause; close it to lift it."""
+
+    def __init__(self, path: Path | str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.sock = connect(self.path, timeout)
+        self._lines = LineReader(self.sock)
+        self._next_id = 1
+
+    @property
+    def closed(self) -> bool:
+        return self.sock.fileno() < 0 or self._lines.eof
+
+    def request(
+        self, name: str, args: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> CommandReply:
+        """Send one command and wait for its reply. Never raises for a refused command."""
+        rid = self._next_id
+        self._next_id += 1
+        try:
+            command = validate(name, args or {}, rid)
+        except CommandError as exc:
+            return CommandReply(False, error=exc.message)
+        if name == "subscribe":
+            return CommandReply(
+                False, error="use Subscription for subscribe; it takes the connection"
+            )
+        try:
+            self.sock.sendall(encode_request(command))
+        except OSError as exc:
+            raise ChannelError(
+                f"lost the connection to {self.path}: {exc.strerror or exc}"
+            ) from None
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        while True:
+            line = self._lines.readline(max(0.0, deadline - time.monotonic()))
+            if line is None:
+                if self._lines.eof:
+                    raise ChannelError(f"the run closed the connection ({self.path})")
+                return CommandReply(False, error=(
+                    f"no reply within {wait:g} s: the run applies commands between steps, so it "
+                    "may be hung, or stuck in a long step"
+                ))  # fmt: skip
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if obj.get("id") == rid or (obj.get("id") is None and not obj.get("ok")):
+                return _reply(obj)
+
+    def command(self, name: str, **args: Any) -> CommandReply:
+        return self.request(name, args)
+
+    def hello(self) -> dict[str, Any]:
+        reply = self.request("hello")
+        if not reply.ok:
+            raise ChannelError(reply.error or "the run refused hello")
+        return reply.data
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> ChannelClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Subscription:
+    """A stream of one run's history, records, events and status, decoded into numpy rows.
+
+    ``poll()`` returns the messages that arrived, with ``rows`` already decoded (``scalars``,
+    ``layers`` and ``records`` messages). ``ended`` is set by the ``end`` message; ``lost`` when the
+    connection dropped without one.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        history: bool = True,
+        start: str | int = "oldest",
+        max_hz: float = 20.0,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self.path = Path(path)
+        args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
+        command = validate("subscribe", args, 1)
+        self.sock = connect(self.path, timeout)
+        self._lines = LineReader(self.sock)
+        try:
+            self.sock.sendall(encode_request(command))
+            line = self._lines.readline(timeout)
+        except OSError as exc:
+            self.close()
+            raise ChannelError(
+                f"lost the connection to {self.path}: {exc.strerror or exc}"
+            ) from None
+        if line is None:
+            self.close()
+            raise ChannelError(
+                f"the run at {self.path} did not answer subscribe within {timeout:g} s"
+            )
+        try:
+            reply = _reply(json.loads(line))
+        except ValueError:
+            self.close()
+            raise ChannelError(f"the run at {self.path} answered subscribe with garbage") from None
+        if not reply.ok:
+            self.close()
+            raise ChannelError(f"the run refused to stream: {reply.error}")
+        self.info = reply.data
+        try:
+            self.meta = RunMeta.from_json(str(reply.data.get("meta") or ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.close()
+            raise ChannelError(f"the run sent an unreadable description: {exc}") from None
+        schema = self.meta.schema
+        self._dtypes = {
+            "scalars": schema.scalar_dtype(),
+            "layers": schema.layer_row_dtype(),
+            "records": schema.record_dtype(),
+        }
+        self.ended: dict[str, Any] | None = None
+        self.lost = False
+
+    def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[dict[str, Any]]:
+        """Messages that arrived (waiting up to ``timeout`` for the first); never blocks longer."""
+        out: list[dict[str, Any]] = []
+        wait: float | None = timeout
+        while len(out) < max_messages and not self.lost:
+            try:
+                line = self._lines.readline(wait)
+            except ChannelError:
+                self.lost = True
+                break
+            if line is None:
+                if self._lines.eof and self.ended is None:
+                    self.lost = True
+                break
+            wait = 0.0
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict):
+                continue
+            kind = msg.get("type")
+            if kind in self._dtypes:
+                try:
+                    raw = base64.b64decode(msg.get("data") or "")
+                    msg["rows"] = np.frombuffer(raw, dtype=self._dtypes[kind]).copy()
+                except (ValueError, TypeError):
+                    continue
+                msg.pop("data", None)
+            elif kind == "end":
+                self.ended = msg
+            elif kind is None and msg.get("ok") is False:  # e.g. the stream process failed
+                msg = {"type": "error", "message": str(msg.get("error") or "the stream failed")}
+            out.append(msg)
+        return out
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,302 @@
+"""The registry: how a monitor finds every run of its user without being told where to look.
+
+Each live run (one per rank) writes one small JSON entry, atomically, into
+``<root>/registry/<host>-<pid>-r<rank>.json``: who it is (pid and process start time, host,
+command line, cwd, rank, local rank, world size, CUDA device UUIDs, nnwatch version), where its
+files are (run directory, ring, command socket) and its layer names. The entry is removed at a
+clean close; a crash leaves it behind, which is how ``nnwatch ls`` can report "crashed".
+
+Liveness never trusts the entry alone: the pid must exist *with the same start time* (pids are
+reused) and the ring's heartbeat must be fresh. ``gc()`` removes the entries, and the sockets, of
+processes that are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nnwatch._version import __version__
+from nnwatch.channel.health import Health, Liveness, read_end
+from nnwatch.channel.identity import own_start_time, same_process, this_host
+from nnwatch.channel.ring import RingError, RingReader
+from nnwatch.paths import default_root, ensure_private_dir, write_private_file
+from nnwatch.schema import RunMeta
+
+REGISTRY_DIR = "registry"
+SOCKET_DIR = "s"
+ENTRY_VERSION = 1
+#: sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def registry_dir(root: Path | None = None) -> Path:
+    return (Path(root) if root is not None else default_root()) / REGISTRY_DIR
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:64] or "host"
+
+
+def entry_path(host: str, pid: int, rank: int, root: Path | None = None) -> Path:
+    return registry_dir(root) / f"{_safe(host)}-{int(pid)}-r{int(rank)}.json"
+
+
+def socket_path(pid: int, rank: int, root: Path | None = None) -> Path:
+    """Where a run's command socket goes: ``<root>/s/<pid>-r<rank>.sock``, or a short private
+    directory under /tmp when the root is too deep for a Unix socket path."""
+    root = Path(root) if root is not None else default_root()
+    name = f"{int(pid)}-r{int(rank)}.sock"
+    path = root / SOCKET_DIR / name
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        ensure_private_dir(path.parent)
+        return path
+    short = Path("/tmp") / f"nnwatch-{os.getuid()}-s"
+    ensure_private_dir(short)
+    return short / name
+
+
+def ring_path(run_dir: Path, rank: int = 0) -> Path:
+    """The ring file inside a run directory (``ring``, or ``ring-r<rank>`` for ranks above 0)."""
+    return Path(run_dir) / ("ring" if int(rank) == 0 else f"ring-r{int(rank)}")
+
+
+def cuda_device_uuids() -> list[str]:
+    """UUIDs of the visible CUDA devices, without initialising CUDA just for this."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return []
+        return [
+            str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
+        ]
+    except Exception:  # noqa: BLE001 - a broken driver must not stop registration
+        return []
+
+
+def build_entry(
+    meta: RunMeta,
+    *,
+    run_dir: Path,
+    ring: Path,
+    socket: Path | None,
+    cuda_devices: list[str] | None = None,
+) -> dict[str, Any]:
+    """The registry entry for the calling process's run (pass it to :func:`register`)."""
+    return {
+        "entry_version": ENTRY_VERSION,
+        "name": meta.name,
+        "pid": os.getpid(),
+        "start_time": own_start_time(),
+        "started": meta.started,
+        "host": this_host(),
+        "cmdline": list(sys.argv),
+        "executable": sys.executable,
+        "cwd": os.getcwd(),
+        "rank": meta.rank,
+        "local_rank": meta.local_rank,
+        "world_size": meta.world_size,
+        "cuda_devices": cuda_device_uuids() if cuda_devices is None else list(cuda_devices),
+        "device": meta.device,
+        "run_dir": str(run_dir),
+        "ring": str(ring),
+        "socket": str(socket) if socket is not None else None,
+        "meta": str(Path(run_dir) / "meta.json"),
+        "layer_names": list(meta.schema.layer_names),
+        "nnwatch_version": meta.nnwatch_version or __version__,
+    }
+
+
+def register(entry: dict[str, Any], root: Path | None = None) -> Path:
+    """Write ``entry`` atomically (mode 0600) and return its path."""
+    reg = ensure_private_dir(registry_dir(root))
+    path = reg / entry_path(entry["host"], entry["pid"], entry.get("rank", 0)).name
+    write_private_file(path, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
+    return path
+
+
+def unregister(path: Path) -> None:
+    """Remove an entry (at a clean close). A missing entry is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One registered run, as ``nnwatch ls`` shows it."""
+
+    name: str
+    pid: int
+    host: str
+    rank: int
+    world_size: int
+    state: str  # starting, running, paused, hung, finished, crashed
+    message: str
+    step: int | None  # the last step published, None before the first
+    steps_per_s: float | None
+    age: float  # seconds since the run started
+    heartbeat_age: float | None
+    last_step_age: float | None
+    dropped_records: int  # none for ls; kept for symmetry with readers
+    run_dir: str
+    ring: str
+    socket: str | None
+    entry_path: str
+    local_rank: int = 0
+    start_time: float = 0.0
+    started: float = 0.0
+    cmdline: list[str] = field(default_factory=list)
+    cwd: str = ""
+    cuda_devices: list[str] = field(default_factory=list)
+    layers: int = 0
+    nnwatch_version: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("starting", "running", "paused", "hung")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["live"] = self.live
+        return d
+
+
+def _read_entry(path: Path) -> dict[str, Any] | None:
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None  # only our own regular files; a planted symlink is ignored
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+        return None
+    return entry
+
+
+def inspect(
+    entry: dict[str, Any], path: Path, *, now: float | None = None, hung_min: float | None = None
+) -> RunInfo:
+    """Judge one entry: read its ring header and check its pid and start time."""
+    now = time.time() if now is None else now
+    host = str(entry.get("host", ""))
+    pid = int(entry["pid"])
+    start_time = float(entry.get("start_time") or 0.0)
+    run_dir = Path(str(entry.get("run_dir", "")))
+    ring = str(entry.get("ring", ""))
+    step: int | None = None
+    rate: float | None = None
+    kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
+    health: Health
+    try:
+        with RingReader(Path(ring)) as reader:
+            state = reader.state()
+            if state.pid != pid:
+                raise RingError("the ring belongs to another process")
+            health = Liveness(host=host, run_dir=run_dir, **kwargs).judge(state, now)
+            last = reader.latest()
+            if last is not None and reader.meta is not None:
+                step = int(last["step"][0])
+            elif state.write_seq:
+                step = state.write_seq - 1
+            if state.step_interval > 0 and health.state in ("running", "starting"):
+                rate = 1.0 / state.step_interval
+    except (RingError, OSError, ValueError, KeyError):
+        end = read_end(run_dir)
+        alive = same_process(pid, start_time) if host == this_host() else None
+        if end is not None:
+            state_name = "crashed" if end.get("status") == "crashed" else "finished"
+            health = Health(state_name, "the run ended", None, None, None)
+        elif alive is False:
+            health = Health(
+                "crashed", f"trainer pid {pid} is gone and the run never finished", None, None, None
+            )
+        elif alive is None:
+            health = Health(
+                "hung", "on another host, and its ring is unreadable from here", None, None, None
+            )
+        else:
+            health = Health("starting", "no ring yet (before the first step)", None, None, None)
+        if end is not None and isinstance(end.get("steps"), int):
+            step = int(end["steps"]) - 1
+    started = float(entry.get("started") or start_time or now)
+    return RunInfo(
+        name=str(entry.get("name", "?")), pid=pid, host=host, rank=int(entry.get("rank", 0)),
+        world_size=int(entry.get("world_size", 1)), state=health.state, message=health.message,
+        step=step, steps_per_s=rate, age=max(0.0, now - started),
+        heartbeat_age=health.heartbeat_age, last_step_age=health.last_step_age,
+        dropped_records=0, run_dir=str(run_dir), ring=ring, socket=entry.get("socket"),
+        entry_path=str(path), local_rank=int(entry.get("local_rank", 0)), start_time=start_time,
+        started=started, cmdline=[str(x) for x in entry.get("cmdline") or []],
+        cwd=str(entry.get("cwd", "")), cuda_devices=[str(x) for x in entry.get("cuda_devices") or []],
+        layers=len(entry.get("layer_names") or []), nnwatch_version=str(entry.get("nnwatch_version", "")),
+    )  # fmt: skip
+
+
+def list_runs(root: Path | None = None, *, hung_min: float | None = None) -> list[RunInfo]:
+    """Every registered run of this user, oldest first, each judged live or not right now."""
+    reg = registry_dir(root)
+    if not reg.is_dir():
+        return []
+    now = time.time()
+    runs = []
+    for path in sorted(reg.glob("*.json")):
+        entry = _read_entry(path)
+        if entry is not None:
+            runs.append(inspect(entry, path, now=now, hung_min=hung_min))
+    runs.sort(key=lambda r: (r.started, r.name, r.rank))
+    return runs
+
+
+def gc(root: Path | None = None, *, dry_run: bool = False) -> list[RunInfo]:
+    """Remove the entries (and sockets) of runs whose process is gone; return what was removed.
+
+    Only entries from this host are judged: a pid means nothing on another machine.
+    """
+    removed = []
+    for info in list_runs(root):
+        if info.host != this_host():
+            continue
+        if same_process(info.pid, info.start_time):
+            continue
+        removed.append(info)
+        if dry_run:
+            continue
+        unregister(Path(info.entry_path))
+        if info.socket:
+            try:
+                if stat.S_ISSOCK(os.lstat(info.socket).st_mode):
+                    os.unlink(info.socket)
+            except OSError:
+                pass
+    return removed
+
+
+def find_runs(spec: str, root: Path | None = None) -> list[RunInfo]:
+    """Runs matching what a user typed: a name (or its start), a pid, or a run directory path."""
+    runs = list_runs(root)
+    spec = spec.strip()
+    if not spec:
+        return []
+    by_pid = [r for r in runs if spec.isdigit() and r.pid == int(spec)]
+    if by_pid:
+        return by_pid
+    as_path = os.path.realpath(os.path.expanduser(spec))
+    by_dir = [r for r in runs if os.path.realpath(r.run_dir) == as_path]
+    if by_dir:
+        return by_dir
+    exact = [r for r in runs if r.name == spec or Path(r.run_dir).name == spec]
+    if exact:
+        return exact
+    return [r for r in runs if r.name.startswith(spec) or Path(r.run_dir).name.startswith(spec)]

@@ -1,0 +1,487 @@
+"""The ring file: one memory-mapped file per rank, written only by the training thread, read by
+any number of monitors that come and go.
+
+Why a ring in a plain file: the trainer must never wait for a reader. Publishing is a memcpy into
+shared memory plus a few header stores, so a reader that is slow, frozen (SIGSTOP) or killed costs
+the trainer nothing; the reader only loses the oldest slots, and it counts them. Plain ``mmap`` on
+a file the run owns, not ``multiprocessing.shared_memory``: before Python 3.13 a reader's resource
+tracker may delete the producer's segment when the reader exits (CPython gh-82300).
+
+Why sequence numbers *and* a checksum: Python has no memory fences and aarch64 hosts reorder
+stores, so a reader can see a slot's "done" sequence number before the payload bytes. Each slot is
+written as: sequence ``2n+1`` (odd: writing), payload, then CRC32 (seeded with ``n``) plus sequence
+``2n+2`` (even: done), and only then the header's write position. A reader copies a slot, checks
+that the sequence was ``2n+2`` before and after the copy, and that the CRC matches; anything else
+is a *torn* slot, counted and never returned as data.
+
+File layout (little-endian)::
+
+    0     header (fixed fields, see _HDR_* below)
+    256   meta JSON (the run's RunMeta), so a reader can decode records with nothing else
+    S     slots, S = header + meta rounded up to 4096; each slot is
+              u64 seq | u32 crc | u32 length | payload (record_size bytes) | padding to 64
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from nnwatch.channel.identity import own_start_time
+from nnwatch.schema import RunMeta
+
+log = logging.getLogger("nnwatch")
+
+MAGIC = b"NNWRING\x01"
+VERSION = 1
+META_OFFSET = 256
+SLOT_HEADER = 16
+SLOT_ALIGN = 64
+DEFAULT_RING_BYTES = 16 * 1024 * 1024
+MIN_SLOTS = 256
+
+#: The run states the header can hold. "hung" is never written: readers infer it (see health.py).
+STATUS_CODES: dict[str, int] = {
+    "starting": 0, "running": 1, "paused": 2, "finished": 3, "crashed": 4, "stopped": 5,
+}  # fmt: skip
+#: Statuses after which the writer publishes nothing more ("stopped": interrupted, ended cleanly).
+ENDED = ("finished", "crashed", "stopped")
+STATUS_NAMES: dict[int, str] = {v: k for k, v in STATUS_CODES.items()}
+
+# Constant part of the header, written once before the magic: version, slots offset, slot size,
+# record size, slots, meta length, pid, process start time, creation time.
+_CONST = struct.Struct("<IIIIII qdd")
+_CONST_OFF = 8
+# Mutable part: changed by publish() (one store) and by beat()/set_status().
+_PUBLISH = struct.Struct("<Qddd")  # write_seq, heartbeat, last publish time, step interval (EMA)
+_PUBLISH_OFF = 64
+_HEARTBEAT = struct.Struct("<d")
+_HEARTBEAT_OFF = 72
+_STATUS = struct.Struct("<Id")  # status code, time of the change
+_STATUS_OFF = 96
+_ERRORS = struct.Struct("<Q")
+_ERRORS_OFF = 112
+_U64 = struct.Struct("<Q")
+_SLOT_DONE = struct.Struct("<QII")  # seq, crc, length
+
+#: Weight of the newest interval in the step-interval average: readers use it for "hung" and steps/s.
+_EMA = 0.1
+
+
+class RingError(RuntimeError):
+    """A ring file cannot be used; the message says what is wrong in plain words."""
+
+
+def _slot_size(record_size: int) -> int:
+    return -(-(SLOT_HEADER + record_size) // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def default_slots(record_size: int) -> int:
+    """Enough slots for about 16 MiB of records, and never fewer than 256."""
+    return max(MIN_SLOTS, DEFAULT_RING_BYTES // _slot_size(record_size))
+
+
+class RingWriter:
+    """The training thread's end of the ring. ``publish`` never blocks and never raises.
+
+    ``record`` passed to ``publish`` should be a C-contiguous memoryview of exactly ``record_size``
+    bytes (format ``B``); other buffers are accepted through a slower path. Errors are counted in
+    ``errors`` (also stored in the header) and logged once, so training always goes on.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        record_size: int,
+        slots: int | None = None,
+        *,
+        meta_json: str = "",
+    ) -> None:
+        if record_size <= 0:
+            raise ValueError("record_size must be positive")
+        self.path = Path(path)
+        self.record_size = int(record_size)
+        self.slots = int(slots) if slots else default_slots(self.record_size)
+        if self.slots < 2:
+            raise ValueError("a ring needs at least 2 slots")
+        self.slot_size = _slot_size(self.record_size)
+        meta = meta_json.encode()
+        self.slots_offset = -(-(META_OFFSET + len(meta)) // 4096) * 4096
+        size = self.slots_offset + self.slots * self.slot_size
+        self.errors = 0
+        self._reported = False
+        self._closed = False
+        self._n = 0
+        self._last_t = 0.0
+        self._interval = 0.0
+        self._beat_thread: threading.Thread | None = None
+        self._beat_stop = threading.Event()
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        # Touch every page now, so the first lap of publishes does not pay page faults.
+        zeros = np.frombuffer(self._mm, dtype=np.uint8)
+        zeros[:] = 0
+        del zeros
+        now = time.time()
+        self.pid = os.getpid()
+        self.start_time = own_start_time()
+        _CONST.pack_into(
+            self._mm, _CONST_OFF, VERSION, self.slots_offset, self.slot_size, self.record_size,
+            self.slots, len(meta), self.pid, self.start_time, now,
+        )  # fmt: skip
+        self._mm[META_OFFSET : META_OFFSET + len(meta)] = meta
+        _PUBLISH.pack_into(self._mm, _PUBLISH_OFF, 0, now, 0.0, 0.0)
+        _STATUS.pack_into(self._mm, _STATUS_OFF, STATUS_CODES["running"], now)
+        self._mm[0:8] = MAGIC  # last: a reader that sees the magic sees a complete header
+        self._mv = memoryview(self._mm)
+        # One payload view per slot, made once, so publish() slices nothing.
+        self._payloads = [
+            self._mv[o + SLOT_HEADER : o + SLOT_HEADER + self.record_size]
+            for o in range(self.slots_offset, size, self.slot_size)
+        ]
+        self._offsets = list(range(self.slots_offset, size, self.slot_size))
+
+    # -- training thread ---------------------------------------------------------------------------
+    def publish(self, record: memoryview) -> None:
+        """Write one record into the next slot. Training thread only; O(record size), no waiting."""
+        try:
+            n = self._n
+            i = n % self.slots
+            off = self._offsets[i]
+            mm = self._mm
+            _U64.pack_into(mm, off, 2 * n + 1)
+            try:
+                self._payloads[i][:] = record
+            except (ValueError, TypeError):
+                record = memoryview(record).cast("B")
+                self._payloads[i][:] = record
+            _SLOT_DONE.pack_into(
+                mm, off, 2 * n + 2, zlib.crc32(record, n & 0xFFFFFFFF), self.record_size
+            )
+            t = time.time()
+            if self._last_t:
+                dt = t - self._last_t
+                self._interval = (
+                    dt if not self._interval else self._interval + _EMA * (dt - self._interval)
+                )
+            self._last_t = t
+            self._n = n + 1
+            _PUBLISH.pack_into(mm, _PUBLISH_OFF, n + 1, t, t, self._interval)
+        except Exception as exc:  # noqa: BLE001 - nothing may escape into the training loop
+            self._error("publish", exc)
+
+    # -- any thread ------------------------------------------------------------------------------
+    def beat(self) -> None:
+        """Refresh the heartbeat, so readers can tell a live trainer from a frozen or dead one."""
+        try:
+            _HEARTBEAT.pack_into(self._mm, _HEARTBEAT_OFF, time.time())
+        except Exception:  # noqa: BLE001 - closed ring, or a race with close(): nothing to do
+            pass
+
+    def set_status(self, status: str) -> None:
+        """Record "running", "paused", "finished", "stopped" or "crashed" for readers."""
+        code = STATUS_CODES.get(status)
+        if code is None:
+            raise ValueError(
+                f"unknown ring status {status!r}; use one of {', '.join(STATUS_CODES)}"
+            )
+        try:
+            _STATUS.pack_into(self._mm, _STATUS_OFF, code, time.time())
+            self.beat()
+        except Exception as exc:  # noqa: BLE001
+            self._error("set_status", exc)
+
+    def start_heartbeat(self, interval: float = 1.0) -> None:
+        """Beat from a daemon thread every ``interval`` seconds until ``close`` (optional helper)."""
+        if self._beat_thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._beat_stop.wait(interval):
+                self.beat()
+
+        self._beat_thread = threading.Thread(target=loop, name="nnwatch-heartbeat", daemon=True)
+        self._beat_thread.start()
+
+    @property
+    def published(self) -> int:
+        """How many records were published so far."""
+        return self._n
+
+    def close(self, status: str = "finished", *, unlink: bool = False) -> None:
+        """Write the final status and unmap. The file stays (readers may still be attached)."""
+        if self._closed:
+            return
+        self._beat_stop.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(timeout=2)
+        try:
+            self.set_status(status)
+        finally:
+            self._closed = True
+            for view in self._payloads:
+                view.release()
+            self._payloads = []
+            self._mv.release()
+            self._mm.close()
+            if unlink:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        self.errors += 1
+        try:
+            _ERRORS.pack_into(self._mm, _ERRORS_OFF, self.errors)
+        except Exception:  # noqa: BLE001
+            pass
+        if not self._reported and not self._closed:
+            self._reported = True
+            log.warning(
+                "nnwatch: the ring %s failed in %s (%s: %s); training goes on, monitors may miss "
+                "records. Further errors are counted silently.", self.path, where,
+                type(exc).__name__, exc,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RingState:
+    """One reading of the ring header."""
+
+    pid: int
+    start_time: float  # the writer process's start time (psutil create_time)
+    created: float
+    status: str  # as written by the trainer: starting, running, paused, finished, crashed
+    status_time: float
+    write_seq: int  # records published so far
+    heartbeat: float
+    last_publish: float  # 0.0 until the first record
+    step_interval: float  # moving average of the time between records, 0.0 until known
+    errors: int
+    slots: int
+    record_size: int
+
+    def heartbeat_age(self, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - self.heartbeat)
+
+    def last_step_age(self, now: float | None = None) -> float | None:
+        if not self.last_publish:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.last_publish)
+
+
+@dataclass(frozen=True)
+class RingBatch:
+    """What one ``read_batch`` found: good records, their sequence numbers, and what was lost."""
+
+    records: np.ndarray  # structured, meta's record dtype (or raw void records without meta)
+    seqs: np.ndarray  # int64 sequence number of each record (0-based publish index)
+    dropped: int  # overwritten before this reader got to them (it fell behind)
+    torn: int  # caught mid-write or failing the checksum; skipped
+
+
+class RingReader:
+    """Attach to a ring file and read the records published since the last read.
+
+    ``start="oldest"`` first returns whatever the ring still holds (its part of the history), then
+    every new record; ``"latest"`` skips to new records; an int starts at that sequence number.
+    Attaching or detaching never affects the writer or other readers.
+    """
+
+    def __init__(self, path: Path, *, start: Literal["oldest", "latest"] | int = "oldest") -> None:
+        self.path = Path(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError as exc:
+            raise RingError(f"{self.path} does not exist: the run has no ring (yet)") from exc
+        except OSError as exc:
+            raise RingError(f"cannot open the ring {self.path}: {exc.strerror or exc}") from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size < META_OFFSET:
+                raise RingError(f"{self.path} is too short to be a ring file ({size} bytes)")
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        try:
+            self._attach(size, start)
+        except Exception:
+            self._mm.close()
+            raise
+
+    def _attach(self, size: int, start: Literal["oldest", "latest"] | int) -> None:
+        if self._mm[0:8] != MAGIC:
+            raise RingError(
+                f"{self.path} is not an nnwatch ring (or its writer has not finished creating it)"
+            )
+        (version, slots_off, slot_size, record_size, slots, meta_len, pid, start_time, created) = (
+            _CONST.unpack_from(self._mm, _CONST_OFF)
+        )
+        if version != VERSION:
+            raise RingError(f"{self.path} has ring format {version}; this nnwatch reads {VERSION}")
+        if slots_off + slots * slot_size > size or slot_size < SLOT_HEADER + record_size:
+            raise RingError(f"{self.path} has an inconsistent header; the file may be truncated")
+        self.pid, self.start_time, self.created = int(pid), float(start_time), float(created)
+        self.slots, self.slot_size, self.record_size = int(slots), int(slot_size), int(record_size)
+        self.meta_json = bytes(self._mm[META_OFFSET : META_OFFSET + meta_len]).decode()
+        self.meta: RunMeta | None = RunMeta.from_json(self.meta_json) if self.meta_json else None
+        if self.meta is not None:
+            self.dtype = self.meta.schema.record_dtype()
+            if self.dtype.itemsize != record_size:
+                raise RingError(
+                    f"{self.path}: meta describes {self.dtype.itemsize}-byte records but the ring "
+                    f"holds {record_size}-byte ones"
+                )
+        else:
+            self.dtype = np.dtype((np.void, record_size))
+        slot_dtype = np.dtype(
+            {
+                "names": ["seq", "crc", "len", "payload"],
+                "formats": ["<u8", "<u4", "<u4", (np.uint8, (record_size,))],
+                "offsets": [0, 8, 12, SLOT_HEADER],
+                "itemsize": slot_size,
+            }
+        )
+        self._slots = np.ndarray((slots,), dtype=slot_dtype, buffer=self._mm, offset=slots_off)
+        self._seq_view = self._slots["seq"]
+        ws = self.state().write_seq
+        if start == "oldest":
+            self._next = max(0, ws - slots)
+        elif start == "latest":
+            self._next = ws
+        else:
+            self._next = max(0, min(int(start), ws))
+        # The oldest slot may be mid-overwrite as we attach; losing it then is not "falling behind".
+        self._quiet_below = self._next + 1 if start == "oldest" and ws >= slots else self._next
+        self.dropped = 0
+        self.torn = 0
+        self.delivered = 0
+
+    # -- header ----------------------------------------------------------------------------------
+    def state(self) -> RingState:
+        """Read the header now (cheap: a few unpacks from shared memory)."""
+        ws, _hb, last, interval = _PUBLISH.unpack_from(self._mm, _PUBLISH_OFF)
+        (hb,) = _HEARTBEAT.unpack_from(self._mm, _HEARTBEAT_OFF)
+        code, status_time = _STATUS.unpack_from(self._mm, _STATUS_OFF)
+        (errors,) = _ERRORS.unpack_from(self._mm, _ERRORS_OFF)
+        return RingState(
+            pid=self.pid, start_time=self.start_time, created=self.created,
+            status=STATUS_NAMES.get(code, "running"), status_time=status_time, write_seq=int(ws),
+            heartbeat=hb, last_publish=last, step_interval=interval, errors=int(errors),
+            slots=self.slots, record_size=self.record_size,
+        )  # fmt: skip
+
+    @property
+    def next_seq(self) -> int:
+        """Sequence number of the next record this reader will return."""
+        return self._next
+
+    @property
+    def pending(self) -> int:
+        """Records published but not yet read by this reader."""
+        return max(0, self.state().write_seq - self._next)
+
+    # -- records ---------------------------------------------------------------------------------
+    def read(self, max_records: int | None = None) -> np.ndarray:
+        """New records as a structured array (``meta.schema.record_dtype()``); may be empty."""
+        return self.read_batch(max_records).records
+
+    def read_batch(self, max_records: int | None = None) -> RingBatch:
+        """New records plus what was dropped or torn since the previous read."""
+        (ws,) = _U64.unpack_from(self._mm, _PUBLISH_OFF)
+        dropped = torn = 0
+        nxt = self._next
+        if ws < nxt:  # cannot happen with one writer; resynchronise rather than return garbage
+            nxt = ws
+        if ws - nxt > self.slots:
+            skip_to = ws - self.slots
+            dropped += skip_to - max(nxt, self._quiet_below)
+            nxt = skip_to
+        k = ws - nxt
+        if max_records is not None:
+            k = min(k, max(0, int(max_records)))
+        if k <= 0:
+            self._next = nxt
+            self.dropped += max(0, dropped)
+            return RingBatch(np.zeros(0, self.dtype), np.zeros(0, np.int64), max(0, dropped), 0)
+        ns = np.arange(nxt, nxt + k, dtype=np.int64)
+        idx = ns % self.slots
+        copy = self._slots[idx]  # fancy indexing: one copy of every slot we want
+        seq_after = self._seq_view[idx]
+        seq_before = copy["seq"].astype(np.int64)
+        expected = 2 * ns + 2
+        intact = (seq_before == expected) & (seq_after.astype(np.int64) == expected)
+        overwritten = seq_before > expected
+        quiet = ns < self._quiet_below
+        dropped += int(np.count_nonzero(overwritten & ~quiet))
+        torn_mask = ~intact & ~overwritten
+        payload = copy["payload"]
+        for j in np.flatnonzero(intact):
+            if zlib.crc32(payload[j], int(ns[j]) & 0xFFFFFFFF) != int(copy["crc"][j]):
+                intact[j] = False
+                torn_mask[j] = True
+        torn = int(np.count_nonzero(torn_mask & ~quiet))
+        good = np.ascontiguousarray(payload[intact])
+        records = good.view(self.dtype).reshape(-1)
+        self._next = nxt + k
+        self.dropped += max(0, dropped)
+        self.torn += torn
+        self.delivered += len(records)
+        return RingBatch(records, ns[intact], max(0, dropped), torn)
+
+    def latest(self) -> np.ndarray | None:
+        """The newest intact record without moving this reader, or None (for ``nnwatch ls``)."""
+        ws = self.state().write_seq
+        for n in range(ws - 1, max(-1, ws - 4), -1):
+            i = n % self.slots
+            slot = self._slots[i : i + 1].copy()
+            if int(slot["seq"][0]) != 2 * n + 2 or int(self._seq_view[i]) != 2 * n + 2:
+                continue
+            if zlib.crc32(slot["payload"][0], n & 0xFFFFFFFF) != int(slot["crc"][0]):
+                continue
+            return np.ascontiguousarray(slot["payload"][0]).view(self.dtype).reshape(-1)
+        return None
+
+    def wait(self, timeout: float, poll: float = 0.002) -> bool:
+        """Sleep-poll until a record newer than this reader's position exists, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            (ws,) = _U64.unpack_from(self._mm, _PUBLISH_OFF)
+            if ws > self._next:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+    def close(self) -> None:
+        """Unmap the file. Safe to call twice."""
+        if getattr(self, "_slots", None) is not None:
+            self._slots = None  # type: ignore[assignment]
+            self._seq_view = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except (BufferError, ValueError):
+            pass
+
+    def __enter__(self) -> RingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,56 @@
+"""Follow ``events.jsonl`` while the trainer appends to it: complete lines only, never half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: Read at most this much per call, so a huge backlog cannot stall a monitor's poll.
+MAX_READ = 4 * 1024 * 1024
+
+
+class EventTail:
+    """New events since the previous ``read()``. A line still being written is left for next time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.skipped = 0  # lines that were not JSON objects
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return []
+        try:
+            size = os.fstat(fd).st_size
+            if size < self.offset:  # truncated or replaced: start over
+                self.offset = 0
+            if size == self.offset:
+                return []
+            data = os.pread(fd, min(MAX_READ, size - self.offset), self.offset)
+        finally:
+            os.close(fd)
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) >= MAX_READ:  # one absurd line: skip it rather than stall forever
+                self.offset += len(data)
+                self.skipped += 1
+            return []
+        self.offset += end + 1
+        events: list[dict[str, Any]] = []
+        for raw in data[: end + 1].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                self.skipped += 1
+                continue
+            if isinstance(ev, dict):
+                events.append(ev)
+            else:
+                self.skipped += 1
+        return events

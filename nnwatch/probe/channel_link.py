@@ -1,0 +1,84 @@
+"""The probe's end of the live channel: ring file, command socket and registry entry.
+
+Created at the first ``w.step()`` (when the record layout is known). Publishing is one memcpy
+into the ring; commands are applied here, by the training thread, at the step boundary; a pause
+holds the training thread in :meth:`after_step` until a ``resume`` arrives, or until the
+connection that asked for the pause closes (the server then queues a ``resume`` itself).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nnwatch.channel import registry
+from nnwatch.channel.ring import RingWriter
+from nnwatch.channel.server import CommandServer
+
+if TYPE_CHECKING:
+    from nnwatch.probe.watch import Watch
+
+log = logging.getLogger("nnwatch")
+
+
+class ChannelLink:
+    def __init__(self, w: Watch) -> None:
+        rank = w.rank.rank
+        self.ring_path = registry.ring_path(w.run_dir, rank)
+        self.ring = RingWriter(self.ring_path, w.schema.record_size, meta_json=w.meta.to_json())
+        self.ring.set_status("running")
+        w._sysmon.beats.append(self.ring.beat)
+        self.server: CommandServer | None = None
+        self.entry_path = None
+        sock = None
+        try:
+            sock = registry.socket_path(w.meta.pid, rank)
+            entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=sock)
+            self.server = CommandServer(sock, hello=entry)
+            self.server.start()
+        except (OSError, ValueError) as exc:
+            log.warning("nnwatch: commands from monitors are off (%s); monitors can still watch", exc)
+            self.server = None
+            entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=None)
+        self.entry_path = registry.register(entry)
+
+    def publish(self, record: memoryview) -> None:
+        self.ring.publish(record)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Events reach monitors through ``events.jsonl``; nothing to do on the hot path."""
+
+    def after_step(self, w: Watch) -> None:
+        server = self.server
+        if server is None:
+            return
+        commands = server.drain()
+        if not commands:
+            return
+        self._apply(w, commands)
+        if w.paused:
+            self.ring.set_status("paused")
+            while w.paused and not w.should_stop and not w.closed:
+                if server.wait(0.2):
+                    self._apply(w, server.drain())
+            self.ring.set_status("running")
+
+    def _apply(self, w: Watch, commands: list[Any]) -> None:
+        for cmd in commands:
+            try:
+                ok, error, at = w.apply_command(cmd.name, dict(cmd.args))
+            except (KeyError, TypeError, ValueError) as exc:
+                ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", w.step_index
+            data: dict[str, Any] = {}
+            if cmd.name == "set_clip":
+                data["max_norm"] = w.clip_override
+            elif cmd.name == "set_layer_interval":
+                data["n"] = w.layer_interval
+            cmd.reply(at, ok, error, **data)
+
+    def close(self, status: str) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.ring.close(status)
+        if self.entry_path is not None:
+            registry.unregister(self.entry_path)
