@@ -1,13 +1,26 @@
 """nnwatch: a live monitor and debugger for PyTorch training runs.
 
 ``watch()`` attaches the probe to a model; ``load_run()`` reads a run's history back as arrays.
-This module imports no UI library, so importing it inside a training script costs nothing extra.
+This module imports no UI library, and torch only when the probe is first used, so that monitor
+commands (``nnwatch ls``, ``nnwatch open``) start fast.
 """
 
 from __future__ import annotations
 
-from nnwatch._version import __version__
-from nnwatch.probe.watch import Watch, watch
-from nnwatch.runlog import Run, load_run
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Run", "Watch", "__version__", "load_run", "watch"]
+from nnwatch._version import __version__
+from nnwatch.runlog import Run, RunLogError, load_run
+
+if TYPE_CHECKING:
+    from nnwatch.probe.watch import Watch, watch
+
+__all__ = ["Run", "RunLogError", "Watch", "__version__", "load_run", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("watch", "Watch"):
+        from nnwatch.probe import watch as _watch_module
+
+        return getattr(_watch_module, name)
+    raise AttributeError(f"module 'nnwatch' has no attribute {name!r}")
