@@ -83,7 +83,7 @@ class RunLogWriter:
     """Appends step records from a background thread so the training thread only enqueues.
 
     The training thread appends each record to a deque (no lock, no wake-up); the writer thread
-    drains it every ``interval`` seconds and writes the batch with vectorized numpy. Waking the
+    drains it every ``interval`` seconds (0.1 by default) and writes the batch with vectorized numpy. Waking the
     writer per record measured as GIL contention in the training thread, so durability against
     ``kill -9`` comes from the ring file instead: it lives in the same directory, and
     :func:`load_run` appends the ring's newer records to what the log holds. A full disk or any
@@ -92,7 +92,7 @@ class RunLogWriter:
     """
 
     def __init__(
-        self, run_dir: Path, meta: RunMeta, *, interval: float = 0.05, max_pending: int = 65536
+        self, run_dir: Path, meta: RunMeta, *, interval: float = 0.1, max_pending: int = 65536
     ) -> None:
         self.run_dir = Path(run_dir)
         self.meta = meta
@@ -183,9 +183,13 @@ class RunLogWriter:
                 records.append(pop())
         except IndexError:
             pass
-        if not records:
+        good = [r for r in records if len(r) == self._record_size]
+        if len(good) != len(records):
+            self.lost += len(records) - len(good)
+            log.error("nnwatch: dropped %d malformed record(s)", len(records) - len(good))
+        if not good:
             return
-        rows = np.frombuffer(b"".join(records), dtype=self._record_dtype)
+        rows = np.frombuffer(b"".join(good), dtype=self._record_dtype)
         self._write(rows)
         for observer in list(self.observers):
             try:
@@ -373,7 +377,7 @@ def _merge_ring_tail(
     run_dir: Path, meta: RunMeta, scalars: np.ndarray, layers: np.ndarray, warnings: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Append the records that reached the ring but not the log (the writer thread drains the
-    log every ~50 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
+    log every ~100 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
     try:
         from nnwatch.channel.registry import ring_path
         from nnwatch.channel.ring import RingError, RingReader

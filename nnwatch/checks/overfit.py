@@ -1,0 +1,455 @@
+"""Check B: can the model memorise one small batch?
+
+Any working model, loss and update loop can drive the loss on 16 samples to nearly zero. When it
+cannot, the bug is in the plumbing (graph, optimizer, labels, activations), not in the
+hyper-parameters, and no amount of training will fix it. The check trains a deep copy, so the
+user's model and optimizer are untouched, and it can reproduce the user's own loop: pass their
+optimizer (its class, hyper-parameters and *parameter membership* are copied onto the clone) or an
+``optimizer_factory``, and their ``train_step``.
+
+Pass rule: classification passes at a loss below ``loss_threshold`` (0.01) with 100% accuracy;
+regression (or unlabeled) passes at a loss below ``regression_threshold``, by default 1% of the
+loss at step 0. Step k means "measured in the forward pass after k updates".
+
+Besides the loss curve, the check gathers evidence while it trains: parameters that get no
+gradient, parameters the optimizer does not hold, a zero learning rate, gradients that accumulate
+between steps (missing ``zero_grad``), dead ReLUs, outputs that ignore the input, shapes that
+broadcast in the loss and identical inputs with different labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from nnwatch.checks.common import (
+    CheckError,
+    CheckResult,
+    LossFn,
+    accuracy,
+    batch_size,
+    call_model,
+    compute_loss,
+    conflicting_labels,
+    copy_user_optimizer,
+    group_lr,
+    is_classification,
+    layer_of,
+    looks_like_probabilities,
+    model_device,
+    prepared_copy,
+    seeded,
+    split_batch,
+    take,
+    to_device,
+    trainable_named_params,
+    with_generic_causes,
+)
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+TrainStep = Callable[[nn.Module, torch.optim.Optimizer, Any, LossFn], Any]
+
+DEFAULT_SAMPLES = 16
+DEFAULT_STEPS = 200
+DEFAULT_LR = 1e-2
+LOSS_THRESHOLD = 0.01
+REGRESSION_FRACTION = 0.01  # regression passes below 1% of its step-0 loss unless told otherwise
+DIVERGENCE_FACTOR = 10.0  # a loss 10x its start means the updates are too large
+
+# (keyword, cause): a generic cause is listed unless specific evidence already names its keyword.
+GENERIC_CAUSES = (
+    (
+        "disconnected graph",
+        "a disconnected graph (.detach(), .item(), torch.no_grad() or a tensor "
+        "rebuilt from values inside forward)",
+    ),
+    ("missing from the optimizer", "parameters missing from the optimizer"),
+    ("zero learning rate", "a zero learning rate"),
+    (
+        "dead units",
+        "dead units (ReLUs that never fire, e.g. after a large negative bias or a too-high LR)",
+    ),
+    (
+        "label mismatch",
+        "a label mismatch (labels not aligned with inputs, wrong shape, dtype or class indices)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class OverfitResult(CheckResult):
+    """Outcome of :func:`single_batch_overfit`."""
+
+    check_name: ClassVar[str] = "Single-batch"
+    passed: bool
+    verdict: str
+    task: str
+    num_samples: int
+    steps_run: int
+    passed_at_step: int | None
+    final_loss: float
+    best_loss: float
+    final_accuracy: float | None
+    threshold: float
+    optimizer: str
+    losses: list[float] = field(default_factory=list)
+    not_in_optimizer: list[str] = field(default_factory=list)
+    without_grad: list[str] = field(default_factory=list)
+    zero_grad_layers: list[str] = field(default_factory=list)
+    dead_units: dict[str, float] = field(default_factory=dict)
+    grads_accumulate: bool = False
+    causes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    skipped: bool = False
+
+    def summary(self) -> str:
+        acc = "" if self.final_accuracy is None else f", acc {100 * self.final_accuracy:.1f}%"
+        if self.passed_at_step is not None:
+            return f"step {self.passed_at_step}: loss {self.final_loss:.4f}{acc}"
+        return f"{self.steps_run} steps: best loss {self.best_loss:.4f}{acc}"
+
+
+# ----------------------------------------------------------------------------------------------
+# optimizer on the copy
+
+
+def _describe(opt: torch.optim.Optimizer) -> str:
+    lrs = sorted({group_lr(g) for g in opt.param_groups})
+    lr = ", ".join(f"{v:g}" for v in lrs)
+    return f"{type(opt).__name__}(lr={lr})"
+
+
+# ----------------------------------------------------------------------------------------------
+# one training step
+
+
+def _default_step(
+    model: nn.Module, opt: torch.optim.Optimizer, batch: Any, loss_fn: LossFn
+) -> Tensor:
+    opt.zero_grad(set_to_none=True)
+    inputs, targets = split_batch(batch)
+    loss = compute_loss(loss_fn, call_model(model, inputs), targets)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def _loss_from_step(ret: Any) -> float:
+    if isinstance(ret, (tuple, list)) and ret:
+        ret = ret[0]
+    if isinstance(ret, Tensor):
+        return float(ret.detach().reshape(-1)[0])
+    if isinstance(ret, (int, float)):
+        return float(ret)
+    raise CheckError(
+        f"train_step returned {type(ret).__name__}; it must return the loss (a tensor or a float)"
+    )
+
+
+def _grads_accumulate(
+    params: Sequence[nn.Parameter], prev: list[Tensor | None], fresh: Sequence[Tensor | None]
+) -> bool:
+    """True when the gradient after the user's step equals previous + fresh, not fresh alone."""
+    saw_sum = False
+    for p, g0, g1 in zip(params, prev, fresh, strict=True):
+        now = p.grad
+        if now is None or g1 is None or g0 is None or float(g0.abs().max()) == 0.0:
+            continue
+        scale = float(g1.abs().max()) + float(g0.abs().max())
+        tol = 1e-4 * scale + 1e-7
+        if torch.allclose(now, g1, rtol=1e-4, atol=tol):
+            return False
+        if torch.allclose(now, g0 + g1, rtol=1e-4, atol=tol):
+            saw_sum = True
+    return saw_sum
+
+
+# ----------------------------------------------------------------------------------------------
+# evidence gathered after training
+
+
+def _dead_relu_fractions(model: nn.Module, inputs: Any) -> dict[str, float]:
+    """Fraction of units (channels) of each ReLU module that are zero for every sample."""
+    found: dict[str, float] = {}
+    handles = []
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(_m: nn.Module, _i: Any, out: Any) -> None:
+            if isinstance(out, Tensor) and out.dim() >= 2:
+                alive = (out.detach() != 0).transpose(0, 1).reshape(out.shape[1], -1).any(dim=1)
+                found[name] = 1.0 - float(alive.float().mean())
+
+        return record
+
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ReLU, nn.ReLU6)):
+            handles.append(m.register_forward_hook(hook(name)))
+    try:
+        with torch.no_grad():
+            call_model(model, inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def _output_ignores_input(output: Tensor) -> bool:
+    if output.dim() == 0 or output.shape[0] < 2:
+        return False
+    o = output.detach().float()
+    spread = float((o - o[:1]).abs().max())
+    return spread <= 1e-6 * (float(o.abs().max()) + 1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def single_batch_overfit(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    num_samples: int = DEFAULT_SAMPLES,
+    steps: int = DEFAULT_STEPS,
+    lr: float = DEFAULT_LR,
+    optimizer: torch.optim.Optimizer | None = None,
+    optimizer_factory: OptimizerFactory | None = None,
+    train_step: TrainStep | None = None,
+    loss_threshold: float = LOSS_THRESHOLD,
+    regression_threshold: float | None = None,
+    allow_grad_accumulation: bool = False,
+    seed: int = 0,
+) -> OverfitResult:
+    """Train a copy of ``model`` on the first ``num_samples`` of ``batch`` until it memorises them.
+
+    By default this uses AdamW at ``lr``. ``optimizer`` (the user's, left untouched) or
+    ``optimizer_factory(params)`` replace it; ``train_step(model, optimizer, batch, loss_fn)``
+    replaces the default zero_grad/forward/backward/step and returns the loss (or
+    ``(loss, ...)``). Set ``allow_grad_accumulation`` if your step accumulates on purpose.
+    """
+    if optimizer is not None and optimizer_factory is not None:
+        raise ValueError("pass either optimizer or optimizer_factory, not both")
+    with seeded(seed):
+        net = prepared_copy(model)
+        device = model_device(net)
+        sub = to_device(take(batch, num_samples), device)
+        inputs, targets = split_batch(sub)
+        n = batch_size(inputs)
+        warnings: list[str] = []
+        if n < num_samples:
+            warnings.append(f"the batch has only {n} samples (asked for {num_samples})")
+
+        named = trainable_named_params(net)
+        params = [p for _, p in named]
+        if not params:
+            raise CheckError("the model has no trainable parameters (requires_grad=True)")
+        if optimizer is not None:
+            opt, more = copy_user_optimizer(optimizer, model, net)
+            warnings += more
+        elif optimizer_factory is not None:
+            opt = optimizer_factory(list(params))
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise CheckError("optimizer_factory must return a torch.optim.Optimizer")
+        else:
+            opt = torch.optim.AdamW(params, lr=lr)
+
+        held = {id(p) for g in opt.param_groups for p in g["params"]}
+        not_in_opt = [name for name, p in named if id(p) not in held]
+        zero_lr = any(group_lr(g) == 0.0 for g in opt.param_groups)
+
+        last_output: list[Tensor] = []  # the model's latest output, caught by a hook
+
+        def keep_output(_m: nn.Module, _i: Any, out: Any) -> None:
+            last_output[:] = [out] if isinstance(out, Tensor) else []
+
+        hook = net.register_forward_hook(keep_output)
+        step_fn: TrainStep = train_step or _default_step
+
+        losses: list[float] = []
+        accs: list[float] = []
+        without_grad: list[str] = []
+        zero_grad_layers: list[str] = []
+        accumulate = False
+        passed_at: int | None = None
+        classification: bool | None = None
+        threshold = loss_threshold
+        failure: str | None = None
+        try:
+            for step in range(steps):
+                probe = train_step is not None and step == 1 and not allow_grad_accumulation
+                if probe:
+                    prev = [None if p.grad is None else p.grad.detach().clone() for p in params]
+                    fresh_loss = compute_loss(loss_fn, call_model(net, inputs), targets)
+                    fresh = torch.autograd.grad(fresh_loss, params, allow_unused=True)
+                try:
+                    loss = _loss_from_step(step_fn(net, opt, sub, loss_fn))
+                except RuntimeError as exc:
+                    if "does not require grad" in str(exc):
+                        failure = (
+                            "disconnected graph: the loss does not depend on any parameter "
+                            "(a .detach(), .item(), torch.no_grad() or a tensor rebuilt from "
+                            "values inside forward)"
+                        )
+                    else:
+                        failure = f"the training step raised {type(exc).__name__}: {exc}"
+                    break
+                if probe:
+                    accumulate = _grads_accumulate(params, prev, fresh)
+                output = last_output[0] if last_output else None
+                if step == 0:
+                    without_grad = [name for name, p in named if p.grad is None]
+                    zero_grad_layers = sorted(
+                        {
+                            layer_of(name)
+                            for name, p in named
+                            if p.grad is not None and float(p.grad.detach().abs().max()) == 0.0
+                        }
+                    )
+                    classification = output is not None and is_classification(output, targets)
+                    if not classification:
+                        threshold = (
+                            regression_threshold
+                            if regression_threshold is not None
+                            else REGRESSION_FRACTION * abs(loss)
+                        )
+                losses.append(loss)
+                acc = (
+                    accuracy(output, targets)
+                    if classification and output is not None and targets is not None
+                    else None
+                )
+                if acc is not None:
+                    accs.append(acc)
+                if not math.isfinite(loss):
+                    break
+                if loss < threshold and (acc is None or acc == 1.0):
+                    passed_at = step
+                    break
+        finally:
+            hook.remove()
+
+        dead: dict[str, float] = {}
+        ignores_input = False
+        conflicts = 0
+        if passed_at is None:
+            dead = {k: v for k, v in _dead_relu_fractions(net, inputs).items() if v >= 0.5}
+            if last_output:
+                ignores_input = _output_ignores_input(last_output[0])
+            if classification and targets is not None:
+                conflicts = conflicting_labels(inputs, targets)
+
+    final_loss = losses[-1] if losses else float("nan")
+    finite = [v for v in losses if math.isfinite(v)]
+    best = min(finite) if finite else float("nan")
+    final_acc = accs[-1] if accs else None
+    output = last_output[0] if last_output else None
+
+    evidence: list[str] = []
+    if failure:
+        evidence.append(failure)
+    if not_in_opt:
+        evidence.append(
+            f"parameters missing from the optimizer: {', '.join(not_in_opt[:6])}"
+            + (f" (+{len(not_in_opt) - 6} more)" if len(not_in_opt) > 6 else "")
+            + " (set requires_grad=False if they are meant to be frozen)"
+        )
+    if zero_lr:
+        evidence.append("a zero learning rate in at least one parameter group")
+    if accumulate:
+        evidence.append(
+            "gradients accumulate across steps: after the step each .grad equals the previous "
+            "gradient plus the new one, so optimizer.zero_grad() is missing"
+        )
+    if without_grad and passed_at is None:
+        evidence.append(
+            f"disconnected graph: {len(without_grad)} parameter(s) got no gradient "
+            f"({', '.join(without_grad[:6])})"
+        )
+    elif without_grad:
+        warnings.append(f"parameters never used in the loss: {', '.join(without_grad[:6])}")
+    if losses and not math.isfinite(final_loss):
+        evidence.append(
+            f"the loss became {final_loss} at step {len(losses) - 1}: the learning rate is too "
+            f"high for {_describe(opt)}, or the numerics overflow"
+        )
+    elif finite and len(finite) > 5 and max(finite[5:]) > DIVERGENCE_FACTOR * finite[0]:
+        evidence.append(
+            f"the loss rose to {max(finite[5:]) / finite[0]:.0f}x its start: the learning rate "
+            f"is too high for {_describe(opt)}"
+        )
+    for name, frac in dead.items():
+        evidence.append(f"dead units: {100 * frac:.0f}% of the units after '{name}' never fire")
+    if zero_grad_layers and passed_at is None:
+        evidence.append(f"layers with an all-zero gradient: {', '.join(zero_grad_layers[:6])}")
+    if ignores_input:
+        evidence.append(
+            "the output is the same for every sample: the input does not reach the output "
+            "(dead units, a detached or overwritten activation)"
+        )
+    if output is not None and targets is not None and classification is False:
+        if isinstance(output, Tensor) and tuple(output.shape) != tuple(targets.shape):
+            evidence.append(
+                f"label mismatch: output shape {tuple(output.shape)} vs target shape "
+                f"{tuple(targets.shape)}; the loss broadcasts them against each other"
+            )
+    if classification and output is not None and looks_like_probabilities(output):
+        evidence.append(
+            "the model's outputs sum to 1 over the classes: softmax is applied twice "
+            "(CrossEntropyLoss expects raw logits; drop the final softmax)"
+        )
+    if conflicts:
+        evidence.append(
+            f"label mismatch: {conflicts} samples have identical inputs but different labels"
+        )
+
+    if (
+        passed_at is None
+        and not evidence
+        and len(finite) == len(losses) >= 20
+        and finite[-1] < 0.95 * finite[0]
+        and sum(finite[-5:]) < 0.995 * sum(finite[-10:-5])
+    ):
+        evidence.append(
+            f"the loss was still falling after {len(losses)} steps ({finite[0]:.3g} -> "
+            f"{finite[-1]:.3g}): the learning rate of {_describe(opt)} may be too low for this "
+            "test; raise steps or lr"
+        )
+    reached = passed_at is not None
+    passed = reached and not not_in_opt and not accumulate and failure is None
+    causes: list[str] = []
+    if not passed:
+        causes = with_generic_causes(evidence, GENERIC_CAUSES) if not reached else list(evidence)
+    else:
+        warnings += [e for e in evidence if e not in causes]
+    if passed:
+        verdict = "PASSED"
+    elif reached:
+        verdict = "FAILED: loop bug"
+    else:
+        verdict = "FAILED"
+    return OverfitResult(
+        passed=passed,
+        verdict=verdict,
+        task="classification" if classification else "regression",
+        num_samples=n,
+        steps_run=len(losses),
+        passed_at_step=passed_at,
+        final_loss=final_loss,
+        best_loss=best,
+        final_accuracy=final_acc,
+        threshold=float(threshold),
+        optimizer=_describe(opt),
+        losses=losses,
+        not_in_optimizer=not_in_opt,
+        without_grad=without_grad,
+        zero_grad_layers=zero_grad_layers,
+        dead_units=dead,
+        grads_accumulate=accumulate,
+        causes=causes,
+        warnings=warnings,
+    )

@@ -1,0 +1,191 @@
+"""``nnwatch check module:factory``: the pre-flight checklist as one command.
+
+The factory takes no arguments and returns ``{"model", "loss_fn", "batch"}`` plus, optionally,
+``num_classes``, ``loader``, ``decode`` and ``optimizer`` (the user's, to reproduce its class,
+hyper-parameters and parameter membership), or the tuple ``(model, loss_fn, batch)``. The current
+directory is put on ``sys.path`` first, as ``python -m`` does, so ``nnwatch check train:factory``
+works next to ``train.py``. Exit status: 0 all checks passed, 1 a check failed, 2 the factory could
+not be loaded or returned the wrong things.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+COMMAND = "check"
+HELP = "run the pre-flight checks (initial loss, overfit one batch, gradients, LR range, batch)"
+
+REQUIRED = ("model", "loss_fn", "batch")
+OPTIONAL = ("num_classes", "loader", "decode", "optimizer")
+
+
+class FactoryError(Exception):
+    """The factory could not be imported, called or understood; the message says how to fix it."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target",
+        metavar="MODULE:FACTORY",
+        help="a zero-argument function returning {'model', 'loss_fn', 'batch', ...}",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
+    parser.add_argument("--max-norm", type=float, default=1.0, help="clip threshold (default 1.0)")
+    parser.add_argument(
+        "--overfit-steps", type=int, default=200, help="single-batch steps (default 200)"
+    )
+    parser.add_argument("--lr-steps", type=int, default=100, help="LR sweep steps (default 100)")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help="skip a check: initial_loss, single_batch, gradient, lr_range or batch (repeatable)",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="do not draw the LR curve")
+    parser.add_argument(
+        "--brief", action="store_true", help="only the table, without causes, curve and samples"
+    )
+
+
+def _resolve(target: str) -> Callable[[], Any]:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise FactoryError(f"expected MODULE:FACTORY (e.g. train:make_checks), got {target!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise FactoryError(
+                f"cannot find module {module_name!r} (looked in {cwd} and on PYTHONPATH); run "
+                "the command from the directory that holds it, or use a dotted package path"
+            ) from exc
+        raise FactoryError(
+            f"importing {module_name!r} failed: {exc} (a dependency of your module is missing)"
+        ) from exc
+    except Exception as exc:
+        raise FactoryError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc}\n"
+            + "".join(traceback.format_exception(exc)[-3:]).rstrip()
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            public = sorted(
+                n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))
+            )
+            raise FactoryError(
+                f"module {module_name!r} has no {attr!r}; callables it defines: "
+                f"{', '.join(public[:12]) or 'none'}"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise FactoryError(f"{target} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _call(factory: Callable[[], Any], target: str) -> dict[str, Any]:
+    import inspect
+
+    try:
+        sig = inspect.signature(factory)
+        sig.bind()
+    except TypeError as exc:
+        raise FactoryError(f"{target} must take no arguments: {exc}") from exc
+    except ValueError:
+        pass  # builtins without a signature: just call
+    try:
+        made = factory()
+    except Exception as exc:
+        raise FactoryError(
+            f"{target} raised {type(exc).__name__}: {exc}\n"
+            + "".join(traceback.format_exception(exc)[-3:]).rstrip()
+        ) from exc
+    return _validate(made, target)
+
+
+def _validate(made: Any, target: str) -> dict[str, Any]:
+    import torch
+
+    if isinstance(made, (tuple, list)):
+        if len(made) != 3:
+            raise FactoryError(
+                f"{target} returned a {type(made).__name__} of {len(made)} items; a tuple must be "
+                "(model, loss_fn, batch)"
+            )
+        made = dict(zip(REQUIRED, made, strict=True))
+    if not isinstance(made, dict):
+        raise FactoryError(
+            f"{target} returned {type(made).__name__}; return a dict with keys "
+            f"{', '.join(REQUIRED)} (optional: {', '.join(OPTIONAL)}) or (model, loss_fn, batch)"
+        )
+    missing = [k for k in REQUIRED if k not in made]
+    if missing:
+        raise FactoryError(
+            f"{target} returned a dict without {', '.join(missing)} (it has "
+            f"{', '.join(sorted(map(str, made))) or 'no keys'})"
+        )
+    unknown = sorted(set(made) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise FactoryError(
+            f"{target} returned unknown key(s) {', '.join(map(str, unknown))}; allowed: "
+            f"{', '.join(REQUIRED + OPTIONAL)}"
+        )
+    if not isinstance(made["model"], torch.nn.Module):
+        raise FactoryError(f"'model' must be a torch.nn.Module, got {type(made['model']).__name__}")
+    if not callable(made["loss_fn"]):
+        raise FactoryError(f"'loss_fn' must be callable, got {type(made['loss_fn']).__name__}")
+    opt = made.get("optimizer")
+    if opt is not None and not isinstance(opt, torch.optim.Optimizer):
+        raise FactoryError(f"'optimizer' must be a torch.optim.Optimizer, got {type(opt).__name__}")
+    if made.get("decode") is not None and not callable(made["decode"]):
+        raise FactoryError("'decode' must be a function of one sample")
+    return made
+
+
+def run(args: argparse.Namespace) -> int:
+    from nnwatch.checks import CHECK_NAMES, run_all
+
+    bad = [s for s in args.skip if s not in CHECK_NAMES]
+    if bad:
+        print(
+            f"nnwatch check: error: unknown check {', '.join(bad)}; choose from "
+            f"{', '.join(CHECK_NAMES)}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        spec = _call(_resolve(args.target), args.target)
+    except FactoryError as exc:
+        print(f"nnwatch check: error: {exc}", file=sys.stderr)
+        return 2
+    report = run_all(
+        spec["model"],
+        spec["loss_fn"],
+        spec["batch"],
+        num_classes=spec.get("num_classes"),
+        loader=spec.get("loader"),
+        decode=spec.get("decode"),
+        optimizer=spec.get("optimizer"),
+        max_norm=args.max_norm,
+        overfit_steps=args.overfit_steps,
+        lr_steps=args.lr_steps,
+        skip=args.skip,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), allow_nan=False))
+    else:
+        print(report.format_text(plot=not args.no_plot, details=not args.brief))
+    return report.exit_code
