@@ -1,0 +1,190 @@
+"""The monitor's background threads: one polls the run, one samples NVML and psutil.
+
+They are plain daemon threads rather than Textual thread workers on purpose: a source blocked in
+a system call (a hung NFS read, a socket to a frozen trainer) must never keep the monitor from
+quitting, and daemon threads do not hold the interpreter open. They share data through
+``RunState`` (under its lock) and tell the UI what happened with ``post`` (``App.post_message``,
+which is thread-safe).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from textual.message import Message
+
+from nnwatch.hardware import Hardware, HardwareReading
+from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.tui.messages import (
+    CommandFinished,
+    HardwareSampled,
+    RecordsArrived,
+    RunLost,
+    RunStateChanged,
+    SnapshotWritten,
+)
+from nnwatch.tui.model import INGEST_CHUNK, RunState
+
+Post = Callable[[Message], Any]
+
+
+class _Loop:
+    """A daemon thread that calls ``tick`` every ``interval`` seconds until stopped."""
+
+    name = "nnwatch-loop"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = self.tick()
+            if not busy:
+                self._stop.wait(self.interval)
+
+    def tick(self) -> bool:  # pragma: no cover - subclasses implement it
+        """Do one round; return True to go again at once (more data is waiting)."""
+        return False
+
+
+class SourceCollector(_Loop):
+    """Polls the source, feeds ``RunState``, and posts what changed.
+
+    Any exception from the source (a ``SourceError`` or a bug in a source) marks the run lost
+    and is retried every ``retry_interval``: the monitor keeps its history and stays responsive.
+    """
+
+    name = "nnwatch-source"
+
+    def __init__(
+        self,
+        source: RunSource,
+        state: RunState,
+        post: Post,
+        interval: float,
+        retry_interval: float = 1.0,
+    ) -> None:
+        super().__init__(interval)
+        self.source = source
+        self.state = state
+        self.post = post
+        self.retry_interval = retry_interval
+        self.polls = 0
+        self.failing = False
+        self._source_lock = threading.Lock()  # poll, reconnect and commands never overlap
+
+    def tick(self) -> bool:
+        try:
+            with self._source_lock:
+                update = self.source.poll()
+        except Exception as exc:  # noqa: BLE001 - a failing source must not kill the monitor
+            message = str(exc) if isinstance(exc, SourceError) else f"{type(exc).__name__}: {exc}"
+            if not self.failing:
+                before = self.state.mark_lost(message)
+                self.post(RunLost(message))
+                self.post(RunStateChanged("lost", before, message))
+            self.failing = True
+            self._stop.wait(self.retry_interval)
+            return False
+        self.polls += 1
+        self.failing = False
+        got = self.state.ingest(update)
+        more = got.rows >= INGEST_CHUNK
+        if got.panes:
+            last = self.state.history.last_step
+            self.post(RecordsArrived(got.rows, int(last) if last == last else -1, got.panes, more))
+        if got.state_after != got.state_before:
+            self.post(RunStateChanged(got.state_after, got.state_before, update.status.message))
+        for snap in got.snapshots:
+            self.post(
+                SnapshotWritten(
+                    int(snap.get("step", -1)),
+                    str(snap.get("path", "")),
+                    str(snap.get("reason", "")),
+                )
+            )
+        return more
+
+    def command(self, name: str, args: dict[str, Any]) -> None:
+        """Send one command in its own thread; the answer comes back as ``CommandFinished``."""
+
+        def run() -> None:
+            from nnwatch.sources.base import CommandReply
+
+            try:
+                reply = self.source.command(name, **args)
+            except Exception as exc:  # noqa: BLE001 - reported to the user, never raised
+                reply = CommandReply(False, error=str(exc) or type(exc).__name__)
+            self.post(CommandFinished(name, tuple(sorted(args.items())), reply))
+
+        threading.Thread(target=run, name=f"nnwatch-cmd-{name}", daemon=True).start()
+
+    def reconnect(self, done: Callable[[bool, str], None]) -> None:
+        def run() -> None:
+            try:
+                with self._source_lock:
+                    self.source.reconnect()
+                self.failing = False
+                done(True, "")
+            except Exception as exc:  # noqa: BLE001
+                done(False, str(exc) or type(exc).__name__)
+
+        threading.Thread(target=run, name="nnwatch-reconnect", daemon=True).start()
+
+
+class HardwareSampler(_Loop):
+    """Reads NVML and psutil about once a second; NVML is opened in this thread, not the UI's."""
+
+    name = "nnwatch-hardware"
+
+    def __init__(
+        self,
+        state: RunState,
+        post: Post,
+        interval: float = 1.0,
+        reader: Callable[[], HardwareReading] | None = None,
+        use_nvml: bool = True,
+    ) -> None:
+        super().__init__(interval)
+        self.state = state
+        self.post = post
+        self.use_nvml = use_nvml
+        self._reader = reader
+        self._hardware: Hardware | None = None
+
+    def tick(self) -> bool:
+        if self._reader is None:
+            self._hardware = Hardware(use_nvml=self.use_nvml)
+            self._reader = self._hardware.read
+        try:
+            reading = self._reader()
+        except Exception:  # noqa: BLE001 - Hardware.read never raises; a custom reader might
+            return False
+        self.state.set_hardware(reading)
+        self.post(HardwareSampled(reading))
+        return False
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            if self._hardware is not None:
+                self._hardware.close()

@@ -1,0 +1,274 @@
+"""The monitor's bounded picture of one run, filled by the collector thread and read by the panes.
+
+``RunState`` is the only shared object between the collector thread (which ingests what the
+source delivers) and the UI thread (which draws). Both hold ``lock`` while they touch it; ingest
+work is numpy over batches, and drawing reads at most a few thousand numbers, so neither waits
+long. Everything kept is bounded: history buckets, a raw tail, the last layer rows and the last
+events, however long the run. No UI library is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from nnwatch.hardware import HardwareReading
+from nnwatch.schema import RunMeta
+from nnwatch.sources.base import SourceStatus, SourceUpdate
+from nnwatch.tui.history import Columns, History, raw_columns
+
+PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "amp", "gpu", "events")
+ZOOM_STEPS = 500  # the "recent" zoom level of the charts
+INGEST_CHUNK = 262_144  # rows reduced at a time, so a huge batch never holds the lock for long
+
+
+@runtime_checkable
+class Seekable(Protocol):
+    """A source that can read any part of its history again (a recorded run): used for scrubbing."""
+
+    def scalars_between(self, first_step: float, last_step: float) -> np.ndarray: ...
+
+    def layer_row_at(self, step: int) -> np.ndarray | None: ...
+
+
+def _sig(*values: float) -> tuple[float | None, ...]:
+    """Values to compare for "did this pane's picture change": NaN (not measured) as None,
+    since NaN != NaN would make an idle pane look changed on every poll."""
+    return tuple(v if math.isfinite(v) else None for v in values)
+
+
+def is_finding(event: dict[str, Any]) -> bool:
+    return "kind" in event and event.get("type", "finding") == "finding"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """What one ``ingest`` call changed, for the collector to turn into messages."""
+
+    rows: int
+    panes: frozenset[str]
+    snapshots: tuple[dict[str, Any], ...]
+    commands: tuple[dict[str, Any], ...]
+    state_before: str
+    state_after: str
+
+
+class RunState:
+    """Bounded history, latest layer rows, recent events and status of one run."""
+
+    def __init__(
+        self,
+        meta: RunMeta,
+        *,
+        capacity: int = 2048,
+        tail: int = 4096,
+        max_events: int = 2000,
+        max_layer_rows: int = 64,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.meta = meta
+        self.history = History(capacity=capacity, tail=tail)
+        self._layer_dtype = meta.schema.layer_row_dtype()
+        self.layer_rows: deque[np.ndarray] = deque(maxlen=max_layer_rows)
+        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self.events_total = 0
+        self.findings_by_severity: dict[str, int] = {}
+        self.status = SourceStatus("connecting")
+        self.hardware: HardwareReading | None = None
+        self.lost_message = ""
+        self.versions: dict[str, int] = dict.fromkeys(PANES, 0)
+        self._gpu_sig: tuple[float | None, ...] = ()
+        self._amp_sig: tuple[float | None, ...] = ()
+        self.param_index = {n: i for i, n in enumerate(meta.schema.param_layer_names)}
+
+    # -- collector thread --------------------------------------------------------------------
+    def ingest(self, update: SourceUpdate) -> Ingested:
+        """Take one poll's data in; return which panes changed. Huge batches go in chunks."""
+        changed: set[str] = set()
+        scalars = update.scalars
+        n = len(scalars)
+        if n > INGEST_CHUNK:
+            with self.lock:
+                self.history.reserve(n)
+        for i in range(0, n, INGEST_CHUNK):
+            chunk = np.asarray(scalars[i : i + INGEST_CHUNK])
+            with self.lock:
+                self.history.append(chunk)
+        with self.lock:
+            if n:
+                changed |= {"header", "loss", "grad"}
+                h = self.history
+                amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
+                if amp_sig != self._amp_sig and amp_sig[0] is not None:
+                    changed.add("amp")
+                self._amp_sig = amp_sig
+                gpu_sig = _sig(
+                    *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
+                    h.latest_finite("cpu_percent"),
+                    h.latest_finite("rss"),
+                )
+                if gpu_sig != self._gpu_sig:
+                    changed.add("gpu")
+                self._gpu_sig = gpu_sig
+            layers = update.layers
+            if len(layers):
+                for row in np.asarray(
+                    layers[-self.layer_rows.maxlen :] if self.layer_rows.maxlen else layers
+                ):
+                    self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
+                changed.add("layers")
+            snapshots, commands = [], []
+            for ev in update.events:
+                self.events.append(ev)
+                self.events_total += 1
+                if is_finding(ev):
+                    sev = str(ev.get("severity", "info"))
+                    self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
+                elif ev.get("type") == "snapshot":
+                    snapshots.append(ev)
+                elif ev.get("type") == "command":
+                    commands.append(ev)
+            if update.events:
+                changed |= {"events", "header"}
+            before = self.status.state
+            if update.status != self.status:
+                changed.add("header")
+            self.status = update.status
+            if update.status.state not in ("lost",):
+                self.lost_message = ""
+            for p in changed:
+                self.versions[p] += 1
+            return Ingested(
+                n, frozenset(changed), tuple(snapshots), tuple(commands), before, self.status.state
+            )
+
+    def mark_lost(self, message: str) -> str:
+        """The source failed: keep the history, show the run as lost. Returns the previous state."""
+        with self.lock:
+            before = self.status.state
+            self.status = SourceStatus("lost", dropped=self.status.dropped, message=message)
+            self.lost_message = message
+            self.versions["header"] += 1
+            return before
+
+    def set_hardware(self, reading: HardwareReading) -> None:
+        with self.lock:
+            self.hardware = reading
+            self.versions["gpu"] += 1
+
+    def touch(self, *panes: str) -> None:
+        """Mark panes as changed for reasons outside the data (zoom, log scale, cursor, theme)."""
+        with self.lock:
+            for p in panes:
+                self.versions[p] += 1
+
+    # -- UI thread ---------------------------------------------------------------------------
+    def step_bounds(self) -> tuple[float, float]:
+        with self.lock:
+            return self.history.first_step, self.history.last_step
+
+    def window(self, zoomed: bool, cursor: float | None) -> tuple[float, float]:
+        """The step range the charts show: the whole run, or ``ZOOM_STEPS`` ending at the cursor."""
+        first, last = self.step_bounds()
+        if not math.isfinite(first):
+            return 0.0, 1.0
+        if not zoomed:
+            return first, max(last, first + 1)
+        end = (
+            last
+            if cursor is None
+            else min(max(cursor + ZOOM_STEPS // 2, first + ZOOM_STEPS - 1), last)
+        )
+        return max(first, end - ZOOM_STEPS + 1), max(end, first + 1)
+
+    def columns(
+        self, field: str, ncols: int, x0: float, x1: float, source: object | None = None
+    ) -> Columns:
+        """``field`` over [x0, x1] in ``ncols`` columns, read exactly from a seekable source when
+        the range is small and not in the raw tail (scrubbing a recorded run)."""
+        with self.lock:
+            h = self.history
+            in_tail = x0 >= h.tail_first_step
+            if not in_tail and isinstance(source, Seekable) and x1 - x0 <= 4 * ZOOM_STEPS:
+                rows = source.scalars_between(x0, x1)
+                if len(rows):
+                    vals = rows[field].astype(np.float64)
+                    if vals.ndim == 2:
+                        vals = vals[:, 0]
+                    return raw_columns(rows["step"].astype(np.float64), vals, field, ncols, x0, x1)
+            return h.columns(field, ncols, x0, x1)
+
+    def layer_row(self, cursor: float | None, source: object | None = None) -> np.ndarray | None:
+        """The per-layer stats to show: the newest, or the last sampled at or before the cursor."""
+        with self.lock:
+            if cursor is None:
+                return self.layer_rows[-1] if self.layer_rows else None
+            for row in reversed(self.layer_rows):  # every row after the oldest kept is kept
+                if row["step"] <= cursor:
+                    return row
+        if isinstance(source, Seekable):
+            return source.layer_row_at(int(cursor))
+        return None
+
+    def value_at(self, field: str, cursor: float | None, source: object | None = None) -> float:
+        """``field`` at the cursor step (or the latest value)."""
+        with self.lock:
+            h = self.history
+            if cursor is None:
+                return h.latest(field)
+            steps = h.tail("step")
+            if len(steps) and cursor >= steps[0]:
+                i = int(np.searchsorted(steps, cursor, side="right")) - 1
+                return float(h.tail(field)[max(i, 0)])
+        if isinstance(source, Seekable):
+            rows = source.scalars_between(cursor - ZOOM_STEPS, cursor)
+            if len(rows):
+                v = rows[field][-1]
+                return float(v[0] if np.ndim(v) else v)
+        return math.nan
+
+    def steps_per_second(self, window_s: float = 5.0) -> float:
+        """Recent throughput from the records' own clock (so a recorded run shows its real rate)."""
+        with self.lock:
+            t = self.history.tail("time")
+            s = self.history.tail("step")
+        ok = np.isfinite(t)
+        t, s = t[ok], s[ok]
+        if len(t) < 2:
+            return math.nan
+        keep = t >= t[-1] - window_s
+        t, s = t[keep], s[keep]
+        if len(t) < 2 or t[-1] <= t[0]:
+            return math.nan
+        return float((s[-1] - s[0]) / (t[-1] - t[0]))
+
+    def recent_clip_share(self, n: int = 100) -> float:
+        """Share of the last ``n`` steps whose gradients were clipped (NaN if clip was never called)."""
+        with self.lock:
+            c = self.history.tail("clipped", n)
+        c = c[np.isfinite(c)]
+        return float(c.mean()) if len(c) else math.nan
+
+    def recent_skips(self, n: int = 1000) -> int:
+        with self.lock:
+            c = self.history.tail("amp_skipped", n)
+        return int(np.nansum(c)) if len(c) else 0
+
+    def ema(self, field: str, alpha: float = 0.02, n: int = 2000, clamp: float = 10.0) -> float:
+        """An exponential moving average of the last ``n`` raw values of ``field``; values more
+        than ``clamp`` times the window's median away from it are clamped first (robust)."""
+        with self.lock:
+            v = self.history.tail(field, n)
+        v = v[np.isfinite(v)]
+        if not len(v):
+            return math.nan
+        med = float(np.median(v))
+        lim = clamp * max(abs(med), 1e-12)
+        v = np.clip(v, med - lim, med + lim)
+        w = (1 - alpha) ** np.arange(len(v) - 1, -1, -1)
+        return float((w * v).sum() / w.sum())

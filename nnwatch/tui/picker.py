@@ -1,0 +1,142 @@
+"""The run picker that ``nnwatch`` opens with no arguments: live runs from the registry first, then
+finished and crashed runs still on disk, each with its status. Enter picks one; the caller then
+opens the dashboard on it. The list refreshes itself every two seconds, off the UI thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Label
+
+from nnwatch.tui import format as fmt
+
+STATE_STYLE = {
+    "running": "bold green",
+    "starting": "green",
+    "paused": "bold yellow",
+    "hung": "bold yellow",
+    "finished": "cyan",
+    "crashed": "bold red",
+}
+EMPTY_HELP = (
+    "No runs found yet. Runs appear here once a training script calls nnwatch.watch(model, "
+    "optimizer) and steps; this list refreshes itself. Try `nnwatch demo exploding`."
+)
+
+
+def default_lister() -> list[Any]:
+    """Live runs (registry), then runs on disk without an entry, newest first in each group."""
+    from nnwatch.channel.registry import list_runs, recorded_runs
+    from nnwatch.paths import default_root
+
+    root = default_root()
+    live = list_runs(root)
+    seen = {str(Path(r.run_dir).resolve()) for r in live}
+    on_disk = []
+    for where in (root, root / "runs"):
+        for r in recorded_runs(where):
+            key = str(Path(r.run_dir).resolve())
+            if key not in seen:
+                seen.add(key)
+                on_disk.append(r)
+    live.sort(key=lambda r: -r.started)
+    on_disk.sort(key=lambda r: -r.started)
+    return live + on_disk
+
+
+class RunPickerApp(App[Any]):
+    """Returns the chosen ``RunInfo`` (or None when the user quits)."""
+
+    TITLE = "nnwatch"
+    CSS = """
+    Screen { layout: vertical; }
+    #title { height: 1; padding: 0 1; background: $panel; text-style: bold; width: 1fr; }
+    #runs { height: 1fr; }
+    #hint { height: auto; padding: 0 1; color: $text-muted; width: 1fr; }
+    """
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("enter", "pick", "open", id="picker.open", priority=True),
+        Binding("r", "refresh", "refresh", id="picker.refresh"),
+        Binding("q,escape", "quit", "quit", id="picker.quit"),
+    ]
+
+    def __init__(
+        self, lister: Callable[[], list[Any]] = default_lister, refresh_s: float = 2.0
+    ) -> None:
+        super().__init__()
+        self.lister = lister
+        self.refresh_s = refresh_s
+        self.runs: list[Any] = []
+        self._busy = threading.Lock()
+
+    def compose(self) -> ComposeResult:
+        yield Label("nnwatch · pick a run (Enter opens it)", id="title")
+        table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
+        table.add_columns(
+            "name", "status", "step", "steps/s", "pid", "host", "rank", "age", "directory"
+        )
+        yield table
+        yield Label("", id="hint")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).focus()
+        self.action_refresh()
+        self.set_interval(self.refresh_s, self.action_refresh)
+
+    def action_refresh(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            return
+
+        def work() -> None:
+            try:
+                runs = self.lister()
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - shown in the hint line, never raised
+                runs, error = [], f"cannot list runs: {exc}"
+            finally:
+                self._busy.release()
+            self.call_from_thread(self._show, runs, error)
+
+        threading.Thread(target=work, name="nnwatch-picker", daemon=True).start()
+
+    def _show(self, runs: list[Any], error: str) -> None:
+        table = self.query_one(DataTable)
+        keep = table.cursor_row
+        self.runs = runs
+        table.clear()
+        for r in runs:
+            table.add_row(
+                Text(r.name, style="bold"),
+                Text(r.state, style=STATE_STYLE.get(r.state, "")),
+                Text(fmt.count(r.step), justify="right"),
+                Text(fmt.si(r.steps_per_s), justify="right"),
+                str(r.pid),
+                r.host,
+                f"{r.rank}/{r.world_size}",
+                fmt.duration(r.age),
+                Text(str(r.run_dir), style="dim"),
+            )
+        if runs:
+            table.move_cursor(row=min(keep, len(runs) - 1))
+        live = sum(1 for r in runs if getattr(r, "live", False))
+        hint = error or (
+            f"{live} live, {len(runs) - live} on disk. Enter: open · r: refresh · q: quit"
+            if runs
+            else EMPTY_HELP
+        )
+        self.query_one("#hint", Label).update(hint)
+
+    def action_pick(self) -> None:
+        table = self.query_one(DataTable)
+        if self.runs and 0 <= table.cursor_row < len(self.runs):
+            self.exit(self.runs[table.cursor_row])
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_pick()

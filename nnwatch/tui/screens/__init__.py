@@ -1,0 +1,1 @@
+"""Screens of the dashboard: the main one and its dialogs."""

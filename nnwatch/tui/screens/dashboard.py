@@ -1,0 +1,57 @@
+"""The main screen: header, loss and grad charts, layers, AMP, GPU and events. Below 110x32 cells
+the ``narrow`` CSS class rearranges the same panes to fit an 80x24 terminal."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from nnwatch.tui.widgets.amp import AmpPane
+from nnwatch.tui.widgets.base import Pane, PaneContext
+from nnwatch.tui.widgets.events import EventsPane
+from nnwatch.tui.widgets.gpu import GpuPane
+from nnwatch.tui.widgets.grad import GradPane
+from nnwatch.tui.widgets.header import RunHeader
+from nnwatch.tui.widgets.layers import LayersPane
+from nnwatch.tui.widgets.loss import LossPane
+
+NARROW_WIDTH = 110
+NARROW_HEIGHT = 32
+
+
+class DashboardScreen(Screen[None]):
+    AUTO_FOCUS = ""  # keys belong to the dashboard until the user focuses a pane (``l``)
+
+    def __init__(self, ctx: PaneContext) -> None:
+        super().__init__(id="dashboard")
+        self.ctx = ctx
+
+    def compose(self) -> ComposeResult:
+        ctx = self.ctx
+        yield RunHeader(ctx, id="header")
+        with Horizontal(id="charts"):
+            yield LossPane(ctx, id="loss")
+            yield GradPane(ctx, id="grad")
+        with Horizontal(id="middle"):
+            yield LayersPane(ctx, id="layers")
+            with Vertical(id="side"):
+                yield AmpPane(ctx, id="amp")
+                yield GpuPane(ctx, id="gpu")
+        yield EventsPane(ctx, id="events")
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it
+
+    @property
+    def panes(self) -> list[Pane]:
+        return list(self.query(Pane))
+
+    def on_mount(self) -> None:
+        self._apply_layout(self.app.size.width, self.app.size.height)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._apply_layout(event.size.width, event.size.height)
+
+    def _apply_layout(self, width: int, height: int) -> None:
+        self.set_class(width < NARROW_WIDTH or height < NARROW_HEIGHT, "narrow")

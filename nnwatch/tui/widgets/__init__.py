@@ -1,0 +1,1 @@
+"""Dashboard panes, one per module, and the chart they share."""

@@ -1,0 +1,147 @@
+"""What every dashboard pane shares: the run state it reads, the view settings, the theme palette,
+and the rule that a pane redraws only when its data (or its size, or the view) changed.
+
+The app's refresh timer compares each pane's ``seen_version`` with ``RunState.versions`` and calls
+``redraw()`` on the panes that are behind; ``render()`` only returns what ``redraw()`` built, so
+nothing is ever computed, let alone polled, while Textual paints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import App, RenderResult
+from textual.color import Color
+from textual.widget import Widget
+
+from nnwatch.tui.model import RunState
+
+
+@dataclass
+class ViewSettings:
+    """How the user wants to see the run; changed by key bindings, read by the panes."""
+
+    zoomed: bool = False  # charts show the last ZOOM_STEPS steps instead of the whole run
+    log_scale: bool = False  # loss and grad norm on a log axis
+    cursor: float | None = None  # the step being inspected; None follows the newest step
+    layer_filter: str = ""
+    outcome: str = ""  # the answer to the last command the user gave, shown in the header
+    outcome_error: bool = False
+
+
+@dataclass
+class PaneContext:
+    """Everything a pane reads. One per app; panes never reach into the App subclass."""
+
+    state: RunState
+    view: ViewSettings
+    source: Any = None  # the RunSource, for exact reads while scrubbing a recorded run
+    gpu_uuids: list[str] | None = None  # the run's GPUs, when known from outside its meta.json
+    palette: Palette = field(default_factory=lambda: Palette.from_variables({}))
+
+
+@dataclass(frozen=True)
+class Palette:
+    """Rich styles derived from the current Textual theme, so charts follow ``ctrl+p`` theme changes."""
+
+    primary: Style
+    secondary: Style
+    accent: Style
+    success: Style
+    warning: Style
+    error: Style
+    muted: Style
+    text: Style
+    bar_empty: Style
+
+    @classmethod
+    def from_variables(cls, v: dict[str, str]) -> Palette:
+        background = _solid(v.get("background", "#121212"), None)
+
+        def st(name: str, fallback: str, **kw: Any) -> Style:
+            # theme colours may carry alpha (#e0e0e099); Rich needs them blended onto the background
+            return Style(color=_solid(v.get(name, fallback), background).hex, **kw)
+
+        return cls(
+            primary=st("primary", "#0178D4"),
+            secondary=st("secondary", "#004578"),
+            accent=st("accent", "#ffa62b"),
+            success=st("success", "#4EBF71"),
+            warning=st("warning", "#ffa62b"),
+            error=st("error", "#ba3c5b"),
+            muted=st("foreground-muted", "#808080"),
+            text=st("foreground", "#e0e0e0"),
+            bar_empty=st("panel-lighten-2", "#3a3a3a"),
+        )
+
+    @classmethod
+    def from_app(cls, app: App[Any]) -> Palette:
+        return cls.from_variables(dict(app.theme_variables))
+
+    def severity(self, severity: str) -> Style:
+        s = severity.lower()
+        if s in ("error", "critical", "fatal"):
+            return self.error
+        if s in ("warning", "warn"):
+            return self.warning
+        return self.primary
+
+
+def _solid(value: str, background: Color | None) -> Color:
+    try:
+        color = Color.parse(value)
+    except Exception:  # noqa: BLE001 - an odd theme value must not stop the monitor
+        color = Color(128, 128, 128)
+    if color.a < 1.0 and background is not None:
+        return background + color
+    return color.with_alpha(1.0)
+
+
+class Pane(Widget):
+    """A bordered dashboard pane that rebuilds its picture only when told its data changed."""
+
+    key: ClassVar[str] = ""  # its entry in RunState.versions
+
+    DEFAULT_CSS = """
+    Pane {
+        border: round $panel-lighten-2;
+        border-title-color: $text;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        padding: 0 1;
+        height: 1fr;
+    }
+    Pane:focus-within {
+        border: round $accent;
+    }
+    """
+
+    def __init__(
+        self, ctx: PaneContext, *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(id=id, classes=classes)
+        self.ctx = ctx
+        self.seen_version = -1
+        self.redraws = 0  # how often the picture was rebuilt; tests check that idle panes stay idle
+        self._picture: RenderResult = Text("")
+
+    def on_resize(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Rebuild the picture from the run state (UI thread)."""
+        if not self.is_mounted:
+            return
+        self.seen_version = self.ctx.state.versions.get(self.key, 0)
+        self.redraws += 1
+        self._picture = self.build()
+        self.refresh()
+
+    def build(self) -> RenderResult:  # pragma: no cover - every pane overrides it
+        return Text("")
+
+    def render(self) -> RenderResult:
+        return self._picture

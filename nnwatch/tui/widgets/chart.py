@@ -1,0 +1,312 @@
+"""A small braille line chart that draws min/max envelopes, so that no spike is ever averaged away.
+
+Each terminal cell holds a 2x4 grid of braille dots. A trace gives, for every dot column, the
+lowest and highest value that column summarises; the chart fills the dots between them. A one-step
+spike in a million-step run therefore still draws a full-height needle. Reference lines (ln K, the
+clip threshold) are dotted, a cursor column is highlighted, and a marker row above the plot flags
+spikes and non-finite values. ``render_plot`` is a pure function of arrays; ``ChartPane`` is the
+widget base the chart panes share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+
+from nnwatch.tui import format as fmt
+from nnwatch.tui.history import Columns
+
+# dot bits of a braille cell, indexed [row 0..3][column 0..1]
+_BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)
+GUTTER = 7  # y labels (6) and the axis line (1)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One series as per-dot-column envelopes (NaN: nothing to draw in that column)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    style: Style
+    solo: bool = False  # in cells it owns, show only its own dots (a thin line over a band)
+    dotted: bool = False  # draw every other dot column only: a reference that changes over time
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A horizontal reference line, dotted, drawn under the traces."""
+
+    value: float
+    style: Style
+
+
+@dataclass
+class Plot:
+    traces: list[Trace] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    markers: dict[int, tuple[str, Style]] = field(default_factory=dict)  # cell column -> glyph
+    cursor: int | None = None  # cell column of the step cursor
+    log: bool = False
+    label: Callable[[float], str] = lambda v: fmt.num_fit(v, GUTTER - 1)
+    x_labels: tuple[str, str] = ("", "")
+    y_min: float | None = None  # force the range to include this value (e.g. 0)
+    y_limits: tuple[float, float] | None = None  # exact range in data units (overrides the above)
+    ticks: list[float] | None = None  # label these values (at their rows) instead of 3 even rows
+    #: On a linear axis, cap the range when a few columns tower over the rest (an exploded loss
+    #: at 1e35 would flatten the curve into one row); the capped columns get a "▲" marker.
+    robust: bool = False
+    clip_factor: float = 20.0
+
+
+def trace_from(cols: Columns, style: Style, *, use_mean: bool = False) -> Trace:
+    """A trace from reduced columns; interior gaps are bridged, so sparse data still draws lines."""
+    lo = cols.mean.copy() if use_mean else cols.lo.copy()
+    hi = cols.mean.copy() if use_mean else cols.hi.copy()
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    idx = np.flatnonzero(ok)
+    if len(idx) >= 2:
+        gap = np.arange(idx[0], idx[-1] + 1)
+        gap = gap[~ok[gap]]
+        if len(gap):
+            mid = (lo[idx] + hi[idx]) / 2
+            lo[gap] = hi[gap] = np.interp(gap, idx, mid)
+    return Trace(lo, hi, style)
+
+
+def ema_columns(cols: Columns, steps_alpha: float, clamp: float = 10.0) -> np.ndarray:
+    """An EMA over column means, with the per-column weight set by how many steps a column holds,
+    so that it matches a per-step EMA of the same ``alpha`` sampled at column ends.
+
+    Robust: each input is first clamped to within ``clamp`` times the EMA's own magnitude, so that
+    one exploded step (a loss of 1e35) cannot poison the average for thousands of steps after.
+    """
+    out = np.full(cols.n, np.nan)
+    acc = math.nan
+    for i in range(cols.n):
+        m, w = cols.mean[i], cols.weight[i]
+        if not math.isfinite(m) or w <= 0:
+            out[i] = acc
+            continue
+        a = 1.0 - (1.0 - steps_alpha) ** w
+        if math.isfinite(acc):
+            lim = clamp * max(abs(acc), 1e-12)
+            acc += a * (min(max(m, acc - lim), acc + lim) - acc)
+        else:
+            acc = m
+        out[i] = acc
+    return out
+
+
+def _transform(v: np.ndarray, log: bool) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float64)
+    if not log:
+        return np.where(np.isfinite(v), v, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.isfinite(v) & (v > 0), np.log10(np.where(v > 0, v, 1.0)), np.nan)
+
+
+def _untransform(t: float, log: bool) -> float:
+    return 10.0**t if log else t
+
+
+def y_range(plot: Plot) -> tuple[float, float] | None:
+    if plot.y_limits is not None:
+        lo, hi = _transform(np.array(plot.y_limits, dtype=np.float64), plot.log)
+        if math.isfinite(lo) and math.isfinite(hi) and hi > lo:
+            return float(lo), float(hi)
+    vals = [_transform(t.lo, plot.log) for t in plot.traces]
+    vals += [_transform(t.hi, plot.log) for t in plot.traces]
+    flat = np.concatenate([v[np.isfinite(v)] for v in vals]) if vals else np.zeros(0)
+    if not len(flat):
+        return None
+    lo, hi = float(flat.min()), float(flat.max())
+    if plot.robust and not plot.log and plot.traces:
+        tops = _transform(plot.traces[0].hi, False)
+        tops = tops[np.isfinite(tops)]
+        if len(tops) >= 8:
+            typical = float(np.percentile(tops, 90))
+            if typical > 0 and hi > plot.clip_factor * typical:
+                hi = typical * 1.5  # the rest of the curve stays readable; ▲ marks the tops cut
+    span = max(hi - lo, abs(hi) * 0.05, 1e-12)
+    # a reference line joins the range only when it is near the data: ln(K) far above a zoomed-in
+    # late-training loss would squash the curve into one row
+    for r in _transform(np.array([r.value for r in plot.rules], dtype=np.float64), plot.log):
+        if math.isfinite(r) and lo - span <= r <= hi + span:
+            lo, hi = min(lo, r), max(hi, r)
+    if plot.y_min is not None:
+        m = float(_transform(np.array([plot.y_min]), plot.log)[0])
+        if math.isfinite(m):
+            lo = min(lo, m)
+    if hi - lo < 1e-12:
+        pad = abs(hi) * 0.05 or 0.5
+        return lo - pad, hi + pad
+    pad = (hi - lo) * 0.04
+    low = lo - (pad if plot.y_min is None else 0.0)
+    if not plot.log and lo >= 0 > low:
+        low = 0.0  # never pad a non-negative series (a loss, a norm) below zero
+    return low, hi + pad
+
+
+def render_plot(
+    plot: Plot, width: int, height: int, muted: Style, empty: str = "no data yet"
+) -> Text:
+    """The chart as ``height`` lines of ``width`` cells (gutter, marker row, plot, x labels)."""
+    width, height = max(width, 1), max(height, 1)
+    text = Text(no_wrap=True, overflow="crop", end="")
+    pw = width - GUTTER
+    show_x = height >= 8 and any(plot.x_labels)
+    ph = height - 1 - (1 if show_x else 0)  # the first row is for markers
+    rng = y_range(plot)
+    if pw < 4 or ph < 1 or rng is None:
+        lines = [""] * height
+        lines[min(height // 2, height - 1)] = empty.center(width)[:width]
+        text.append("\n".join(lines), style=muted)
+        return text
+    y_lo, y_hi = rng
+    P, D = ph * 4, pw * 2
+    if plot.robust and plot.traces:  # mark the columns whose tops the capped axis cuts off
+        tops = _fit(_transform(plot.traces[0].hi, plot.log), D)
+        for dot in np.flatnonzero(np.isfinite(tops) & (tops > y_hi)):
+            plot.markers.setdefault(int(dot) // 2, ("▲", plot.traces[0].style))
+
+    def to_px(v: np.ndarray) -> np.ndarray:
+        t = _transform(v, plot.log)
+        return np.round((y_hi - t) / (y_hi - y_lo) * (P - 1))
+
+    rows = np.arange(P)[:, None]
+    cell_bits: list[np.ndarray] = []
+    for tr in plot.traces:
+        lo = _fit(tr.lo, D)
+        hi = _fit(tr.hi, D)
+        top, bot = to_px(hi), to_px(lo)
+        ok = np.isfinite(top) & np.isfinite(bot)
+        top = np.where(ok, np.clip(top, 0, P - 1), 0)
+        bot = np.where(ok, np.clip(bot, 0, P - 1), -1)
+        # connect each column to the one before it, so steep moves draw as lines, not dots
+        pt, pb = np.r_[np.nan, top[:-1]], np.r_[np.nan, bot[:-1]]
+        pok = np.r_[False, ok[:-1]] & ok
+        top = np.where(pok & (top > pb), pb, top)
+        bot = np.where(pok & (bot < pt), pt, bot)
+        mask = (rows >= top[None, :]) & (rows <= bot[None, :]) & ok[None, :]
+        if tr.dotted:
+            mask[:, 1::2] = False
+        cell_bits.append(_cells(mask, ph, pw))
+    rule_bits: list[np.ndarray] = []
+    for rule in plot.rules:
+        p = to_px(np.array([rule.value]))[0]
+        mask = np.zeros((P, D), dtype=bool)
+        if math.isfinite(p) and 0 <= p <= P - 1:
+            mask[int(p), ::2] = True
+        rule_bits.append(_cells(mask, ph, pw))
+
+    styles: list[Style] = [t.style for t in plot.traces] + [r.style for r in plot.rules]
+    stack = np.stack(cell_bits + rule_bits) if (cell_bits or rule_bits) else np.zeros((1, ph, pw))
+    nt = len(cell_bits)
+    # A cell has one colour: that of the highest-priority trace in it (the last one), else of the
+    # first rule in it. It shows the dots of every trace in it, so no trace hides another's shape.
+    owner = np.full((ph, pw), -1)
+    for k in range(len(rule_bits) - 1, -1, -1):
+        owner = np.where(stack[nt + k] > 0, nt + k, owner)
+    for k in range(nt):
+        owner = np.where(stack[k] > 0, k, owner)
+    own_bits = np.take_along_axis(stack, np.maximum(owner, 0)[None], 0)[0]
+    bits = np.where(owner >= 0, own_bits, 0)
+    if nt:
+        union = np.bitwise_or.reduce(stack[:nt].astype(np.int64), axis=0)
+        solo = np.array([t.solo for t in plot.traces])
+        shared = (owner >= 0) & (owner < nt) & ~solo[np.clip(owner, 0, nt - 1)]
+        bits = np.where(shared, union, bits)
+
+    labels = _y_labels(ph, y_lo, y_hi, plot)
+    cursor_bg = Style(reverse=True)
+    # marker row
+    text.append(" " * GUTTER)
+    line = [" "] * pw
+    mstyles: list[Style | None] = [None] * pw
+    for col, (glyph, st) in plot.markers.items():
+        if 0 <= col < pw:
+            line[col], mstyles[col] = glyph, st
+    _append_runs(text, line, mstyles, plot.cursor, cursor_bg)
+    for r in range(ph):
+        text.append("\n")
+        label = labels.get(r)
+        text.append((label or "").rjust(GUTTER - 1)[: GUTTER - 1], style=muted)
+        text.append("┤" if label else "│", style=muted)
+        chars = [chr(0x2800 + int(b)) if b else " " for b in bits[r]]
+        cstyles = [styles[o] if o >= 0 else None for o in owner[r]]
+        _append_runs(text, chars, cstyles, plot.cursor, cursor_bg)
+    if show_x:
+        left, right = plot.x_labels
+        text.append("\n")
+        text.append(" " * (GUTTER - 1) + "└", style=muted)
+        room = pw - len(left) - len(right)
+        text.append(left + " " * max(room, 1) + right if room > 0 else left[:pw], style=muted)
+    return text
+
+
+def _fit(v: np.ndarray, n: int) -> np.ndarray:
+    """Pad or crop a per-dot-column array to exactly ``n`` columns."""
+    if len(v) == n:
+        return v.astype(np.float64)
+    out = np.full(n, np.nan)
+    out[: min(n, len(v))] = v[:n]
+    return out
+
+
+def _cells(mask: np.ndarray, ph: int, pw: int) -> np.ndarray:
+    """(4*ph, 2*pw) dots -> (ph, pw) braille bit patterns."""
+    return (mask.reshape(ph, 4, pw, 2) * _BITS[None, :, None, :]).sum(axis=(1, 3))
+
+
+def _y_labels(ph: int, y_lo: float, y_hi: float, plot: Plot) -> dict[int, str]:
+    def at(r: int) -> str:
+        # the value at the middle of cell row r
+        frac = (r * 4 + 1.5) / max(ph * 4 - 1, 1)
+        return plot.label(_untransform(y_hi - frac * (y_hi - y_lo), plot.log))
+
+    if plot.ticks:
+        out: dict[int, str] = {}
+        P = ph * 4
+        for value in plot.ticks:
+            t = _transform(np.array([value]), plot.log)[0]
+            if not math.isfinite(t) or not y_lo <= t <= y_hi:
+                continue
+            row = int(round((y_hi - t) / (y_hi - y_lo) * (P - 1))) // 4
+            if 0 <= row < ph and row not in out and row - 1 not in out and row + 1 not in out:
+                out[row] = plot.label(value)
+        return out
+    out = {0: at(0)}
+    if ph >= 2:
+        out[ph - 1] = at(ph - 1)
+    if ph >= 5:
+        out[ph // 2] = at(ph // 2)
+    return out
+
+
+def _append_runs(
+    text: Text,
+    chars: list[str],
+    styles: list[Style | None],
+    cursor: int | None,
+    cursor_style: Style,
+) -> None:
+    """Append one row, merging neighbouring cells of the same style into one span."""
+    run: list[str] = []
+    current: Style | None = None
+    for i, (ch, st) in enumerate(zip(chars, styles, strict=True)):
+        if cursor is not None and i == cursor:
+            st = (st or Style()) + cursor_style
+            if ch == " ":
+                ch = "│"
+        if st != current and run:
+            text.append("".join(run), style=current)
+            run = []
+        current = st
+        run.append(ch)
+    if run:
+        text.append("".join(run), style=current)

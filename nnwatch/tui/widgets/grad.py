@@ -1,0 +1,91 @@
+"""The gradient-norm pane: the norm before clipping against the clip threshold, the norm after it,
+how often clipping fired lately, and markers where the norm spiked: the usual first sign of an
+explosion, several steps before the loss shows it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from textual.app import RenderResult
+
+from nnwatch.tui import format as fmt
+from nnwatch.tui.history import Columns
+from nnwatch.tui.widgets.base import Pane
+from nnwatch.tui.widgets.chart import GUTTER, Plot, Trace, render_plot, trace_from
+from nnwatch.tui.widgets.loss import bad_markers, cursor_column, window_caption, x_labels
+
+SPIKE_FACTOR = 5.0  # a column whose max exceeds 5x the local median of means is a spike
+SPIKE_WINDOW = 15
+
+
+def spike_columns(
+    cols: Columns, factor: float = SPIKE_FACTOR, window: int = SPIKE_WINDOW
+) -> np.ndarray:
+    """Dot columns whose maximum towers over the median level around them."""
+    mean, hi = cols.mean, cols.hi
+    n = len(mean)
+    if n == 0 or not np.isfinite(mean).any():
+        return np.zeros(0, dtype=np.int64)
+    half = window // 2
+    padded = np.pad(mean, half, mode="edge")
+    win = np.lib.stride_tricks.sliding_window_view(padded, window)[:n]
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            level = np.nanmedian(win, axis=1)
+        return np.flatnonzero(
+            np.isfinite(hi) & np.isfinite(level) & (hi > factor * level) & (level > 0)
+        )
+
+
+class GradPane(Pane):
+    key = "grad"
+
+    def build(self) -> RenderResult:
+        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        src = self.ctx.source
+        w, h = self.size
+        pw = max(w - GUTTER, 1)
+        x0, x1 = st.window(view.zoomed, view.cursor)
+        pre = st.columns("grad_norm", 2 * pw, x0, x1, src)
+        post = st.columns("grad_norm_clipped", 2 * pw, x0, x1, src)
+        clip = st.value_at("clip_threshold", view.cursor, src)
+        thresholds = st.columns("clip_threshold", 2 * pw, x0, x1, src)
+        markers = bad_markers(pre, pw, "✕", pal.error)
+        for dot in spike_columns(pre):
+            markers.setdefault(int(dot) // 2, ("▼", pal.warning))
+        plot = Plot(
+            # the threshold is a series, not a constant: `c` (or the script) can change it
+            traces=[
+                Trace(thresholds.lo, thresholds.hi, pal.error, solo=True, dotted=True),
+                trace_from(pre, pal.primary),
+                trace_from(post, pal.success),
+            ],
+            markers={c: m for c, m in markers.items() if c < pw},
+            cursor=cursor_column(view.cursor, x0, x1, pw),
+            log=True,  # norms span decades; on a linear axis one spike flattens everything else
+            x_labels=x_labels(x0, x1),
+        )
+        norm = st.value_at("grad_norm", view.cursor, src)
+        after = st.value_at("grad_norm_clipped", view.cursor, src)
+        share = st.recent_clip_share(100)
+        compact = w < 56
+        title = f"[b]{'Grad' if compact else 'Grad norm'}[/b] {fmt.num(norm)}"
+        if math.isfinite(after) and not compact:
+            title += f"  [$success]━ clipped {fmt.num(after)}[/]"
+        if math.isfinite(clip):
+            title += f"  [$error]┄ max {fmt.num(clip)}[/]"
+        self.border_title = title
+        sub = window_caption(view.zoomed, True, view.cursor, compact)
+        if math.isfinite(share):
+            clipped = (
+                f"clip {fmt.percent(share)}/100"
+                if compact
+                else f"clipped {fmt.percent(share)} of last 100"
+            )
+            sub = f"{clipped} · {sub}"
+        self.border_subtitle = sub
+        return render_plot(plot, w, h, pal.muted)

@@ -1,0 +1,114 @@
+"""The header line: which run this is (name, host, pid, rank/world), how far it got (step, steps/s,
+elapsed), a status badge that changes the moment the trainer pauses, hangs or dies, the dropped-
+record count when there is one, and the outcome of the last command the user gave."""
+
+from __future__ import annotations
+
+import math
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import RenderResult
+
+from nnwatch.tui import format as fmt
+from nnwatch.tui.widgets.base import Palette, Pane
+
+BADGES = {
+    "live": "● LIVE",
+    "paused": "‖ PAUSED",
+    "hung": "◌ HUNG",
+    "finished": "✔ FINISHED",
+    "crashed": "✖ CRASHED",
+    "lost": "✖ LOST",
+    "recorded": "▣ RECORDED",
+    "running": "● RUNNING",
+    "connecting": "… CONNECTING",
+}
+
+
+def badge_style(state: str, pal: Palette) -> Style:
+    color = {
+        "live": pal.success,
+        "running": pal.success,
+        "paused": pal.warning,
+        "hung": pal.warning,
+        "finished": pal.primary,
+        "recorded": pal.primary,
+        "crashed": pal.error,
+        "lost": pal.error,
+    }.get(state, pal.muted).color
+    return Style(
+        bgcolor=color, color="#000000" if state in ("paused", "hung") else "#ffffff", bold=True
+    )
+
+
+class RunHeader(Pane):
+    key = "header"
+
+    DEFAULT_CSS = """
+    RunHeader {
+        border: none;
+        padding: 0 1;
+        height: 1;
+        background: $panel;
+    }
+    """
+
+    def build(self) -> RenderResult:
+        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        meta = st.meta
+        w, h = self.size
+        with st.lock:
+            status = st.status
+            hist = st.history
+            last_step = hist.last_step
+            last_time = hist.latest("time")
+            clip = hist.latest_finite("clip_threshold")
+        rate = st.steps_per_second()
+        elapsed = last_time - meta.started if math.isfinite(last_time) else math.nan
+        compact = w < 100
+        left = Text(no_wrap=True, overflow="ellipsis")
+        left.append("nnwatch ", style=pal.accent + Style(bold=True))
+        left.append(meta.name, style=pal.text + Style(bold=True))
+        left.append(
+            f" {meta.host}:{meta.pid}" if compact else f"  {meta.host}:{meta.pid}", style=pal.muted
+        )
+        rank = (
+            f"r{meta.rank}/{meta.world_size}" if compact else f"rank {meta.rank}/{meta.world_size}"
+        )
+        left.append(f" {rank}" if compact else f"  {rank}", style=pal.muted)
+        left.append(" step " if compact else "  step ", style=pal.muted)
+        left.append(fmt.count(last_step), style=Style(bold=True))
+        left.append(" " if compact else "  ")
+        left.append(f"{fmt.si(rate)}", style=Style(bold=True))
+        left.append("/s" if compact else " steps/s", style=pal.muted)
+        left.append(" elapsed " if compact else "  elapsed ", style=pal.muted)
+        left.append(fmt.duration(elapsed))
+
+        right = Text(no_wrap=True, overflow="ellipsis")
+        if view.cursor is not None:
+            right.append(f"cursor {fmt.count(view.cursor)}  ", style=pal.accent + Style(bold=True))
+        if status.dropped:
+            right.append(
+                f"dropped {fmt.count(status.dropped)}  ", style=pal.warning + Style(bold=True)
+            )
+        if math.isfinite(clip):
+            right.append(f"clip {fmt.num(clip)}  ", style=pal.muted)
+        note = view.outcome or status.message
+        if note:
+            right.append(note + "  ", style=pal.error if view.outcome_error else pal.text)
+        badge = f" {BADGES.get(status.state, status.state.upper())} "
+        right.append(badge, style=badge_style(status.state, pal))
+
+        if h >= 2:
+            left.truncate(w, overflow="ellipsis")
+            pad = max(w - right.cell_len, 0)
+            second = Text(" " * pad) + right if right.cell_len <= w else right
+            second.truncate(w, overflow="ellipsis")
+            return Text("\n").join([left, second])
+        room = w - right.cell_len - 1
+        left.truncate(max(room, 0), overflow="ellipsis")
+        gap = max(w - left.cell_len - right.cell_len, 1)
+        out = left + Text(" " * gap) + right
+        out.truncate(w, overflow="ellipsis")
+        return out

@@ -1,0 +1,318 @@
+"""The layers pane: one row per layer in forward order, with the share of dead (exactly zero)
+outputs as a bar coloured by severity, the activation std and max |x|, the layer's gradient norm,
+and its non-finite count. A filter narrows the rows by name or kind.
+
+The table is a small widget of its own rather than Textual's DataTable: it is rebuilt at every
+sampled step of a run that may have hundreds of layers, and it only ever renders the rows that
+are on screen, which keeps a monitor following 1,000 steps/s well under its CPU budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.app import ComposeResult, RenderResult
+from textual.binding import Binding
+from textual.widget import Widget
+from textual.widgets import Input
+
+from nnwatch.tui import format as fmt
+from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
+from nnwatch.tui.widgets.gpu import bar
+
+COLUMNS = ("#", "layer", "kind", "dead", "std", "max|x|", "grad", "nonfin")
+WIDE_WIDTHS = (3, 18, 10, 16, 7, 7, 7, 6)
+NARROW_WIDTHS = (2, 14, 8, 11, 6, 6, 6, 4)
+DEAD_RED = 0.8  # above this share of zero outputs a layer is (nearly) dead: red
+DEAD_YELLOW = 0.5
+
+
+def dead_style(frac: float, pal: Palette) -> Style:
+    if not math.isfinite(frac):
+        return pal.muted
+    return pal.error if frac > DEAD_RED else pal.warning if frac > DEAD_YELLOW else pal.success
+
+
+def matches(filter_text: str, name: str, kind: str) -> bool:
+    """Case-insensitive substring match on the layer name or its module kind."""
+    f = filter_text.strip().lower()
+    return not f or f in name.lower() or f in kind.lower()
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer's numbers, as shown (NaN: not measured at this step)."""
+
+    index: int
+    name: str
+    kind: str
+    dead: float
+    std: float
+    maxabs: float
+    grad: float
+    nonfinite: float
+
+    @property
+    def bad(self) -> bool:
+        return (math.isfinite(self.nonfinite) and self.nonfinite > 0) or (
+            math.isfinite(self.dead) and self.dead > DEAD_RED
+        )
+
+
+class LayerTable(Widget, can_focus=True):
+    """The rows, drawn by hand: a header, the visible slice, a cursor while focused.
+
+    Up/Down/PgUp/PgDn/Home/End move; ``/`` jumps to the filter; Escape gives the keys back to
+    the dashboard.
+    """
+
+    DEFAULT_CSS = """
+    LayerTable { height: 1fr; }
+    """
+    BINDINGS = [
+        Binding("up", "move(-1)", "up", id="layers.up", show=False),
+        Binding("down", "move(1)", "down", id="layers.down", show=False),
+        Binding("pageup", "page(-1)", "page up", id="layers.page_up", show=False),
+        Binding("pagedown", "page(1)", "page down", id="layers.page_down", show=False),
+        Binding("home", "move(-1000000)", "first", id="layers.first", show=False),
+        Binding("end", "move(1000000)", "last", id="layers.last", show=False),
+        Binding("slash", "focus_filter", "filter", id="layers.filter", show=False),
+        Binding("escape", "leave", "back", id="layers.leave", show=False),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.rows: list[LayerRow] = []
+        self.cursor_row = 0
+        self.top = 0  # first row on screen
+        self.narrow = False
+        self.palette = Palette.from_variables({})
+
+    # -- data ------------------------------------------------------------------------------
+    def set_rows(
+        self, rows: list[LayerRow], palette: Palette, narrow: bool, keep_in_view: int | None
+    ) -> None:
+        self.rows = rows
+        self.palette = palette
+        self.narrow = narrow
+        if keep_in_view is not None and not self.has_focus:
+            self.cursor_row = keep_in_view  # unattended: keep the worst layer on screen
+        self.cursor_row = min(max(self.cursor_row, 0), max(len(rows) - 1, 0))
+        self._scroll_to_cursor()
+        self.refresh()
+
+    def row_texts(self, name: str) -> list[Text]:
+        """The cells of one layer's row, as drawn (for tests and screen readers of the code)."""
+        for r in self.rows:
+            if r.name == name:
+                return self._cells(r)
+        raise KeyError(name)
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    # -- navigation ------------------------------------------------------------------------
+    @property
+    def _visible(self) -> int:
+        return max(self.size.height - 1, 1)  # one line for the header
+
+    def _scroll_to_cursor(self) -> None:
+        vis = self._visible
+        if self.cursor_row < self.top:
+            self.top = self.cursor_row
+        elif self.cursor_row >= self.top + vis:
+            self.top = self.cursor_row - vis + 1
+        self.top = min(max(self.top, 0), max(len(self.rows) - vis, 0))
+
+    def action_move(self, delta: int) -> None:
+        self.cursor_row = min(max(self.cursor_row + delta, 0), max(len(self.rows) - 1, 0))
+        self._scroll_to_cursor()
+        self._moved()
+
+    def _moved(self) -> None:
+        self.refresh()
+        for pane in self.ancestors:
+            if isinstance(pane, LayersPane):
+                pane.update_caption()
+
+    def action_page(self, pages: int) -> None:
+        self.action_move(pages * self._visible)
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        self.top = min(self.top + 3, max(len(self.rows) - self._visible, 0))
+        self._moved()
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self.top = max(self.top - 3, 0)
+        self._moved()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._scroll_to_cursor()
+
+    def action_focus_filter(self) -> None:
+        self.screen.query_one("#layer-filter", Input).focus()
+
+    def action_leave(self) -> None:
+        self.screen.set_focus(None)
+
+    # -- drawing ---------------------------------------------------------------------------
+    def _cells(self, r: LayerRow) -> list[Text]:
+        pal = self.palette
+        ds = dead_style(r.dead, pal)
+        dead = bar(r.dead, 6 if self.narrow else 10, ds, pal.bar_empty)
+        dead.append(f" {fmt.percent(r.dead):>4}", style=ds)
+        nf_bad = math.isfinite(r.nonfinite) and r.nonfinite > 0
+        nf = Text(
+            fmt.count(r.nonfinite) if math.isfinite(r.nonfinite) else fmt.NA_TEXT,
+            style=(pal.error + Style(bold=True)) if nf_bad else pal.muted,
+        )
+        widths = NARROW_WIDTHS if self.narrow else WIDE_WIDTHS
+        name = r.name if len(r.name) <= widths[1] else "…" + r.name[-(widths[1] - 1) :]
+        return [
+            Text(str(r.index), style=pal.muted),
+            Text(name, style=pal.error if r.bad else pal.text),
+            Text(r.kind, style=pal.muted),
+            dead,
+            Text(fmt.num(r.std)),
+            Text(fmt.num(r.maxabs)),
+            Text(fmt.num(r.grad)),
+            nf,
+        ]
+
+    def render(self) -> RenderResult:
+        pal = self.palette
+        widths = NARROW_WIDTHS if self.narrow else WIDE_WIDTHS
+        right = {0, 4, 5, 6, 7}  # numbers align right
+        out = Text(no_wrap=True, overflow="crop", end="")
+        head_style = pal.text + Style(bold=True)
+        for i, (label, w) in enumerate(zip(COLUMNS, widths, strict=True)):
+            cell = label[:w]
+            out.append((cell.rjust(w) if i in right else cell.ljust(w)) + " ", style=head_style)
+        vis = self._visible
+        cursor_style = Style(reverse=True) if self.has_focus else None
+        for k, r in enumerate(self.rows[self.top : self.top + vis]):
+            out.append("\n")
+            line = Text(no_wrap=True, overflow="crop")
+            for i, (cell, w) in enumerate(zip(self._cells(r), widths, strict=True)):
+                cell.truncate(w, overflow="ellipsis")
+                pad = " " * (w - cell.cell_len)
+                line.append_text(Text(pad) + cell if i in right else cell + Text(pad))
+                line.append(" ")
+            if cursor_style is not None and self.top + k == self.cursor_row:
+                line.stylize(cursor_style)
+            out.append_text(line)
+        return out
+
+
+class LayersPane(Pane):
+    key = "layers"
+
+    DEFAULT_CSS = """
+    LayersPane { padding: 0 1; }
+    LayersPane #layer-filter {
+        height: 1; border: none; padding: 0 1; margin: 0;
+        background: $surface;
+    }
+    LayersPane #layer-filter:focus { background: $boost; }
+    """
+
+    def __init__(
+        self, ctx: PaneContext, *, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(ctx, id=id, classes=classes)
+        self.shown_rows: list[str] = []  # layer names currently in the table, for tests and help
+
+    def compose(self) -> ComposeResult:
+        yield Input(
+            placeholder="type to filter layers by name or kind; Enter: rows", id="layer-filter"
+        )
+        yield LayerTable(id="layer-table")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "layer-filter":
+            self.ctx.view.layer_filter = event.value
+            self.redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one(LayerTable).focus()
+
+    def on_key(self, event: events.Key) -> None:
+        if event.key == "escape" and self.screen.focused is self.query_one("#layer-filter"):
+            event.stop()
+            self.screen.set_focus(None)  # Escape in the filter: back to the dashboard keys
+
+    def focus_filter(self) -> None:
+        """``l``: type to filter at once; Enter moves to the rows, Escape back to the dashboard."""
+        self.query_one("#layer-filter", Input).focus()
+
+    def focus_rows(self) -> None:
+        self.query_one(LayerTable).focus()
+
+    def build(self) -> RenderResult:
+        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        schema = st.meta.schema
+        row = st.layer_row(view.cursor, self.ctx.source)
+        grad_index = st.param_index
+        rows: list[LayerRow] = []
+        dying = nonfinite = 0
+        problem: str | None = None  # the first non-finite layer, else the deadest above the line
+        worst = DEAD_RED
+        nan = math.nan
+        for i, (name, kind) in enumerate(zip(schema.layer_names, schema.layer_kinds, strict=False)):
+            if row is not None:
+                gi = grad_index.get(name)
+                r = LayerRow(
+                    i, name, kind,
+                    float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
+                    float(row["grad_layer"][gi]) if gi is not None else nan,
+                    float(row["act_nonfinite"][i]),
+                )  # fmt: skip
+            else:
+                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan)
+            dying += int(math.isfinite(r.dead) and r.dead > DEAD_RED)
+            nonfinite += int(math.isfinite(r.nonfinite) and r.nonfinite > 0)
+            if math.isfinite(r.nonfinite) and r.nonfinite > 0:
+                if worst < 2.0:  # the first non-finite layer outranks any dead one
+                    problem, worst = name, 2.0
+            elif math.isfinite(r.dead) and r.dead > worst:
+                problem, worst = name, r.dead
+            if matches(view.layer_filter, name, kind):
+                rows.append(r)
+        self.shown_rows = [r.name for r in rows]
+        keep = self.shown_rows.index(problem) if problem in self.shown_rows else None
+        table = self.query_one(LayerTable)
+        table.set_rows(rows, pal, self.size.width < 92, keep)
+        at = "" if row is None else f" @ step {fmt.count(float(row['step']))}"
+        title = f"[b]Layers[/b]{at} · {schema.num_layers}"
+        if dying:
+            title += f" · [$error]{dying} >{DEAD_RED:.0%} dead[/]"
+        if nonfinite:
+            title += f" · [$error]{nonfinite} non-finite[/]"
+        self.border_title = title
+        self.update_caption()
+        return Text("")
+
+    def update_caption(self) -> None:
+        """The subtitle: which rows are on screen, the filter, the keys."""
+        table = self.query_one(LayerTable)
+        shown, vis = len(self.shown_rows), table._visible
+        more = (
+            f"rows {table.top + 1}-{min(table.top + vis, shown)} of {shown} · "
+            if shown > vis
+            else ""
+        )
+        flt = self.ctx.view.layer_filter
+        self.border_subtitle = (
+            f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter"
+        )
