@@ -27,6 +27,10 @@ from nnwatch.sources.base import CommandReply
 #: Largest line accepted from a run: stream chunks are at most ~1.4 MB of base64.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 DEFAULT_TIMEOUT = 10.0
+#: Within one poll, how long to wait for the next line of a stream that is still flowing.
+_BURST_WAIT = 0.005
+#: Socket buffer asked for on stream connections, so a backlog moves in few wake-ups.
+STREAM_BUFFER = 4 * 1024 * 1024
 
 
 class ChannelError(RuntimeError):
@@ -48,8 +52,8 @@ def connect(path: Path | str, timeout: float = DEFAULT_TIMEOUT) -> socket.socket
     except ConnectionRefusedError:
         sock.close()
         raise ChannelError(
-            f"nobody answers at {path}: the run is gone and left its socket behind "
-            "(`nnwatch gc` cleans up)"
+            f"nobody answers at {path}: the run (or the ssh tunnel to it) is gone and left "
+            "its socket behind (`nnwatch gc` cleans up a run's)"
         ) from None
     except PermissionError:
         sock.close()
@@ -171,6 +175,19 @@ class ChannelClient:
             if obj.get("id") == rid or (obj.get("id") is None and not obj.get("ok")):
                 return _reply(obj)
 
+    def still_open(self) -> bool:
+        """Whether the run still holds this connection (a closed one reads as end-of-file)."""
+        if self.closed:
+            return False
+        try:
+            ready, _, _ = select.select([self.sock], [], [], 0)
+            if ready and not self.sock.recv(1, socket.MSG_PEEK):
+                self._lines.eof = True
+                return False
+        except OSError:
+            return False
+        return True
+
     def command(self, name: str, **args: Any) -> CommandReply:
         return self.request(name, args)
 
@@ -214,6 +231,10 @@ class Subscription:
         args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
         command = validate("subscribe", args, 1)
         self.sock = connect(self.path, timeout)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STREAM_BUFFER)
+        except OSError:
+            pass
         self._lines = LineReader(self.sock)
         try:
             self.sock.sendall(encode_request(command))
@@ -251,10 +272,17 @@ class Subscription:
         self.ended: dict[str, Any] | None = None
         self.lost = False
 
-    def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[dict[str, Any]]:
-        """Messages that arrived (waiting up to ``timeout`` for the first); never blocks longer."""
+    def poll(
+        self, timeout: float = 0.0, *, budget: float = 0.1, max_messages: int = 10_000
+    ) -> list[dict[str, Any]]:
+        """Messages that arrived, waiting up to ``timeout`` for the first one.
+
+        While more keeps coming (a backlog larger than the socket buffer), it goes on reading for
+        up to ``budget`` seconds, so that a monitor polling a few times a second catches up.
+        """
         out: list[dict[str, Any]] = []
         wait: float | None = timeout
+        until = time.monotonic() + timeout + budget
         while len(out) < max_messages and not self.lost:
             try:
                 line = self._lines.readline(wait)
@@ -265,7 +293,7 @@ class Subscription:
                 if self._lines.eof and self.ended is None:
                     self.lost = True
                 break
-            wait = 0.0
+            wait = min(_BURST_WAIT, max(0.0, until - time.monotonic()))
             try:
                 msg = json.loads(line)
             except ValueError:

@@ -101,7 +101,13 @@ class RunEndpoint:
         self.ring.set_status(status)
 
     def close(self, status: str = "finished") -> None:
-        """Stop serving, unregister, then mark the ring ended. Safe to call twice."""
+        """Mark the ring ended, stop serving, unregister, unmap. Safe to call twice.
+
+        The status goes first so that streams served from threads of this process can still
+        send monitors the run's end before the server waits for them.
+        """
+        if not self.ring.closed:
+            self.ring.set_status(status)
         if self.server is not None:
             self.server.close()
             self.server = None

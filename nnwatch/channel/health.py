@@ -38,8 +38,16 @@ class Health:
     step_interval: float | None  # usual seconds per step (moving average), None until known
 
     @property
+    def ended(self) -> bool:
+        """Finished or crashed: nothing more will come."""
+        return self.state in ("finished", "crashed")
+
+    @property
     def live(self) -> bool:
-        return self.state in ("starting", "running", "paused", "hung")
+        """Its process is there (same pid and start time) and its heartbeat is fresh."""
+        return not self.ended and (
+            self.heartbeat_age is None or self.heartbeat_age <= HEARTBEAT_STALE
+        )
 
 
 def read_end(run_dir: Path | None) -> dict | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch._version import __version__
-from nnwatch.channel.health import Health, Liveness, read_end
+from nnwatch.channel.health import HEARTBEAT_STALE, Health, Liveness, read_end
 from nnwatch.channel.identity import own_start_time, same_process, this_host
 from nnwatch.channel.ring import RingError, RingReader
 from nnwatch.paths import default_root, ensure_private_dir, write_private_file
@@ -163,12 +163,23 @@ class RunInfo:
     nnwatch_version: str = ""
 
     @property
+    def ended(self) -> bool:
+        """Finished or crashed (its process may be gone, its files stay readable)."""
+        return self.state in ("finished", "crashed")
+
+    @property
     def live(self) -> bool:
-        return self.state in ("starting", "running", "paused", "hung")
+        """Live: the pid exists with the start time it registered, and the heartbeat is fresh.
+        A run hung by a stale heartbeat (stopped, or stuck holding the GIL) is not live; one that
+        only stopped stepping is live and hung."""
+        return not self.ended and (
+            self.heartbeat_age is None or self.heartbeat_age <= HEARTBEAT_STALE
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["live"] = self.live
+        d["ended"] = self.ended
         return d
 
 
@@ -300,3 +311,68 @@ def find_runs(spec: str, root: Path | None = None) -> list[RunInfo]:
     if exact:
         return exact
     return [r for r in runs if r.name.startswith(spec) or Path(r.run_dir).name.startswith(spec)]
+
+
+def recorded_runs(root: Path | None = None) -> list[RunInfo]:
+    """Run directories under the root that have no registry entry: finished or crashed runs."""
+    root = Path(root) if root is not None else default_root()
+    if not root.is_dir():
+        return []
+    registered = {os.path.realpath(r.run_dir) for r in list_runs(root)}
+    now = time.time()
+    out = []
+    for meta_path in sorted(root.glob("*/meta.json")):
+        run_dir = meta_path.parent
+        if os.path.realpath(run_dir) in registered:
+            continue
+        try:
+            meta = RunMeta.from_json(meta_path.read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        end = read_end(run_dir)
+        steps = end.get("steps") if end is not None else None
+        try:
+            with RingReader(ring_path(run_dir, meta.rank)) as reader:
+                health = Liveness(host=meta.host, run_dir=run_dir).judge(reader.state(), now)
+            state, message = health.state, health.message
+        except (RingError, OSError, ValueError):
+            if end is not None:
+                state = "crashed" if end.get("status") == "crashed" else "finished"
+                message = f"ended ({end.get('status', 'finished')})"
+            else:
+                alive = same_process(meta.pid, 0.0) if meta.host == this_host() else None
+                state = "crashed" if alive is False else "running"
+                message = "no end.json and the pid is gone" if alive is False else "unregistered"
+        if not isinstance(steps, int):
+            try:  # rows in scalars.bin: 64-byte header, then fixed-size rows
+                size = (run_dir / "scalars.bin").stat().st_size
+                steps = max(0, (size - 64) // meta.schema.scalar_size)
+            except OSError:
+                steps = None
+        out.append(
+            RunInfo(
+                name=meta.name,
+                pid=meta.pid,
+                host=meta.host,
+                rank=meta.rank,
+                world_size=meta.world_size,
+                state=state,
+                message=message,
+                step=(steps - 1) if isinstance(steps, int) and steps > 0 else None,
+                steps_per_s=None,
+                age=max(0.0, now - meta.started),
+                heartbeat_age=None,
+                last_step_age=None,
+                dropped_records=0,
+                run_dir=str(run_dir),
+                ring=str(ring_path(run_dir, meta.rank)),
+                socket=None,
+                entry_path="",
+                local_rank=meta.local_rank,
+                started=meta.started,
+                layers=meta.schema.num_layers,
+                nnwatch_version=meta.nnwatch_version,
+            )  # fmt: skip
+        )
+    out.sort(key=lambda r: (r.started, r.name, r.rank))
+    return out

@@ -14,7 +14,7 @@ written as: sequence ``2n+1`` (odd: writing), payload, then CRC32 (seeded with `
 that the sequence was ``2n+2`` before and after the copy, and that the CRC matches; anything else
 is a *torn* slot, counted and never returned as data.
 
-File layout (little-endian)::
+File layout (little-endian; the writer stores words natively, so it refuses big-endian hosts)::
 
     0     header (fixed fields, see _HDR_* below)
     256   meta JSON (the run's RunMeta), so a reader can decode records with nothing else
@@ -28,17 +28,21 @@ import logging
 import mmap
 import os
 import struct
+import sys
 import threading
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from nnwatch.channel.identity import own_start_time
 from nnwatch.schema import RunMeta
+
+if TYPE_CHECKING:
+    from nnwatch.channel.health import Health, Liveness
 
 log = logging.getLogger("nnwatch")
 
@@ -62,17 +66,21 @@ STATUS_NAMES: dict[int, str] = {v: k for k, v in STATUS_CODES.items()}
 # record size, slots, meta length, pid, process start time, creation time.
 _CONST = struct.Struct("<IIIIII qdd")
 _CONST_OFF = 8
-# Mutable part: changed by publish() (one store) and by beat()/set_status().
-_PUBLISH = struct.Struct("<Qddd")  # write_seq, heartbeat, last publish time, step interval (EMA)
-_PUBLISH_OFF = 64
+# Mutable part, one aligned 8-byte word per field. The writer stores each with a single
+# memoryview item assignment: ``struct.pack_into`` would first zero the whole range, and a reader
+# could catch the zeros (a write position of 0, a heartbeat from 1970).
+_W_WRITE_SEQ, _W_HEARTBEAT, _W_LAST_PUBLISH, _W_INTERVAL = 8, 9, 10, 11  # u64, f64, f64, f64
+_W_STATUS, _W_STATUS_TIME, _W_ERRORS = 12, 13, 14  # u64, f64, u64
+_PUBLISH = struct.Struct("<Qddd")  # reader side: write_seq, heartbeat, last publish, interval
+_PUBLISH_OFF = 8 * _W_WRITE_SEQ
 _HEARTBEAT = struct.Struct("<d")
-_HEARTBEAT_OFF = 72
-_STATUS = struct.Struct("<Id")  # status code, time of the change
-_STATUS_OFF = 96
+_HEARTBEAT_OFF = 8 * _W_HEARTBEAT
+_STATUS = struct.Struct("<Qd")  # status code, time of the change
+_STATUS_OFF = 8 * _W_STATUS
 _ERRORS = struct.Struct("<Q")
-_ERRORS_OFF = 112
+_ERRORS_OFF = 8 * _W_ERRORS
 _U64 = struct.Struct("<Q")
-_SLOT_DONE = struct.Struct("<QII")  # seq, crc, length
+_SLOT_LENGTH = struct.Struct("<I")
 
 #: Weight of the newest interval in the step-interval average: readers use it for "hung" and steps/s.
 _EMA = 0.1
@@ -109,6 +117,8 @@ class RingWriter:
     ) -> None:
         if record_size <= 0:
             raise ValueError("record_size must be positive")
+        if sys.byteorder != "little":
+            raise RingError("the ring file is little-endian; this host is big-endian")
         self.path = Path(path)
         self.record_size = int(record_size)
         self.slots = int(slots) if slots else default_slots(self.record_size)
@@ -146,16 +156,25 @@ class RingWriter:
             self.slots, len(meta), self.pid, self.start_time, now,
         )  # fmt: skip
         self._mm[META_OFFSET : META_OFFSET + len(meta)] = meta
-        _PUBLISH.pack_into(self._mm, _PUBLISH_OFF, 0, now, 0.0, 0.0)
-        _STATUS.pack_into(self._mm, _STATUS_OFF, STATUS_CODES["running"], now)
-        self._mm[0:8] = MAGIC  # last: a reader that sees the magic sees a complete header
         self._mv = memoryview(self._mm)
+        # Typed views: item assignment is one aligned store (little-endian hosts only, see top).
+        self._hdr_q = self._mv[:META_OFFSET].cast("Q")
+        self._hdr_d = self._mv[:META_OFFSET].cast("d")
+        self._slot_q = self._mv[self.slots_offset :].cast("Q")
+        self._slot_i = self._mv[self.slots_offset :].cast("I")
+        self._hdr_d[_W_HEARTBEAT] = now
+        self._hdr_q[_W_STATUS] = STATUS_CODES["running"]
+        self._hdr_d[_W_STATUS_TIME] = now
+        for o in range(self.slots_offset, size, self.slot_size):
+            _SLOT_LENGTH.pack_into(self._mm, o + 12, self.record_size)  # constant per slot
+        self._mm[0:8] = MAGIC  # last: a reader that sees the magic sees a complete header
         # One payload view per slot, made once, so publish() slices nothing.
         self._payloads = [
             self._mv[o + SLOT_HEADER : o + SLOT_HEADER + self.record_size]
             for o in range(self.slots_offset, size, self.slot_size)
         ]
-        self._offsets = list(range(self.slots_offset, size, self.slot_size))
+        words = self.slot_size // 8
+        self._seq_word = [i * words for i in range(self.slots)]  # index into _slot_q
 
     # -- training thread ---------------------------------------------------------------------------
     def publish(self, record: memoryview) -> None:
@@ -163,17 +182,16 @@ class RingWriter:
         try:
             n = self._n
             i = n % self.slots
-            off = self._offsets[i]
-            mm = self._mm
-            _U64.pack_into(mm, off, 2 * n + 1)
+            q = self._seq_word[i]
+            seqs = self._slot_q
+            seqs[q] = 2 * n + 1  # odd: being written
             try:
                 self._payloads[i][:] = record
             except (ValueError, TypeError):
                 record = memoryview(record).cast("B")
                 self._payloads[i][:] = record
-            _SLOT_DONE.pack_into(
-                mm, off, 2 * n + 2, zlib.crc32(record, n & 0xFFFFFFFF), self.record_size
-            )
+            self._slot_i[2 * q + 2] = zlib.crc32(record, n & 0xFFFFFFFF)
+            seqs[q] = 2 * n + 2  # even: done, after the payload and its checksum
             t = time.time()
             if self._last_t:
                 dt = t - self._last_t
@@ -182,7 +200,11 @@ class RingWriter:
                 )
             self._last_t = t
             self._n = n + 1
-            _PUBLISH.pack_into(mm, _PUBLISH_OFF, n + 1, t, t, self._interval)
+            hdr = self._hdr_d
+            hdr[_W_HEARTBEAT] = t
+            hdr[_W_LAST_PUBLISH] = t
+            hdr[_W_INTERVAL] = self._interval
+            self._hdr_q[_W_WRITE_SEQ] = n + 1  # last: the record is now visible to readers
         except Exception as exc:  # noqa: BLE001 - nothing may escape into the training loop
             self._error("publish", exc)
 
@@ -190,7 +212,7 @@ class RingWriter:
     def beat(self) -> None:
         """Refresh the heartbeat, so readers can tell a live trainer from a frozen or dead one."""
         try:
-            _HEARTBEAT.pack_into(self._mm, _HEARTBEAT_OFF, time.time())
+            self._hdr_d[_W_HEARTBEAT] = time.time()
         except Exception:  # noqa: BLE001 - closed ring, or a race with close(): nothing to do
             pass
 
@@ -202,7 +224,8 @@ class RingWriter:
                 f"unknown ring status {status!r}; use one of {', '.join(STATUS_CODES)}"
             )
         try:
-            _STATUS.pack_into(self._mm, _STATUS_OFF, code, time.time())
+            self._hdr_d[_W_STATUS_TIME] = time.time()
+            self._hdr_q[_W_STATUS] = code
             self.beat()
         except Exception as exc:  # noqa: BLE001
             self._error("set_status", exc)
@@ -218,6 +241,10 @@ class RingWriter:
 
         self._beat_thread = threading.Thread(target=loop, name="nnwatch-heartbeat", daemon=True)
         self._beat_thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def published(self) -> int:
@@ -238,6 +265,8 @@ class RingWriter:
             for view in self._payloads:
                 view.release()
             self._payloads = []
+            for view in (self._hdr_q, self._hdr_d, self._slot_q, self._slot_i):
+                view.release()
             self._mv.release()
             self._mm.close()
             if unlink:
@@ -249,7 +278,7 @@ class RingWriter:
     def _error(self, where: str, exc: BaseException) -> None:
         self.errors += 1
         try:
-            _ERRORS.pack_into(self._mm, _ERRORS_OFF, self.errors)
+            self._hdr_q[_W_ERRORS] = self.errors
         except Exception:  # noqa: BLE001
             pass
         if not self._reported and not self._closed:
@@ -373,6 +402,7 @@ class RingReader:
         self.dropped = 0
         self.torn = 0
         self.delivered = 0
+        self._liveness: Liveness | None = None
 
     # -- header ----------------------------------------------------------------------------------
     def state(self) -> RingState:
@@ -387,6 +417,25 @@ class RingReader:
             heartbeat=hb, last_publish=last, step_interval=interval, errors=int(errors),
             slots=self.slots, record_size=self.record_size,
         )  # fmt: skip
+
+    @property
+    def heartbeat_age(self) -> float:
+        """Seconds since the writer's last heartbeat."""
+        return self.state().heartbeat_age()
+
+    @property
+    def last_step_age(self) -> float | None:
+        """Seconds since the last record was published (None before the first)."""
+        return self.state().last_step_age()
+
+    def health(self, **liveness: object) -> Health:
+        """Running, paused, hung, finished or crashed, judged now (see :mod:`.health`)."""
+        from nnwatch.channel.health import Liveness
+
+        if self._liveness is None:
+            host = self.meta.host if self.meta is not None else None
+            self._liveness = Liveness(host=host, run_dir=self.path.parent, **liveness)  # type: ignore[arg-type]
+        return self._liveness.judge(self.state(), time.time())
 
     @property
     def next_seq(self) -> int:

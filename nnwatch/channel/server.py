@@ -53,6 +53,8 @@ log = logging.getLogger("nnwatch")
 #: A client that does not read its replies is cut off once this much is waiting for it.
 MAX_OUTBOX_BYTES = 1024 * 1024
 MAX_CONNECTIONS = 32
+#: At close, how long streams served from threads get to send their last records and "end".
+STREAM_FLUSH_S = 1.0
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -215,8 +217,9 @@ class CommandServer:
         self._thread.join(timeout=5)
         for conn in list(self._conns.values()):
             self._drop(conn, lift_pause=False)
-        for t in self._stream_threads:
-            t.join(timeout=0.1)
+        deadline = time.monotonic() + STREAM_FLUSH_S
+        for t in self._stream_threads:  # let thread-served streams send the run's end
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._sel is not None:
             self._sel.close()
         if self._listener is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import select
 import socket
 import time
@@ -33,6 +34,7 @@ import numpy as np
 
 from nnwatch.channel.commands import encode_reply
 from nnwatch.channel.health import Liveness
+from nnwatch.channel.history import gap_rows, load_history
 from nnwatch.channel.ring import RingError, RingReader
 from nnwatch.channel.tail import EventTail
 
@@ -69,15 +71,13 @@ def _send_rows(sock: socket.socket, kind: str, rows: np.ndarray) -> None:
 
 def _send_history(sock: socket.socket, run_dir: Path) -> float | None:
     """Send the run log's scalars and layer rows; returns the last step sent, if any."""
-    try:
-        from nnwatch.runlog import load_run
-
-        run = load_run(run_dir)
-    except Exception:  # noqa: BLE001 - no log yet (first step) or unreadable: the ring still streams
+    loaded = load_history(run_dir)
+    if loaded is None:
         return None
-    _send_rows(sock, "scalars", run.scalars)
-    _send_rows(sock, "layers", run.layers)
-    return float(run.scalars["step"][-1]) if len(run.scalars) else None
+    scalars, layers = loaded
+    _send_rows(sock, "scalars", scalars)
+    _send_rows(sock, "layers", layers)
+    return float(scalars["step"][-1]) if len(scalars) else None
 
 
 def serve_subscription(
@@ -99,6 +99,10 @@ def _serve(
     sock: socket.socket, ring_path: Path, run_dir: Path, request: dict[str, Any], mode: str
 ) -> None:
     sock.settimeout(SEND_TIMEOUT)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
+    except OSError:
+        pass
     rid = request.get("id")
     args = request.get("args") or {}
     history = bool(args.get("history", True))
@@ -121,6 +125,7 @@ def _serve(
         }  # fmt: skip
         _send(sock, encode_reply(rid, ok=True, data=data))
         last_step = _send_history(sock, run_dir) if history else None
+        check_gap = last_step is not None
         events = EventTail(run_dir / "events.jsonl")
         meta = reader.meta
         liveness = Liveness(host=meta.host if meta else None, run_dir=run_dir)
@@ -134,6 +139,15 @@ def _serve(
                 if last_step is not None and len(records) and meta is not None:
                     keep = records["step"] > last_step
                     records, seqs = records[keep], seqs[keep]
+                    first = float(records["step"][0]) if len(records) else last_step
+                    if check_gap and first > last_step + 1:
+                        gap = gap_rows(run_dir, last_step, first)
+                        if gap is not None:
+                            _send_rows(sock, "scalars", gap[0])
+                            _send_rows(sock, "layers", gap[1])
+                    check_gap = False
+                    if len(records):
+                        last_step = float(records["step"][-1])
                 if len(records) or batch.dropped or batch.torn:
                     first = int(seqs[0]) if len(seqs) else reader.next_seq
                     _send(sock, _rows_message(
@@ -155,7 +169,7 @@ def _serve(
                     "step_interval": health.step_interval, "published": state.write_seq,
                     "dropped": reader.dropped, "torn": reader.torn, "time": now,
                 })  # fmt: skip
-            if not health.live and reader.pending == 0:
+            if health.ended and reader.pending == 0:
                 _send(sock, {"type": "end", "state": health.state, "message": health.message})
                 return
             ready, _, _ = select.select([sock], [], [], period)
@@ -177,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--request", default="{}")
     args = parser.parse_args(argv)
+    try:
+        os.nice(10)  # it may share the trainer's pinned cores: let the trainer go first
+    except OSError:
+        pass
     sock = socket.socket(fileno=args.fd)
     try:
         sock.setblocking(True)

@@ -77,6 +77,8 @@ class ChannelLink:
             cmd.reply(at, ok, error, **data)
 
     def close(self, status: str) -> None:
+        # status first: a stream still being served must read "finished", not "lost"
+        self.ring.set_status(status)
         if self.server is not None:
             self.server.close()
         self.ring.close(status)

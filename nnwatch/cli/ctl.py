@@ -1,0 +1,230 @@
+"""``nnwatch ctl RUN COMMAND [ARG]``: steer a run from a shell or a script.
+
+RUN is what ``nnwatch ls`` shows (a run name or its start, a pid, a run directory), or give
+``--connect PATH`` for a socket forwarded with ``ssh -L``. Each command is applied by the training
+thread at its next step boundary; the answer says at which step. ``pause`` holds the run until
+this command exits (Ctrl-C) or ``--for SECONDS`` passes: a pause always lifts itself when the
+connection that asked for it closes, so a lost shell cannot leave training paused.
+
+Exit status: 0 applied, 1 refused or unreachable, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COMMAND = "ctl"
+HELP = "send a command to a run: snapshot, pause, resume, set_clip N, set_layer_interval N, ..."
+
+_OFF = ("off", "none", "null", "default")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nnwatch.channel.commands import COMMANDS
+
+    lines = [f"  {name:<20} {spec.summary}" for name, spec in COMMANDS.items()]
+    parser.epilog = "commands:\n" + "\n".join(lines)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "words", nargs="+", metavar="RUN COMMAND [ARG]", help="which run, what to do, its argument"
+    )
+    parser.add_argument(
+        "--connect", metavar="PATH", help="talk to this socket instead of a registered RUN"
+    )
+    parser.add_argument("--rank", type=int, default=None, help="the rank, when RUN has several")
+    parser.add_argument(
+        "--all-ranks", action="store_true", help="send the command to every rank of RUN"
+    )
+    parser.add_argument("--json", action="store_true", help="print the replies as JSON")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default 10)"
+    )
+    parser.add_argument(
+        "--for",
+        dest="hold",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="pause: resume after this long instead of waiting for Ctrl-C",
+    )
+
+
+def _parse_arg(command: str, text: str | None) -> dict[str, Any]:
+    """Turn the positional ARG into the command's argument, with plain-words errors."""
+    from nnwatch.channel.commands import COMMANDS, CommandError
+
+    spec = COMMANDS.get(command)
+    if spec is None:
+        raise CommandError(f"unknown command {command!r}; known commands: {', '.join(COMMANDS)}")
+    if text is None:
+        return {}
+    key = spec.positional
+    if key is None:
+        raise CommandError(f"{command} takes no argument (got {text!r})")
+    value: Any = text
+    if command == "set_clip":
+        if text.lower() in _OFF:
+            value = None
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise CommandError(f"set_clip needs a number or 'off', got {text!r}") from None
+    elif command in ("set_layer_interval", "anomaly"):
+        try:
+            value = int(text)
+        except ValueError:
+            raise CommandError(f"{command} needs a whole number, got {text!r}") from None
+    return {key: value}
+
+
+def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path]]:
+    """(label, socket path) of every run the command goes to."""
+    from nnwatch.channel.registry import find_runs
+
+    if args.connect:
+        return [(args.connect, Path(args.connect).expanduser())]
+    assert spec is not None
+    runs = find_runs(spec)
+    if not runs:
+        raise LookupError(f"no registered run matches {spec!r}; `nnwatch ls` lists the runs")
+    if args.rank is not None:
+        runs = [r for r in runs if r.rank == args.rank]
+        if not runs:
+            raise LookupError(f"{spec!r} has no rank {args.rank}")
+    if len(runs) > 1 and not args.all_ranks:
+        shown = ", ".join(f"{Path(r.run_dir).name} (pid {r.pid}, rank {r.rank})" for r in runs)
+        what = "several ranks" if len({r.name for r in runs}) == 1 else "several runs"
+        raise LookupError(
+            f"{spec!r} matches {what}: {shown}; add --rank N or --all-ranks, or name one run"
+        )
+    out = []
+    for r in runs:
+        if not r.live:
+            raise LookupError(
+                f"{Path(r.run_dir).name} is {r.state} ({r.message}); nothing to steer"
+            )
+        if not r.socket:
+            raise LookupError(f"{Path(r.run_dir).name} has no command socket")
+        out.append((f"{Path(r.run_dir).name} rank {r.rank}", Path(r.socket)))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from nnwatch.channel.client import ChannelClient, ChannelError
+    from nnwatch.channel.commands import CommandError, validate
+
+    words = list(args.words)
+    need = 1 if args.connect else 2
+    if len(words) < need or len(words) > need + 1:
+        usage = "COMMAND [ARG]" if args.connect else "RUN COMMAND [ARG]"
+        print(f"nnwatch ctl: expected {usage}, got {' '.join(words)!r}", file=sys.stderr)
+        return 2
+    spec = None if args.connect else words.pop(0)
+    command = words[0]
+    if command == "subscribe":
+        print("nnwatch ctl: subscribe is for monitors; use `nnwatch attach`", file=sys.stderr)
+        return 2
+    try:
+        cmd_args = _parse_arg(command, words[1] if len(words) > 1 else None)
+        validate(command, cmd_args)  # the server's own rules, checked before connecting
+        targets = _targets(args, spec)
+    except CommandError as exc:
+        print(f"nnwatch ctl: {exc.message}", file=sys.stderr)
+        return 2
+    except LookupError as exc:
+        print(f"nnwatch ctl: {exc.args[0]}", file=sys.stderr)
+        return 1
+
+    clients: list[tuple[str, ChannelClient]] = []
+    status = 0
+    results = []
+    try:
+        for label, path in targets:
+            try:
+                client = ChannelClient(path, timeout=args.timeout)
+            except ChannelError as exc:
+                results.append({"run": label, "ok": False, "error": str(exc)})
+                status = 1
+                continue
+            clients.append((label, client))
+            try:
+                reply = client.request(command, cmd_args)
+            except ChannelError as exc:
+                results.append({"run": label, "ok": False, "error": str(exc)})
+                status = 1
+                continue
+            results.append(
+                {
+                    "run": label, "command": command, "ok": reply.ok,
+                    "applies_at_step": reply.applies_at_step, "error": reply.error,
+                    "data": reply.data,
+                }
+            )  # fmt: skip
+            if not reply.ok:
+                status = 1
+        _report(results, command, as_json=args.json)
+        if command == "pause" and status == 0:
+            _hold_pause(clients, args.hold, quiet=args.json)
+    finally:
+        for _, client in clients:
+            client.close()
+    return status
+
+
+def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> None:
+    if as_json:
+        json.dump(results, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
+    for r in results:
+        prefix = f"{r['run']}: " if len(results) > 1 else ""
+        if not r["ok"]:
+            print(f"{prefix}{command} failed: {r['error']}", file=sys.stderr)
+        elif command == "hello":
+            data = r.get("data") or {}
+            for key in ("name", "pid", "host", "rank", "world_size", "run_dir", "ring", "socket"):
+                if key in data:
+                    print(f"{prefix}{key:<11} {data[key]}")
+        elif r.get("applies_at_step") is not None:
+            print(f"{prefix}{command} applies at step {r['applies_at_step']}")
+        else:
+            print(f"{prefix}{command}: done")
+    sys.stdout.flush()
+
+
+def _hold_pause(clients: list[Any], hold: float | None, *, quiet: bool) -> None:
+    """Keep the connections (and so the pause) open until Ctrl-C, SIGTERM or ``hold`` seconds."""
+    if not quiet:
+        until = f"for {hold:g} s" if hold is not None else "until Ctrl-C"
+        print(f"holding the pause {until}; it lifts when this command exits", flush=True)
+    done = {"stop": False}
+
+    def on_term(signum: int, frame: Any) -> None:
+        done["stop"] = True
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    deadline = None if hold is None else time.monotonic() + hold
+    try:
+        while not done["stop"] and (deadline is None or time.monotonic() < deadline):
+            if not any(c.still_open() for _, c in clients):
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    for _, client in clients:
+        try:
+            client.request("resume", timeout=2.0)
+        except Exception:  # noqa: BLE001 - closing the connection lifts the pause anyway
+            pass
+    if not quiet:
+        print("resumed", flush=True)

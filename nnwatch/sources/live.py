@@ -1,0 +1,384 @@
+"""Live runs as a :class:`RunSource`: history first, then the live tail, de-duplicated by step.
+
+Two ways in, one behaviour:
+
+- :class:`LiveSource` reads the run's files on this machine: the run log (``load_run``) for the
+  history, the ring for the tail, ``events.jsonl`` for events, and steers through the command
+  socket. Any number of these can follow one run; the trainer never knows.
+- :class:`ConnectedSource` has only a socket, typically forwarded with ``ssh -L``. It subscribes,
+  and a stream process on the training host reads those same files and sends them, so the trainer
+  does no more work than for a local monitor.
+
+Ring records are split the way the run log splits them: every record becomes a scalars row, and
+a layer row is kept for steps whose per-layer stats were sampled or that held a non-finite value.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nnwatch.channel.client import ChannelClient, ChannelError, Subscription
+from nnwatch.channel.health import Health, Liveness, read_end
+from nnwatch.channel.history import gap_rows, load_history
+from nnwatch.channel.registry import RunInfo, find_runs, list_runs, ring_path
+from nnwatch.channel.ring import RingError, RingReader
+from nnwatch.channel.tail import EventTail
+from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema
+from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
+
+#: Health states (see nnwatch.channel.health) as the UI's source states.
+_STATE = {
+    "starting": "live",
+    "running": "live",
+    "paused": "paused",
+    "hung": "hung",
+    "finished": "finished",
+    "crashed": "crashed",
+}
+STEERABLE = ("live", "paused", "hung")
+
+
+@functools.lru_cache(maxsize=16)
+def _dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
+    """(scalar, layer row) dtypes; building them costs more than a whole poll, so once per run."""
+    return schema.scalar_dtype(), schema.layer_row_dtype()
+
+
+def split_records(records: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
+    """Ring records -> (scalars rows, layer rows), exactly as the run log stores them."""
+    scalar_dtype, row_dtype = _dtypes(schema)
+    n = len(records)
+    if n == 0:
+        return np.zeros(0, scalar_dtype), np.zeros(0, row_dtype)
+    records = np.ascontiguousarray(records)
+    raw = records.view(np.uint8).reshape(n, schema.record_size)
+    scalars = np.ascontiguousarray(raw[:, : schema.scalar_size]).view(scalar_dtype).reshape(n)
+    keep = (records["layer_stats"] == 1.0) | (records["nonfinite_grads"] == 1.0)
+    keep |= ~np.isfinite(records["act_sum"].reshape(n, -1)).all(axis=1)
+    keep |= ~np.isfinite(records[GRAD_LAYER_FIELD].reshape(n, -1)).all(axis=1)
+    m = int(np.count_nonzero(keep))
+    layers = np.zeros(m, row_dtype)
+    if m:
+        lraw = layers.view(np.uint8).reshape(m, row_dtype.itemsize)
+        lraw[:, 8:] = raw[keep, schema.scalar_size :]
+        layers["step"] = records["step"][keep].astype(np.int64)
+    return scalars, layers
+
+
+def _send_once(
+    client: ChannelClient | None, path: Path, timeout: float, name: str, args: dict[str, Any]
+) -> tuple[ChannelClient | None, CommandReply]:
+    """Send one command on a kept-open connection (it holds any pause), reconnecting first if
+    the run dropped it. Never resent: a lost reply may hide a command that was applied."""
+    try:
+        if client is None or not client.still_open():
+            if client is not None:
+                client.close()
+            client = ChannelClient(path, timeout=timeout)
+        return client, client.request(name, args)
+    except ChannelError as exc:
+        if client is not None:
+            client.close()
+        return None, CommandReply(False, error=str(exc))
+
+
+class _StepFilter:
+    """Drops rows already delivered: history and tail overlap, and reconnects repeat."""
+
+    def __init__(self) -> None:
+        self.last_scalar = -np.inf
+        self.last_layer = -np.inf
+
+    def scalars(self, rows: np.ndarray) -> np.ndarray:
+        if len(rows) == 0:
+            return rows
+        rows = rows[rows["step"] > self.last_scalar]
+        if len(rows):
+            self.last_scalar = float(rows["step"].max())
+        return rows
+
+    def layers(self, rows: np.ndarray) -> np.ndarray:
+        if len(rows) == 0:
+            return rows
+        rows = rows[rows["step"] > self.last_layer]
+        if len(rows):
+            self.last_layer = float(rows["step"].max())
+        return rows
+
+
+def _concat(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return np.zeros(0, dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class LiveSource(RunSource):
+    """Follow a run through its files on this machine (run log + ring + events + socket)."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        *,
+        ring: Path | str | None = None,
+        socket: Path | str | None = None,
+        hung_min: float | None = None,
+        command_timeout: float = 10.0,
+    ) -> None:
+        self.run_dir = Path(run_dir).expanduser()
+        meta_path = self.run_dir / "meta.json"
+        try:
+            self._meta = RunMeta.from_json(meta_path.read_text())
+        except FileNotFoundError:
+            raise SourceError(
+                f"{self.run_dir} has no meta.json: not an nnwatch run, or it has not stepped yet"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"cannot read {meta_path}: {exc}") from None
+        self.ring_path = Path(ring) if ring else ring_path(self.run_dir, self._meta.rank)
+        self.socket_path = Path(socket) if socket else None
+        self.command_timeout = command_timeout
+        kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
+        self._liveness = Liveness(host=self._meta.host, run_dir=self.run_dir, **kwargs)
+        self._filter = _StepFilter()
+        self._events = EventTail(self.run_dir / "events.jsonl")
+        self._reader: RingReader | None = None
+        self._client: ChannelClient | None = None
+        self._history_done = False
+        self._check_gap = False
+        self._health: Health | None = None
+        self._closed = False
+        self._open_ring()
+
+    @classmethod
+    def from_info(cls, info: RunInfo, **kwargs: Any) -> LiveSource:
+        return cls(info.run_dir, ring=info.ring or None, socket=info.socket, **kwargs)
+
+    @classmethod
+    def find(cls, spec: str, **kwargs: Any) -> LiveSource:
+        """Open the registered run a user named (name, pid or run directory); see ``nnwatch ls``."""
+        runs = find_runs(spec)
+        if not runs:
+            if Path(spec).expanduser().is_dir():
+                return cls(spec, **kwargs)
+            raise SourceError(f"no registered run matches {spec!r}; `nnwatch ls` lists them")
+        if len(runs) > 1:
+            names = ", ".join(f"{Path(r.run_dir).name} (pid {r.pid}, rank {r.rank})" for r in runs)
+            raise SourceError(f"{spec!r} matches several runs: {names}; name one of them")
+        return cls.from_info(runs[0], **kwargs)
+
+    def _open_ring(self) -> None:
+        try:
+            self._reader = RingReader(self.ring_path, start="oldest")
+        except RingError:
+            self._reader = None
+
+    # -- RunSource -------------------------------------------------------------------------------
+    @property
+    def meta(self) -> RunMeta:
+        return self._meta
+
+    @property
+    def can_command(self) -> bool:
+        state = self._status().state
+        return state in STEERABLE and self._find_socket() is not None
+
+    def poll(self) -> SourceUpdate:
+        if self._closed:
+            raise SourceError("this live source is closed")
+        schema = self._meta.schema
+        scalar_parts: list[np.ndarray] = []
+        layer_parts: list[np.ndarray] = []
+        if not self._history_done:
+            self._history_done = True
+            loaded = load_history(self.run_dir)
+            if loaded is not None:
+                scalar_parts.append(self._filter.scalars(loaded[0]))
+                layer_parts.append(self._filter.layers(loaded[1]))
+                self._check_gap = bool(len(loaded[0]))
+        if self._reader is None and self.ring_path.exists():
+            self._open_ring()
+        if self._reader is not None:
+            records = self._reader.read()
+            if len(records):
+                scalars, layers = split_records(records, schema)
+                if self._check_gap:  # the log was read after the ring: did it reach the ring?
+                    self._check_gap = False
+                    first = float(scalars["step"][0])
+                    if first > self._filter.last_scalar + 1:
+                        gap = gap_rows(self.run_dir, self._filter.last_scalar, first)
+                        if gap is not None:
+                            scalar_parts.append(self._filter.scalars(gap[0]))
+                            layer_parts.append(self._filter.layers(gap[1]))
+                scalar_parts.append(self._filter.scalars(scalars))
+                layer_parts.append(self._filter.layers(layers))
+        events = self._events.read()
+        return SourceUpdate(
+            scalars=_concat(scalar_parts, _dtypes(schema)[0]),
+            layers=_concat(layer_parts, _dtypes(schema)[1]),
+            events=events,
+            status=self._status(),
+        )
+
+    def _status(self) -> SourceStatus:
+        now = time.time()
+        reader = self._reader
+        if reader is None:
+            end = read_end(self.run_dir)
+            if end is not None:
+                state = "crashed" if end.get("status") == "crashed" else "finished"
+                return SourceStatus(state, message="the run ended")
+            from nnwatch.channel.identity import same_process
+
+            if self._meta.pid and not same_process(self._meta.pid, 0.0):
+                return SourceStatus("crashed", message=f"trainer pid {self._meta.pid} is gone")
+            return SourceStatus("live", message="waiting for the ring")
+        health = self._liveness.judge(reader.state(), now)
+        self._health = health
+        return SourceStatus(
+            state=_STATE.get(health.state, "live"),
+            heartbeat_age=health.heartbeat_age,
+            dropped=reader.dropped,
+            torn=reader.torn,
+            message=health.message,
+        )
+
+    def _find_socket(self) -> Path | None:
+        """The command socket from this run's registry entry, when none was given."""
+        if self.socket_path is None:
+            here = os.path.realpath(self.run_dir)
+            for info in list_runs():
+                if info.socket and os.path.realpath(info.run_dir) == here:
+                    self.socket_path = Path(info.socket)
+                    break
+        return self.socket_path
+
+    def command(self, name: str, **args: Any) -> CommandReply:
+        path = self._find_socket()
+        if path is None:
+            return CommandReply(False, error="this run has no command socket; it cannot be steered")
+        self._client, reply = _send_once(self._client, path, self.command_timeout, name, args)
+        return reply
+
+    def reconnect(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        self._open_ring()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.close()
+        if self._client is not None:
+            self._client.close()
+
+
+class ConnectedSource(RunSource):
+    """Follow a run through nothing but its command socket (e.g. forwarded with ``ssh -L``)."""
+
+    def __init__(self, socket: Path | str, *, timeout: float = 10.0, max_hz: float = 20.0) -> None:
+        self.socket_path = Path(socket).expanduser()
+        self.timeout = timeout
+        self.max_hz = max_hz
+        self._filter = _StepFilter()
+        self._client: ChannelClient | None = None
+        self._status_msg: dict[str, Any] = {}
+        self._dropped = 0
+        self._torn = 0
+        self._closed = False
+        self._sub = self._subscribe()
+        self._meta = self._sub.meta
+
+    def _subscribe(self) -> Subscription:
+        try:
+            return Subscription(self.socket_path, max_hz=self.max_hz, timeout=self.timeout)
+        except ChannelError as exc:
+            raise SourceError(str(exc)) from None
+
+    @property
+    def meta(self) -> RunMeta:
+        return self._meta
+
+    @property
+    def can_command(self) -> bool:
+        return not self._sub.lost and self._status().state in STEERABLE
+
+    def poll(self) -> SourceUpdate:
+        if self._closed:
+            raise SourceError("this source is closed")
+        schema = self._meta.schema
+        scalar_parts: list[np.ndarray] = []
+        layer_parts: list[np.ndarray] = []
+        events: list[dict[str, Any]] = []
+        for msg in self._sub.poll(0.0):
+            kind = msg.get("type")
+            if kind == "scalars":
+                scalar_parts.append(self._filter.scalars(msg["rows"]))
+            elif kind == "layers":
+                layer_parts.append(self._filter.layers(msg["rows"]))
+            elif kind == "records":
+                self._dropped += int(msg.get("dropped") or 0)
+                self._torn += int(msg.get("torn") or 0)
+                scalars, layers = split_records(msg["rows"], schema)
+                scalar_parts.append(self._filter.scalars(scalars))
+                layer_parts.append(self._filter.layers(layers))
+            elif kind == "events":
+                events.extend(e for e in msg.get("events") or [] if isinstance(e, dict))
+            elif kind in ("status", "end", "error"):
+                self._status_msg = msg
+        return SourceUpdate(
+            scalars=_concat(scalar_parts, _dtypes(schema)[0]),
+            layers=_concat(layer_parts, _dtypes(schema)[1]),
+            events=events,
+            status=self._status(),
+        )
+
+    def _status(self) -> SourceStatus:
+        msg = self._status_msg
+        if self._sub.ended is not None:
+            msg = self._sub.ended
+        elif self._sub.lost:
+            return SourceStatus(
+                "lost", dropped=self._dropped, torn=self._torn,
+                message=f"the connection to {self.socket_path} closed (the tunnel or the run is gone)",
+            )  # fmt: skip
+        if msg.get("type") == "error":
+            return SourceStatus("lost", message=str(msg.get("message", "")))
+        state = _STATE.get(str(msg.get("state", "running")), "live")
+        age = msg.get("heartbeat_age")
+        return SourceStatus(
+            state=state,
+            heartbeat_age=float(age) if isinstance(age, (int, float)) else None,
+            dropped=self._dropped,
+            torn=self._torn,
+            message=str(msg.get("message") or ""),
+        )
+
+    def command(self, name: str, **args: Any) -> CommandReply:
+        self._client, reply = _send_once(self._client, self.socket_path, self.timeout, name, args)
+        return reply
+
+    def reconnect(self) -> None:
+        """Subscribe again (history included; rows already shown are filtered out by step)."""
+        self._sub.close()
+        self._sub = self._subscribe()
+        self._status_msg = {}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sub.close()
+        if self._client is not None:
+            self._client.close()
