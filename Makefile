@@ -16,4 +16,10 @@ lint: setup
 
 bench: setup
 	.venv/bin/python bench/overhead.py
+	.venv/bin/python bench/load_run.py
 	.venv/bin/python bench/channel.py
+	.venv/bin/python bench/tui.py
+	.venv/bin/python bench/detection.py
+
+screenshots: setup
+	.venv/bin/python scripts/screenshots.py

@@ -321,7 +321,9 @@ def recorded_runs(root: Path | None = None) -> list[RunInfo]:
     registered = {os.path.realpath(r.run_dir) for r in list_runs(root)}
     now = time.time()
     out = []
-    for meta_path in sorted(root.glob("*/meta.json")):
+    # watch() puts runs under <root>/runs/; a run_dir passed by the user may sit in the root
+    found = sorted({*root.glob("runs/*/meta.json"), *root.glob("*/meta.json")})
+    for meta_path in found:
         run_dir = meta_path.parent
         if os.path.realpath(run_dir) in registered:
             continue

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import socket
+import struct
 import sys
 import time
 import weakref
@@ -28,9 +29,11 @@ from torch import nn
 
 from nnwatch import grad as gradmath
 from nnwatch._version import __version__
+from nnwatch.distributed import job_extra
 from nnwatch.paths import RunDirError, default_root, ensure_private_dir
 from nnwatch.probe.activation_stats import accumulate_sum, write_stats
 from nnwatch.probe.buffers import StepBuffers
+from nnwatch.probe.consistency import ConsistencyCheck
 from nnwatch.probe.grad_norms import LayerReducer, squared_norms
 from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers
 from nnwatch.probe.sysmon import SystemSampler
@@ -39,7 +42,8 @@ from nnwatch.schema import RunMeta, RunSchema
 
 log = logging.getLogger("nnwatch")
 
-RECENT_STEPS = 500  # scalar rows kept in memory for snapshots
+RECENT_STEPS = 500  # records kept in memory for snapshots
+_STEP = struct.Struct("<d")
 
 
 @dataclass(frozen=True)
@@ -68,15 +72,30 @@ class RankInfo:
         )
 
 
-def _capture_rng() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
+def _capture_rng(full: bool = True) -> dict[str, Any]:
+    """RNG states at the start of a step, for an exact replay of its forward pass.
+
+    torch's own generators cost about 1 us and are taken on every guarded step; numpy's and
+    Python's (about 40 us together) only when a snapshot was asked for ahead of the step, since a
+    model's forward rarely draws from them.
+    """
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if full:
+        state["numpy"] = np.random.get_state()
+        state["python"] = random.getstate()
     return state
+
+
+def _gpu_uuids(device: torch.device) -> list[str]:
+    """The UUID of the run's GPU, so a monitor can match it in NVML whatever the index order."""
+    if device.type != "cuda":
+        return []
+    try:
+        return [str(torch.cuda.get_device_properties(device).uuid)]
+    except Exception:  # noqa: BLE001 - a driver hiccup must not stop the run
+        return []
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -118,6 +137,8 @@ class Watch:
         skip_nonfinite: bool = False,
         channel: bool = True,
         detectors: bool = True,
+        tensorboard: Any = None,
+        consistency_every: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
@@ -156,6 +177,7 @@ class Watch:
         self._snapshot_reason: str | None = None
         self._rng_at_start: dict[str, Any] | None = None
         self._pre_state: dict[str, Any] | None = None
+        self._snapshot_armed = False  # a snapshot was pending when this step's forward began
         self._guard_tripped = False
         self._order: list[int] = []
         self._finalized = False
@@ -181,6 +203,8 @@ class Watch:
         self._refresh_views()
         self._sampled = True  # step 0 always samples per-layer stats
         self._sysmon = SystemSampler()
+        self._tensorboard, self._exporter = tensorboard, None  # live TensorBoard export
+        self._consistency = ConsistencyCheck.create(self, consistency_every)  # ranks, every N steps
 
         try:
             self.run_dir = self._make_run_dir(run_dir)
@@ -196,7 +220,9 @@ class Watch:
     # ------------------------------------------------------------------------------------------
     # set-up
     def _param_device(self) -> torch.device:
-        p = next(self.model.parameters(), None)
+        p = self.plan.params[0] if getattr(self, "plan", None) and self.plan.params else None
+        if p is None:
+            p = next(self.model.parameters(), None)
         if p is None:
             b = next(self.model.buffers(), None)
             return b.device if b is not None else torch.device("cpu")
@@ -247,8 +273,11 @@ class Watch:
                 self._buf.move_to(dev, self._publish)
                 self.device = dev
                 self._refresh_views()
-            if self._snapshot_reason is not None or self.guard:
-                self._rng_at_start = _capture_rng()
+            self._snapshot_armed = self._snapshot_reason is not None
+            if self._snapshot_armed:
+                self._rng_at_start = _capture_rng(full=True)
+            elif self.guard:
+                self._rng_at_start = _capture_rng(full=False)
         except Exception as exc:  # noqa: BLE001
             self._disable(f"internal error at forward start: {exc!r}")
 
@@ -282,7 +311,7 @@ class Watch:
                 total = self._measure_grads(self._clip_override)
             else:
                 total = self._buf.slot("grad_norm")
-            if self._snapshot_reason is not None and self._pre_state is None:
+            if self._snapshot_armed and self._pre_state is None:
                 self._pre_state = self._capture_state()
             if self.guard and total is not None and not bool(torch.isfinite(total)):
                 self._on_guard_hit()
@@ -427,8 +456,8 @@ class Watch:
                 b.host[off + gi] = float(lr)
         if not self._finalized:
             self._finalize()
-        if self._snapshot_reason is not None:
-            self._write_snapshot(batch)
+        if self._snapshot_reason is not None and self._snapshot_armed:
+            self._write_snapshot(batch)  # a request that came mid-step waits for the next one
         b.commit(self._publish)
         self._after_step(now)
 
@@ -479,6 +508,7 @@ class Watch:
         self._backward_seen = False
         self._norms_done = False
         self._clip_threshold = math.nan
+        self._snapshot_armed = False
         self._sampled = self.step_index % self.layer_interval == 0
         if self._anomaly_left > 0:
             self._anomaly_left -= 1
@@ -491,8 +521,8 @@ class Watch:
     def _publish(self, record: memoryview) -> None:
         data = bytes(record)
         if self._recent is not None:
-            row = np.frombuffer(data, dtype=self._recent.dtype, count=1, offset=0)
-            self._recent[int(row["step"][0]) % RECENT_STEPS] = row[0]
+            (step,) = _STEP.unpack_from(data)  # "step" is the record's first float64
+            self._recent[int(step) % RECENT_STEPS] = np.frombuffer(data, dtype=np.uint8)
         if self._log is not None:
             self._log.put(data)
         if self._channel is not None:
@@ -527,9 +557,20 @@ class Watch:
             world_size=self.rank.world_size,
             nnwatch_version=__version__,
             torch_version=torch.__version__,
-            extra={"argv": list(sys.argv), "cwd": os.getcwd(), "layer_interval": self.layer_interval},
+            extra={
+                "argv": list(sys.argv),
+                "cwd": os.getcwd(),
+                "layer_interval": self.layer_interval,
+                "gpu_uuids": _gpu_uuids(self.device),
+                **job_extra(),
+            },
         )
-        self._recent = np.full(RECENT_STEPS, np.nan, dtype=self.schema.record_dtype())
+        # raw record bytes, NaN-filled so unused rows read as step NaN
+        self._recent = (
+            np.full(RECENT_STEPS, np.nan, dtype=self.schema.record_dtype())
+            .view(np.uint8)
+            .reshape(RECENT_STEPS, self.schema.record_size)
+        )
         try:
             self._log = RunLogWriter(self.run_dir, self.meta)
             self._log.on_error.append(self._on_log_error)
@@ -540,6 +581,10 @@ class Watch:
             self._diagnosis = _make_diagnosis(self)
         if self._want_channel:
             self._channel = _make_channel(self)
+        if self._tensorboard is not None:
+            from nnwatch.export.tensorboard import attach_live
+
+            self._exporter = attach_live(self, self._tensorboard)
 
     # ------------------------------------------------------------------------------------------
     # commands from monitors, applied by the training thread at a step boundary
@@ -597,7 +642,10 @@ class Watch:
     def _on_guard_hit(self) -> None:
         if not self._guard_tripped:
             self._guard_tripped = True
+            if not self._snapshot_armed:
+                self._snapshot_reason = None  # a request that arrived mid-step gives way
             self.request_snapshot("nonfinite")
+            self._snapshot_armed = True
             if self._pre_state is None:
                 self._pre_state = self._capture_state()
         if self._diagnosis is not None:
@@ -630,7 +678,8 @@ class Watch:
         """Up to the last 500 step records, oldest first (for snapshots and detectors)."""
         if self._recent is None:
             return np.zeros(0)
-        rows = self._recent[np.isfinite(self._recent["step"])]
+        rows = self._recent.copy().view(self.schema.record_dtype()).reshape(-1)
+        rows = rows[np.isfinite(rows["step"])]
         return rows[np.argsort(rows["step"])]
 
     # ------------------------------------------------------------------------------------------
@@ -689,6 +738,8 @@ class Watch:
             return
         self.closed = True
         self._remove_hooks()
+        if self._consistency is not None:
+            self._consistency.close()  # reads a check still in flight while the log is open
         if self._anomaly_prev is not None:
             torch.autograd.set_detect_anomaly(self._anomaly_prev)
             self._anomaly_prev = None
@@ -703,6 +754,8 @@ class Watch:
             self._diagnosis.close()
         if self._log is not None:
             self._log.close(status, self.step_index)
+        if self._exporter is not None:
+            self._exporter.close()  # after the log's last drain reached it
 
     def __enter__(self) -> Watch:
         return self
@@ -767,5 +820,8 @@ def watch(
     ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite check
     before ``optimizer.step()``: on by default on the CPU, where it is free), ``skip_nonfinite``,
     ``channel`` (live monitoring, default on) and ``detectors`` (default on).
+    ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
+    the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
+    compares a parameter checksum across ranks with one small async all-reduce every N steps.
     """
     return Watch(model, optimizer, scaler, num_classes=num_classes, name=name, **options)

@@ -1,0 +1,93 @@
+"""A TensorBoard event file, written synchronously by the thread that calls it.
+
+TensorBoard's own writer hands every event to a background thread and checksums it (CRC-32C) in
+pure Python: about 200 us for a 400-byte event, holding the GIL, which a training loop running
+hundreds of steps per second feels. This writer frames events the same way (TFRecord: length,
+masked CRC of the length, data, masked CRC of the data), in the thread that already runs the
+export, with the C CRC-32C of ``google-crc32c`` when it is installed (about 1 us per event) and
+TensorBoard's pure-Python one otherwise. The file name follows TensorBoard's pattern, so
+TensorBoard and its ``EventAccumulator`` find it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_counter = itertools.count()
+_LEN = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def _crc32c_function() -> Callable[[bytes], int]:
+    try:
+        import google_crc32c
+
+        if google_crc32c.implementation == "c":
+            return google_crc32c.value  # type: ignore[no-any-return]
+    except ImportError:
+        pass
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+
+    return crc32c  # type: ignore[no-any-return]
+
+
+_crc32c: Callable[[bytes], int] | None = None
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The CRC-32C of ``data``, masked the way TFRecord files store it."""
+    global _crc32c
+    if _crc32c is None:
+        _crc32c = _crc32c_function()
+    x = _crc32c(data) & 0xFFFFFFFF
+    return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class EventFile:
+    """One ``events.out.tfevents.*`` file in ``log_dir``; ``write`` appends one ``Event`` proto."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._Event = Event
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        name = (
+            f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
+            f"{os.getpid()}.{next(_counter)}"
+        )
+        self.path = self.log_dir / name
+        self._fh = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def write(self, event: Any) -> None:
+        data = event.SerializeToString()
+        header = _LEN.pack(len(data))
+        self._fh.write(
+            header + _CRC.pack(masked_crc32c(header)) + data + _CRC.pack(masked_crc32c(data))
+        )
+
+    def add_summary(self, summary: Any, step: int, walltime: float | None) -> None:
+        self.write(
+            self._Event(
+                summary=summary,
+                step=int(step),
+                wall_time=time.time() if walltime is None else walltime,
+            )
+        )
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            self._fh.close()

@@ -1,0 +1,136 @@
+"""What a framework callback needs from the probe beyond ``watch()``, ``clip_grad_norm_`` and ``step``.
+
+Frameworks clip the gradients themselves, at moments the callbacks cannot always reach, so the
+callbacks record a clip that somebody else did, and Lightning runs the forward and backward
+*inside* ``optimizer.step(closure)``, after the optimizer's step pre-hooks. These three operations
+reach into :class:`~nnwatch.probe.watch.Watch` internals; they live here, in one place, so that
+a public API on ``Watch`` can replace them without touching the callbacks.
+
+All of them are device ops (no host sync) and never raise: recording must not break a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nnwatch.probe.watch import Watch
+
+log = logging.getLogger("nnwatch")
+
+
+def detach_step_pre_hook(w: Watch) -> bool:
+    """Remove the probe's ``optimizer.step()`` pre-hook (the caller measures at the right moment).
+
+    Lightning calls ``optimizer.step(closure)`` and the closure runs the forward and backward, so
+    a step pre-hook would see the previous step's gradients.
+    """
+    opt = w.optimizer
+    hooks = getattr(opt, "_optimizer_step_pre_hooks", None)
+    if opt is None or hooks is None:
+        return False
+    for handle in list(w._handles):
+        hook = hooks.get(getattr(handle, "id", None))
+        if getattr(hook, "__self__", None) is w:
+            handle.remove()
+            w._handles.remove(handle)
+            return True
+    return False
+
+
+def before_optimizer_step(w: Watch, optimizer: Any) -> None:
+    """The probe's own pre-step work (non-finite guard, snapshot of the pre-update weights)."""
+    w._before_optimizer_step(optimizer, (), {})
+
+
+def record_clip_after(w: Watch, max_norm: float | None) -> None:
+    """Someone else just clipped the gradients that ``w`` measured before: record the result.
+
+    ``max_norm`` is the threshold of a norm clip, or None for other clips (by value, custom): then
+    "clipped" means the norm went down.
+    """
+    if w.disabled or not w.plan.params:
+        return
+    try:
+        from nnwatch import grad as gradmath
+
+        b = w._buf
+        post = gradmath.global_norm(list(w.plan.params)).to(b.dev.device, torch.float32)
+        pre = b.slot("grad_norm")
+        b.slot("grad_norm_clipped").copy_(post)
+        limits = [x for x in (max_norm, w.clip_override) if x is not None and math.isfinite(x)]
+        if limits:
+            w._clip_threshold = float(min(limits))
+            b.slot("clipped").copy_(pre > w._clip_threshold)
+        else:
+            b.slot("clipped").copy_(post < pre)
+    except Exception as exc:  # noqa: BLE001
+        w._warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
+
+
+def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None:
+    """``w`` measured gradients that a framework had already clipped; ``pre_total`` is the norm
+    the framework saw before clipping. Norm clipping scales every gradient by the same factor, so
+    the per-layer norms before clipping are the measured ones divided by it.
+    """
+    if w.disabled or not isinstance(pre_total, torch.Tensor):
+        return
+    try:
+        b = w._buf
+        pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float32)
+        measured = b.slot("grad_norm").clone()
+        scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
+        b.grad_layer.mul_(scale)
+        b.slot("grad_norm").copy_(pre)
+        b.slot("nonfinite_grads").copy_(~torch.isfinite(pre))
+        if max_norm is not None and math.isfinite(max_norm):
+            if w.clip_override is None:
+                b.slot("grad_norm_clipped").copy_(measured)
+                w._clip_threshold = float(max_norm)
+            else:
+                w._clip_threshold = float(min(max_norm, w.clip_override))
+            b.slot("clipped").copy_(pre > w._clip_threshold)
+    except Exception as exc:  # noqa: BLE001
+        w._warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
+
+
+def loss_of(output: Any) -> torch.Tensor | None:
+    """The loss in what a training step returned: a tensor, or the ``"loss"`` of a mapping."""
+    if isinstance(output, torch.Tensor):
+        return output
+    get = getattr(output, "get", None)
+    if callable(get):
+        loss = get("loss")
+        return loss if isinstance(loss, torch.Tensor) else None
+    return None
+
+
+def learning_rates(w: Watch) -> list[Any] | None:
+    """The optimizer's LRs now (Python numbers, no sync), to record them for this step later."""
+    if w.optimizer is None:
+        return None
+    return [g.get("lr") for g in w.optimizer.param_groups]
+
+
+@contextmanager
+def recorded_lrs(w: Watch, lrs: list[Any] | None) -> Iterator[None]:
+    """Let ``w.step()`` record ``lrs`` (the LRs the update used) although a scheduler has
+    stepped since. The optimizer's own values are back as soon as the record is written."""
+    if w.optimizer is None or lrs is None:
+        yield
+        return
+    groups = w.optimizer.param_groups
+    now = [g.get("lr") for g in groups]
+    try:
+        for g, lr in zip(groups, lrs, strict=False):
+            g["lr"] = lr
+        yield
+    finally:
+        for g, lr in zip(groups, now, strict=False):
+            g["lr"] = lr
