@@ -217,3 +217,27 @@ def test_import_nnwatch_pulls_in_no_ui_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_two_watches_of_one_name_in_the_same_second_get_their_own_dirs() -> None:
+    a = nnwatch.watch(nn.Linear(2, 2), name="twin")
+    b = nnwatch.watch(nn.Linear(2, 2), name="twin")
+    try:
+        assert a.disabled is None and b.disabled is None
+        assert a.run_dir != b.run_dir
+    finally:
+        a.close()
+        b.close()
+
+
+def test_samples_per_second_from_a_dict_batch_of_token_ids() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 1))
+    with nnwatch.watch(model, name="tokens") as w:
+        for _ in range(3):
+            ids = torch.randint(0, 10, (6, 5))
+            model.zero_grad()
+            loss = model(ids).mean()
+            loss.backward()
+            w.step(loss, batch={"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    sps = nnwatch.load_run(w.run_dir)["samples_per_sec"]
+    assert np.isnan(sps[0]) and np.all(sps[1:] > 0)

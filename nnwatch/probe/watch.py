@@ -111,12 +111,15 @@ def _to_cpu(obj: Any) -> Any:
 
 
 def _batch_size(batch: Any) -> int | None:
-    t = first_tensor(batch) if not isinstance(batch, torch.Tensor) else batch
-    if t is None and isinstance(batch, (tuple, list)) and batch:
-        t = next((b for b in batch if isinstance(b, torch.Tensor)), None)
-    if isinstance(t, torch.Tensor) and t.dim() > 0:
-        return int(t.shape[0])
-    return None
+    """Leading dimension of the batch's first tensor: (x, y) tuples, dicts of token ids, a tensor."""
+    if isinstance(batch, dict):
+        items: Any = list(batch.values())
+    elif isinstance(batch, (tuple, list)):
+        items = list(batch)
+    else:
+        items = [batch]
+    t = next((b for b in items if isinstance(b, torch.Tensor) and b.dim() > 0), None)
+    return int(t.shape[0]) if t is not None else None
 
 
 class Watch:
@@ -240,9 +243,15 @@ class Watch:
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.name)[:40] or "run"
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self._started))
         suffix = f"-r{self.rank.rank}" if self.rank.world_size > 1 else ""
-        path = runs / f"{safe}-{stamp}-{os.getpid()}{suffix}"
-        path.mkdir(mode=0o700)
-        return path
+        base = f"{safe}-{stamp}-{os.getpid()}{suffix}"
+        for n in range(1000):  # two watches of one name in the same second get -2, -3, ...
+            path = runs / (base if n == 0 else f"{base}-{n + 1}")
+            try:
+                path.mkdir(mode=0o700)
+                return path
+            except FileExistsError:
+                continue
+        raise RunDirError(f"could not create a fresh run directory under {runs}")
 
     def _attach_hooks(self) -> None:
         self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start))
