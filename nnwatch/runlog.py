@@ -16,6 +16,7 @@ a ``kill -9`` can only cut the last row short, which the loader then ignores.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -57,22 +58,31 @@ def _open_append(path: Path, row_size: int, kind: int) -> int:
     return fd
 
 
+@functools.lru_cache(maxsize=16)
+def schema_dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
+    """(scalar row, layer row) dtypes; building them costs more than a live poll, so once a run."""
+    return schema.scalar_dtype(), schema.layer_row_dtype()
+
+
 def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
     """Full step records -> (scalar rows, layer rows), as the log stores them.
 
     A layer row is kept for steps whose per-layer stats were sampled, and for any step that held
-    a non-finite value, so that the origin of a NaN survives in the history.
+    a non-finite value, so that the origin of a NaN survives in the history. The live monitor
+    splits ring records with this same function.
     """
     n = len(rows)
+    scalar_dtype, row_dtype = schema_dtypes(schema)
+    rows = np.ascontiguousarray(rows)
     raw = rows.view(np.uint8).reshape(n, schema.record_size)
-    scalars = np.empty(n, dtype=schema.scalar_dtype())
+    scalars = np.empty(n, dtype=scalar_dtype)
     scalars.view(np.uint8).reshape(n, -1)[:] = raw[:, : schema.scalar_size]
     keep = (
         (rows["layer_stats"] == 1.0)
         | (rows["nonfinite_grads"] == 1.0)
         | ~np.isfinite(rows["act_sum"]).all(axis=1)
     )
-    layers = np.empty(int(keep.sum()), dtype=schema.layer_row_dtype())
+    layers = np.empty(int(keep.sum()), dtype=row_dtype)
     if len(layers):
         layers.view(np.uint8).reshape(len(layers), -1)[:, 8:] = raw[keep, schema.scalar_size :]
         layers["step"] = rows["step"][keep].astype(np.int64)
@@ -154,6 +164,10 @@ class RunLogWriter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        if self._thread.is_alive():  # stuck (a hung disk): never write beside it
+            self.lost += len(self._pending)
+            log.error("nnwatch: the run log writer is stuck; %d record(s) not written", self.lost)
+            return
         self._drain()
         with self._events_lock:
             for fd in (self._fd_s, self._fd_l, self._fd_e):

@@ -141,6 +141,11 @@ class RingWriter:
         try:
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, size)
+            # Reserve the space now: on a full tmpfs (Docker's 64 MiB /dev/shm) touching a page of
+            # a sparse file kills the process with SIGBUS; posix_fallocate fails with ENOSPC
+            # instead, which the probe reports while training goes on.
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)

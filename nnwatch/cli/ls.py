@@ -3,6 +3,10 @@
 A run is live only if its pid exists with the start time it registered (pids are reused) and its
 heartbeat is fresh; it is hung when no step came for many times its usual step time. ``--json``
 prints the same facts for scripts. ``--all`` adds finished and crashed runs that are still on disk.
+
+The ranks of one ``torch.distributed`` job are listed together under a line that names the job
+(``nnwatch.distributed.group_jobs``), indented; in ``--json`` every row has a ``"job"`` key (null
+for a run outside a distributed job). Single-process runs are listed as they always were.
 """
 
 from __future__ import annotations
@@ -49,10 +53,10 @@ def format_age(seconds: float | None) -> str:
     return f"{s // 86400}d"
 
 
-def _row(info: Any) -> tuple[str, ...]:
+def _row(info: Any, indent: str = "") -> tuple[str, ...]:
     rate = "-" if info.steps_per_s is None else f"{info.steps_per_s:.3g}"
     return (
-        Path(info.run_dir).name or info.name,
+        indent + (Path(info.run_dir).name or info.name),
         str(info.pid),
         info.host,
         f"{info.rank}/{info.world_size}",
@@ -63,12 +67,51 @@ def _row(info: Any) -> tuple[str, ...]:
     )
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
+def table(rows: list[tuple[str, ...] | str]) -> str:
+    """Aligned columns; a plain string in ``rows`` is a job header line, printed as it is."""
+    cells = [r for r in rows if not isinstance(r, str)]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(COLUMNS)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip()]
     for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+        if isinstance(r, str):
+            lines.append(r)
+        else:
+            lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+def job_dict(job: Any) -> dict[str, Any] | None:
+    """What ``--json`` says about the job of a run: None outside a distributed job."""
+    if not job.distributed:
+        return None
+    return {
+        "key": job.key,
+        "label": job.label,
+        "source": job.source,
+        "world_size": job.world_size,
+        "restart": job.restart,
+        "ranks": list(job.ranks),
+        "missing": list(job.missing),
+    }
+
+
+def grouped_rows(runs: list[Any]) -> list[tuple[str, ...] | str]:
+    """Rows in the registry's order, with each distributed job's ranks together under its label
+    (at the place of its first rank)."""
+    from nnwatch.distributed import group_jobs
+
+    job_of = {r.run_dir: job for job in group_jobs(runs) for r in job.runs}
+    rows: list[tuple[str, ...] | str] = []
+    shown: set[int] = set()  # by identity: a reused master port can give two jobs one key
+    for info in runs:
+        job = job_of[info.run_dir]
+        if not job.distributed:
+            rows.append(_row(info))
+        elif id(job) not in shown:
+            shown.add(id(job))
+            rows.append(f"job {job.label}")
+            rows += [_row(r, "  ") for r in job.runs]
+    return rows
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,14 +123,18 @@ def run(args: argparse.Namespace) -> int:
     if args.all:
         runs += recorded_runs(root)
     if args.json:
-        json.dump([r.to_dict() for r in runs], sys.stdout, indent=1)
+        from nnwatch.distributed import group_jobs
+
+        job_of = {r.run_dir: job for job in group_jobs(runs) for r in job.runs}
+        rows = [{**r.to_dict(), "job": job_dict(job_of[r.run_dir])} for r in runs]
+        json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
     if not runs:
         where = registry_dir(root) if root is not None else registry_dir(default_root())
         print(f"no runs found (looked in {where}); runs appear here once they call w.step()")
         return 0
-    print(table([_row(r) for r in runs]))
+    print(table(grouped_rows(runs)))
     notes = [r for r in runs if r.state in ("hung", "crashed") and r.message]
     for r in notes:
         print(f"  {Path(r.run_dir).name}: {r.message}")

@@ -30,6 +30,16 @@ class ChannelLink:
         w._sysmon.beats.append(self.ring.beat)
         self.server: CommandServer | None = None
         self.entry_path = None
+        try:
+            self._start(w, rank)
+        except BaseException:
+            w._sysmon.beats.remove(self.ring.beat)
+            if self.server is not None:
+                self.server.close()
+            self.ring.close("crashed", unlink=True)
+            raise
+
+    def _start(self, w: Watch, rank: int) -> None:
         sock = None
         try:
             sock = registry.socket_path(w.meta.pid, rank)
@@ -76,11 +86,11 @@ class ChannelLink:
                 data["n"] = w.layer_interval
             cmd.reply(at, ok, error, **data)
 
-    def close(self, status: str) -> None:
+    def close(self, status: str, *, remove_ring: bool = False) -> None:
         # status first: a stream still being served must read "finished", not "lost"
         self.ring.set_status(status)
         if self.server is not None:
             self.server.close()
-        self.ring.close(status)
+        self.ring.close(status, unlink=remove_ring)  # attached readers keep their mapping
         if self.entry_path is not None:
             registry.unregister(self.entry_path)

@@ -234,6 +234,16 @@ class Watch:
     def _make_run_dir(self, run_dir: str | os.PathLike[str] | None) -> Path:
         if run_dir is not None:
             path = Path(run_dir).expanduser()
+            if (path / "meta.json").exists():  # an earlier run's directory: never mix two logs
+                n = 2
+                while (path.parent / f"{path.name}-{n}").exists():
+                    n += 1
+                fresh = path.parent / f"{path.name}-{n}"
+                self._warn_once(
+                    "run-dir-reused",
+                    f"{path} already holds a run; this one is written to {fresh} instead",
+                )
+                path = fresh
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not os.access(path, os.W_OK):
                 raise RunDirError(f"{path} is not writable")
@@ -273,8 +283,8 @@ class Watch:
     # ------------------------------------------------------------------------------------------
     # hooks (hot path: no host sync, no allocation that grows with the run)
     def _on_forward_start(self, module: nn.Module, args: Any) -> None:
-        if self._step_open or self.disabled:
-            return
+        if self._step_open or self.disabled or not torch.is_grad_enabled():
+            return  # validation forwards (no_grad) neither open a step nor move its RNG capture
         try:
             self._step_open = True
             dev = self._param_device()
@@ -757,14 +767,16 @@ class Watch:
             self._buf.flush(self._publish)
         except Exception:  # noqa: BLE001
             pass
-        if self._channel is not None:
-            self._channel.close(status)
         if self._diagnosis is not None:
             self._diagnosis.close()
         if self._log is not None:
             self._log.close(status, self.step_index)
         if self._exporter is not None:
             self._exporter.close()  # after the log's last drain reached it
+        if self._channel is not None:
+            # Once the log holds every record the ring is only a 16 MiB copy in RAM (/dev/shm):
+            # remove it. Keep it when the log failed, since it may hold steps the log lacks.
+            self._channel.close(status, remove_ring=self._log is not None and self._log.error is None)
 
     def __enter__(self) -> Watch:
         return self

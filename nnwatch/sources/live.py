@@ -15,7 +15,6 @@ a layer row is kept for steps whose per-layer stats were sampled or that held a 
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ from nnwatch.channel.history import gap_rows, load_history
 from nnwatch.channel.registry import RunInfo, find_runs, list_runs, ring_path
 from nnwatch.channel.ring import RingError, RingReader
 from nnwatch.channel.tail import EventTail
-from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema
+from nnwatch.runlog import schema_dtypes, split_records
+from nnwatch.schema import RunMeta
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
 
 #: Health states (see nnwatch.channel.health) as the UI's source states.
@@ -42,33 +42,6 @@ _STATE = {
     "crashed": "crashed",
 }
 STEERABLE = ("live", "paused", "hung")
-
-
-@functools.lru_cache(maxsize=16)
-def _dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
-    """(scalar, layer row) dtypes; building them costs more than a whole poll, so once per run."""
-    return schema.scalar_dtype(), schema.layer_row_dtype()
-
-
-def split_records(records: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
-    """Ring records -> (scalars rows, layer rows), exactly as the run log stores them."""
-    scalar_dtype, row_dtype = _dtypes(schema)
-    n = len(records)
-    if n == 0:
-        return np.zeros(0, scalar_dtype), np.zeros(0, row_dtype)
-    records = np.ascontiguousarray(records)
-    raw = records.view(np.uint8).reshape(n, schema.record_size)
-    scalars = np.ascontiguousarray(raw[:, : schema.scalar_size]).view(scalar_dtype).reshape(n)
-    keep = (records["layer_stats"] == 1.0) | (records["nonfinite_grads"] == 1.0)
-    keep |= ~np.isfinite(records["act_sum"].reshape(n, -1)).all(axis=1)
-    keep |= ~np.isfinite(records[GRAD_LAYER_FIELD].reshape(n, -1)).all(axis=1)
-    m = int(np.count_nonzero(keep))
-    layers = np.zeros(m, row_dtype)
-    if m:
-        lraw = layers.view(np.uint8).reshape(m, row_dtype.itemsize)
-        lraw[:, 8:] = raw[keep, schema.scalar_size :]
-        layers["step"] = records["step"][keep].astype(np.int64)
-    return scalars, layers
 
 
 def _send_once(
@@ -220,8 +193,8 @@ class LiveSource(RunSource):
                 layer_parts.append(self._filter.layers(layers))
         events = self._events.read()
         return SourceUpdate(
-            scalars=_concat(scalar_parts, _dtypes(schema)[0]),
-            layers=_concat(layer_parts, _dtypes(schema)[1]),
+            scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
+            layers=_concat(layer_parts, schema_dtypes(schema)[1]),
             events=events,
             status=self._status(),
         )
@@ -338,8 +311,8 @@ class ConnectedSource(RunSource):
             elif kind in ("status", "end", "error"):
                 self._status_msg = msg
         return SourceUpdate(
-            scalars=_concat(scalar_parts, _dtypes(schema)[0]),
-            layers=_concat(layer_parts, _dtypes(schema)[1]),
+            scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
+            layers=_concat(layer_parts, schema_dtypes(schema)[1]),
             events=events,
             status=self._status(),
         )

@@ -5,6 +5,9 @@ The source is passed in, so a demo, a test or another program can embed the moni
 feed it (``collectors.py``); a timer at ``fps`` redraws only the panes whose data changed. Every
 binding has an id (see ``?``) so users can remap it; the keys that steer training ask first, go
 through ``source.command`` and say what happened, or why they could not.
+
+For a rank of a distributed job a third thread follows every rank (``RankCollector``) for the
+ranks pane, and ``[``/``]`` switch the dashboard to the previous/next rank's run.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,12 +25,14 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
+from nnwatch.distributed import Job
 from nnwatch.hardware import HardwareReading
-from nnwatch.sources.base import RunSource
+from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.tui import format as fmt
-from nnwatch.tui.collectors import HardwareSampler, SourceCollector
+from nnwatch.tui.collectors import HardwareSampler, RankCollector, SourceCollector
 from nnwatch.tui.messages import (
     CommandFinished,
+    RanksUpdated,
     Reconnected,
     RecordsArrived,
     RunStateChanged,
@@ -39,6 +45,7 @@ from nnwatch.tui.screens.events import EventsScreen
 from nnwatch.tui.screens.help import HelpScreen
 from nnwatch.tui.widgets.base import Palette, PaneContext, ViewSettings
 from nnwatch.tui.widgets.layers import LayersPane
+from nnwatch.tui.widgets.ranks import RanksPane
 
 DEFAULT_FPS = 3.0
 #: Commands sent to the trainer. Names match the live channel's command set.
@@ -51,6 +58,8 @@ CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = (
 )
 #: Actions that change training: greyed out (and explained) when the source cannot be steered.
 STEERING = frozenset({"request_snapshot", "toggle_pause", "set_clip", "arm_anomaly"})
+#: Actions that only mean something for a rank of a distributed job: hidden for a single process.
+RANK_ACTIONS = frozenset({"prev_rank", "next_rank"})
 NOT_LIVE = "this run is not live, so it cannot be steered; attach to a running trainer with `nnwatch attach`"
 KEYS_ENV = "NNWATCH_KEYS"
 KEYS_FILE = Path("~/.config/nnwatch/keys.json")
@@ -113,6 +122,8 @@ class NNWatchApp(App[int]):
         Binding("g", "toggle_log_scale", "log", id="log_scale", tooltip="loss on a log scale (grad norm always is)"),
         Binding("e", "show_events", "event", id="events", tooltip="all events; Enter jumps to a step"),
         Binding("r", "reconnect", "recon", id="reconnect", tooltip="reconnect to the run"),
+        Binding("left_square_bracket", "prev_rank", "rank-", id="prev_rank", key_display="[", tooltip="distributed job: watch the previous rank"),
+        Binding("right_square_bracket", "next_rank", "rank+", id="next_rank", key_display="]", tooltip="distributed job: watch the next rank"),
         Binding("question_mark", "show_help", "help", id="help", key_display="?", tooltip="this help"),
         Binding("q", "quit", "quit", id="quit", tooltip="quit the monitor (training goes on)"),
         Binding("left", "move_cursor(-1)", "step back", id="cursor_back", show=False, tooltip="step cursor back"),
@@ -134,6 +145,8 @@ class NNWatchApp(App[int]):
         theme: str | None = None,
         close_source: bool = True,
         gpu_uuids: list[str] | None = None,
+        job: Job | None = None,  # the distributed job this run belongs to; found when not given
+        ranks_interval: float = 1.0,
     ) -> None:
         super().__init__()
         if not fps or fps <= 0 or not math.isfinite(fps):
@@ -159,6 +172,10 @@ class NNWatchApp(App[int]):
                 reader,
                 use_nvml=hardware != "psutil",
             )
+        self.ranks: RankCollector | None = None
+        run_dir = getattr(source, "run_dir", None)
+        if source.meta.world_size > 1 and run_dir is not None:
+            self.ranks = RankCollector(str(run_dir), self.post_message, ranks_interval, job=job)
         self._keymap_requested = dict(keymap or {})
         self._theme_requested = theme
         self.outcomes: list[str] = []  # every command outcome shown, oldest first (for tests)
@@ -189,6 +206,8 @@ class NNWatchApp(App[int]):
         self.collector.start()
         if self.sampler is not None:
             self.sampler.start()
+        if self.ranks is not None:
+            self.ranks.start()
         self.set_interval(1.0 / self.fps, self.refresh_panes, name="nnwatch-redraw")
 
     def on_unmount(self) -> None:
@@ -198,6 +217,8 @@ class NNWatchApp(App[int]):
         self.collector.stop()
         if self.sampler is not None:
             self.sampler.stop()
+        if self.ranks is not None:
+            self.ranks.stop()
         if self.close_source:
             try:
                 self.source.close()
@@ -261,6 +282,10 @@ class NNWatchApp(App[int]):
             self.notify("The run is live again.", title="live")
         self.refresh_bindings()
 
+    def on_ranks_updated(self, message: RanksUpdated) -> None:
+        for pane in self._dashboard().query(RanksPane):
+            pane.show(message.view)
+
     def on_snapshot_written(self, message: SnapshotWritten) -> None:
         if self.collector.polls <= 1:
             return  # snapshots already in the history of a run we just opened
@@ -297,7 +322,9 @@ class NNWatchApp(App[int]):
     # -- bindings ----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in STEERING and not self.source.can_command:
-            return None  # shown greyed out in the footer; pressing it explains why (on_key)
+            return None
+        if action in RANK_ACTIONS and self.ranks is None:
+            return False  # a single process: no rank selector in the footer  # shown greyed out in the footer; pressing it explains why (on_key)
         return True
 
     def key_of(self, binding: Binding) -> str:
@@ -397,6 +424,76 @@ class NNWatchApp(App[int]):
                 self._set_cursor(float(step))
 
         self.push_screen(EventsScreen(events_kept, self.ctx.palette, total), jump)
+
+    def action_prev_rank(self) -> None:
+        self._step_rank(-1)
+
+    def action_next_rank(self) -> None:
+        self._step_rank(1)
+
+    def _step_rank(self, delta: int) -> None:
+        job = self.ranks.job if self.ranks is not None else None
+        if job is None or len(job.runs) < 2:
+            where = (
+                "the other ranks are not on this machine"
+                if job
+                else "still looking for the other ranks"
+            )
+            self.notify(f"No other rank to switch to: {where}.", title="rank", severity="warning")
+            return
+        ranks = job.ranks
+        here = self.source.meta.rank
+        i = ranks.index(here) if here in ranks else -1 if delta > 0 else 0
+        self.switch_rank(ranks[(i + delta) % len(ranks)])
+
+    def switch_rank(self, rank: int) -> bool:
+        """Watch another rank of the job: a new live source, a fresh run state, the old source
+        closed (in a thread, once its collector has stopped). False, with a note, if it cannot."""
+        job = self.ranks.job if self.ranks is not None else None
+        info = job.run_for(rank) if job is not None else None
+        if info is None:
+            self.notify(f"Rank {rank} is not on this machine.", title="rank", severity="warning")
+            return False
+        if rank == self.source.meta.rank:
+            return True
+        from nnwatch.sources.live import LiveSource
+
+        try:
+            source = LiveSource.from_info(info)
+        except SourceError as exc:
+            self.notify(f"Cannot open rank {rank}: {exc}", title="rank", severity="error")
+            return False
+        old_source, old_collector = self.source, self.collector
+        close_old_source, self.close_source = self.close_source, True  # the new one is ours
+        old_collector.stop()
+        self.source = source
+        self.state = RunState(source.meta)
+        if self.sampler is not None:
+            self.state.hardware = self.sampler.state.hardware
+            self.sampler.state = self.state
+        self.ctx.state, self.ctx.source = self.state, source
+        self.view.cursor, self.view.outcome, self.view.outcome_error = None, "", False
+        self.loading = False
+        self.collector = SourceCollector(source, self.state, self.post_message, 1.0 / self.fps)
+        self.collector.start()
+        self.title = f"nnwatch · {source.meta.name} · rank {rank}"
+
+        def close_old() -> None:
+            old_collector.join(10.0)
+            if not close_old_source:
+                return  # the caller's source: closing it is the caller's business
+            try:
+                old_source.close()
+            except Exception:  # noqa: BLE001 - a stale source must not disturb the new one
+                pass
+
+        threading.Thread(target=close_old, name="nnwatch-close-rank", daemon=True).start()
+        for pane in self._dashboard().panes:
+            pane.seen_version = -1  # the new state starts its versions at 0
+        self.refresh_panes()
+        self.refresh_bindings()
+        self.notify(f"Watching rank {rank}/{job.world_size}.", title="rank", timeout=3)
+        return True
 
     def action_reconnect(self) -> None:
         self.notify("Reconnecting…", title="reconnect", timeout=3)

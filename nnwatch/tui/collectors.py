@@ -1,4 +1,5 @@
-"""The monitor's background threads: one polls the run, one samples NVML and psutil.
+"""The monitor's background threads: one polls the run, one samples NVML and psutil, and for a
+rank of a distributed job one more follows every rank of that job (``RankCollector``).
 
 They are plain daemon threads rather than Textual thread workers on purpose: a source blocked in
 a system call (a hung NFS read, a socket to a frozen trainer) must never keep the monitor from
@@ -9,17 +10,21 @@ which is thread-safe).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual.message import Message
 
+from nnwatch.distributed import Job, JobMonitor, group_jobs, run_info_from_dir
 from nnwatch.hardware import Hardware, HardwareReading
 from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.tui.messages import (
     CommandFinished,
     HardwareSampled,
+    RanksUpdated,
     RecordsArrived,
     RunLost,
     RunStateChanged,
@@ -188,3 +193,77 @@ class HardwareSampler(_Loop):
         finally:
             if self._hardware is not None:
                 self._hardware.close()
+
+
+class RankCollector(_Loop):
+    """Follows every rank of the job that ``run_dir`` belongs to; posts ``RanksUpdated`` each poll.
+
+    The job is found from the registry (``list_runs``) in this thread, never in the UI's, and is
+    looked up again every ``regroup_every`` polls while ranks are still missing: ranks register
+    when they take their first step, which need not be at the same time. ``job`` (the latest
+    ``Job``) is read by the UI thread to switch ranks; it is replaced, never mutated.
+    """
+
+    name = "nnwatch-ranks"
+
+    def __init__(
+        self,
+        run_dir: str,
+        post: Post,
+        interval: float = 1.0,
+        *,
+        job: Job | None = None,
+        root: Path | None = None,
+        regroup_every: int = 3,
+    ) -> None:
+        super().__init__(interval)
+        self.run_dir = run_dir
+        self.post = post
+        self.job = job
+        self.root = root
+        self.regroup_every = max(1, regroup_every)
+        self.polls = 0
+        self._monitor: JobMonitor | None = JobMonitor(job) if job is not None else None
+
+    def _find_job(self) -> Job | None:
+        from nnwatch.channel.registry import list_runs
+
+        here = os.path.realpath(self.run_dir)
+        try:
+            runs = list_runs(self.root)
+        except Exception:  # noqa: BLE001 - an unreadable registry leaves the job as it was
+            return self.job
+        if not any(os.path.realpath(r.run_dir) == here for r in runs):
+            try:
+                runs.append(run_info_from_dir(self.run_dir))  # finished, or not registered here
+            except Exception:  # noqa: BLE001
+                return self.job
+        for job in group_jobs(runs):
+            if any(os.path.realpath(r.run_dir) == here for r in job.runs):
+                return job
+        return self.job
+
+    def tick(self) -> bool:
+        job = self.job
+        if job is None or (job.missing and self.polls % self.regroup_every == 0):
+            found = self._find_job()
+            if found is not None and (job is None or found.ranks != job.ranks):
+                if self._monitor is not None:
+                    self._monitor.close()
+                self.job, self._monitor = found, JobMonitor(found)
+        self.polls += 1
+        if self._monitor is None:
+            return False
+        try:
+            view = self._monitor.poll()
+        except Exception:  # noqa: BLE001 - the rank view must never take the monitor down
+            return False
+        self.post(RanksUpdated(view))
+        return False
+
+    def _run(self) -> None:
+        try:
+            super()._run()
+        finally:
+            if self._monitor is not None:
+                self._monitor.close()

@@ -83,3 +83,10 @@ class SnapshotWritten(Fact):
 class Reconnected(Fact):
     ok: bool
     message: str
+
+
+@dataclass
+class RanksUpdated(Fact):
+    """A fresh per-rank summary of the distributed job this run belongs to (``JobMonitor.poll``)."""
+
+    view: Any  # nnwatch.distributed.JobView

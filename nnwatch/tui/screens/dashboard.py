@@ -1,4 +1,5 @@
-"""The main screen: header, loss and grad charts, layers, AMP, GPU and events. Below 110x32 cells
+"""The main screen: header, loss and grad charts, layers, AMP, GPU and events; for a rank of a
+distributed job (``world_size > 1``) a ranks pane under the header as well. Below 110x32 cells
 the ``narrow`` CSS class rearranges the same panes to fit an 80x24 terminal."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from nnwatch.tui.widgets.grad import GradPane
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.layers import LayersPane
 from nnwatch.tui.widgets.loss import LossPane
+from nnwatch.tui.widgets.ranks import RanksPane
 
 NARROW_WIDTH = 110
 NARROW_HEIGHT = 32
@@ -32,6 +34,8 @@ class DashboardScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         ctx = self.ctx
         yield RunHeader(ctx, id="header")
+        if ctx.state.meta.world_size > 1:
+            yield RanksPane(ctx, id="ranks")
         with Horizontal(id="charts"):
             yield LossPane(ctx, id="loss")
             yield GradPane(ctx, id="grad")
