@@ -596,10 +596,10 @@ class Watch:
         except OSError as exc:
             self._disable(f"cannot write the run log in {self.run_dir}: {exc}")
             return
+        if self._want_channel:  # before the detectors, so that a step-0 finding reaches monitors
+            self._channel = _make_channel(self)
         if self._want_detectors:
             self._diagnosis = _make_diagnosis(self)
-        if self._want_channel:
-            self._channel = _make_channel(self)
         if self._tensorboard is not None:
             from nnwatch.export.tensorboard import attach_live
 

@@ -1,0 +1,181 @@
+"""What detectors know about a run beyond its records: layer names and kinds in forward order,
+which parameter-owning layer comes where, their sizes, the optimizer family and ``num_classes``.
+
+The same context can be built from a live :class:`~nnwatch.probe.watch.Watch` (with the model at
+hand) or from a recorded run's ``meta.json`` (offline diagnosis), where the sizes are unknown and
+the rules that need them switch off.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from nnwatch.schema import RunMeta
+
+#: Activation modules whose outputs are exactly zero where the unit is inactive.
+RECTIFIER_KINDS = frozenset({"ReLU", "ReLU6", "Threshold"})
+#: Layers whose gradient is sparse by design (only the rows looked up get one); the gradient
+#: ratio rules skip them.
+SPARSE_GRAD_KINDS = frozenset({"Embedding", "EmbeddingBag"})
+#: Optimizers whose step is lr * (normalized direction): the update size is about lr per element.
+ADAPTIVE_OPTIMIZERS = frozenset(
+    {
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "NAdam",
+        "RAdam",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "SparseAdam",
+        "Adafactor",
+        "Lion",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    layer_names: tuple[str, ...]
+    """Watched layers in forward order (the order of the per-layer arrays in each record)."""
+    layer_kinds: tuple[str, ...]
+    param_layer_names: tuple[str, ...]
+    param_layer_kinds: tuple[str, ...]
+    param_order: np.ndarray
+    """Indices of the parameter-owning layers sorted from input to output (forward order)."""
+    param_numel: np.ndarray | None
+    """Elements per parameter-owning layer, or None when unknown (offline)."""
+    num_classes: int | None = None
+    optimizer: str | None = None
+    """Optimizer class name, or None."""
+    param_norm: float = math.nan
+    """L2 norm of all trainable parameters when diagnosis started (NaN when unknown)."""
+    total_numel: int = 0
+    unwatched_before: dict[int, tuple[str, ...]] | None = None
+    """For watched layer i: leaf modules nnwatch does not hook that are registered between layer
+    i-1 and layer i (custom modules, functional wrappers): suspects when layer i's output is the
+    first non-finite one. None when unknown (offline)."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    @property
+    def num_param_layers(self) -> int:
+        return len(self.param_layer_names)
+
+    @cached_property
+    def dense_param_order(self) -> np.ndarray:
+        """Parameter-owning layers in forward order, without embeddings (sparse gradients)."""
+        return np.array(
+            [j for j in self.param_order if self.param_layer_kinds[j] not in SPARSE_GRAD_KINDS],
+            dtype=np.int64,
+        )
+
+    def layer_label(self, i: int) -> str:
+        return f"{self.layer_names[i]} ({self.layer_kinds[i]})"
+
+    def param_label(self, j: int) -> str:
+        kind = self.param_layer_kinds[j]
+        return self.param_layer_names[j] if kind == "?" else f"{self.param_layer_names[j]} ({kind})"
+
+    # ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_meta(cls, meta: RunMeta) -> RunContext:
+        s = meta.schema
+        kinds = dict(zip(s.layer_names, s.layer_kinds, strict=True))
+        pk = tuple(kinds.get(n, "?") for n in s.param_layer_names)
+        return cls(
+            layer_names=tuple(s.layer_names),
+            layer_kinds=tuple(s.layer_kinds),
+            param_layer_names=tuple(s.param_layer_names),
+            param_layer_kinds=pk,
+            param_order=forward_order(s.layer_names, s.param_layer_names),
+            param_numel=None,
+            num_classes=meta.num_classes,
+        )
+
+    @classmethod
+    def from_watch(cls, w: Any) -> RunContext:
+        base = cls.from_meta(w.meta)
+        modules = dict(w.model.named_modules())
+        root = type(w.model).__name__
+        kinds = []
+        for name in base.param_layer_names:
+            mod = modules.get(name) if name in modules else (w.model if name == root else None)
+            kinds.append(type(mod).__name__ if mod is not None else "?")
+        plan = w.plan
+        numel = np.zeros(base.num_param_layers)
+        sq = 0.0
+        for p, j in zip(plan.params, plan.param_layer_index, strict=True):
+            numel[j] += p.numel()
+        try:
+            import torch
+
+            with torch.no_grad():  # one host sync per device, once per run
+                by_device: dict[Any, list[Any]] = {}
+                for p in plan.params:
+                    by_device.setdefault(p.device, []).append(
+                        torch.linalg.vector_norm(p.detach().float())
+                    )
+                sq = sum(float(torch.stack(n).square().sum()) for n in by_device.values())
+        except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
+            sq = math.nan
+        opt = getattr(w, "optimizer", None)
+        return cls(
+            layer_names=base.layer_names,
+            layer_kinds=base.layer_kinds,
+            param_layer_names=base.param_layer_names,
+            param_layer_kinds=tuple(kinds),
+            param_order=base.param_order,
+            param_numel=numel,
+            num_classes=getattr(w, "num_classes", None) or base.num_classes,
+            optimizer=type(opt).__name__ if opt is not None else None,
+            param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
+            total_numel=int(numel.sum()),
+            unwatched_before=_unwatched_before(w.model, base.layer_names),
+        )
+
+
+def _unwatched_before(model: Any, layer_names: tuple[str, ...]) -> dict[int, tuple[str, ...]]:
+    """Leaf modules without hooks that sit (in registration order) just before each watched layer."""
+    watched = {n: i for i, n in enumerate(layer_names)}
+    out: dict[int, tuple[str, ...]] = {}
+    pending: list[str] = []
+    for name, mod in model.named_modules():
+        if not name:
+            continue
+        if name in watched:
+            if pending:
+                out[watched[name]] = tuple(pending)
+            pending = []
+        elif not any(True for _ in mod.children()):
+            pending.append(f"{name} ({type(mod).__name__})")
+    return out
+
+
+def forward_order(layer_names: tuple[str, ...], param_layers: tuple[str, ...]) -> np.ndarray:
+    """Parameter-owning layers sorted from input to output.
+
+    A layer that is also a watched layer takes its forward position; a container that owns
+    parameters itself takes the position of its first watched child; any other keeps its place
+    relative to its registration-order neighbours.
+    """
+    pos = {n: i for i, n in enumerate(layer_names)}
+    keys: list[float] = []
+    prev = -1.0
+    for name in param_layers:
+        if name in pos:
+            k = float(pos[name])
+        else:
+            child = next((i for i, n in enumerate(layer_names) if n.startswith(name + ".")), None)
+            k = float(child) - 0.25 if child is not None else prev + 0.5
+        keys.append(k)
+        prev = k
+    return np.argsort(np.asarray(keys), kind="stable")

@@ -1,0 +1,37 @@
+"""One detector per kind of training problem; ``ALL_DETECTORS`` is the order they run in."""
+
+from __future__ import annotations
+
+from nnwatch.diagnosis.detectors.amp_scale_collapse import AmpScaleCollapseDetector
+from nnwatch.diagnosis.detectors.bad_initial_loss import BadInitialLossDetector
+from nnwatch.diagnosis.detectors.base import Detector
+from nnwatch.diagnosis.detectors.dead_relu import DeadReluDetector
+from nnwatch.diagnosis.detectors.exploding_gradients import ExplodingGradientsDetector
+from nnwatch.diagnosis.detectors.loss_stalled import LossStalledDetector
+from nnwatch.diagnosis.detectors.nan_or_inf import NanOrInfDetector
+from nnwatch.diagnosis.detectors.oscillating_loss import OscillatingLossDetector
+from nnwatch.diagnosis.detectors.vanishing_gradients import VanishingGradientsDetector
+
+ALL_DETECTORS: tuple[type[Detector], ...] = (
+    NanOrInfDetector,
+    BadInitialLossDetector,
+    ExplodingGradientsDetector,
+    VanishingGradientsDetector,
+    DeadReluDetector,
+    AmpScaleCollapseDetector,
+    OscillatingLossDetector,
+    LossStalledDetector,
+)
+
+__all__ = [
+    "ALL_DETECTORS",
+    "AmpScaleCollapseDetector",
+    "BadInitialLossDetector",
+    "DeadReluDetector",
+    "Detector",
+    "ExplodingGradientsDetector",
+    "LossStalledDetector",
+    "NanOrInfDetector",
+    "OscillatingLossDetector",
+    "VanishingGradientsDetector",
+]

@@ -1,0 +1,124 @@
+"""Bad initial loss: before training, a K-class classifier should score about ln(K).
+
+A fresh classifier is unsure of everything, so its cross-entropy starts near -ln(1/K) = ln(K). The
+first recorded loss is compared with it once (skipped when ``num_classes`` was not given). A
+healthy init lands within a few tenths; the rule allows ``max(0.75, 0.5 ln K)`` above (default
+inits give logits with some spread) and half of ln K below. The evidence then points at the most
+likely cause: a loss that is ~batch-size x ln K sums instead of averaging, a huge first-layer output
+means unnormalized inputs, huge logits mean a badly scaled last layer. A first loss near ln 2 with
+K > 2 is a per-class binary loss (multi-label BCE starts there), not a problem.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.row import Row
+
+FIRST_STEPS = 3  # the first finite loss must come within these steps to count as "initial"
+HIGH_ABS, HIGH_REL = 0.75, 0.5
+LOW_ABS, LOW_REL = 0.3, 0.5
+INPUT_STD_LIMIT = 100.0  # textbook activation std bound
+LOGIT_STD_LIMIT = 5.0
+
+
+class BadInitialLossDetector(Detector):
+    kind = "bad_initial_loss"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.done = not (ctx.num_classes and ctx.num_classes > 1)
+        self.first_std: np.ndarray | None = None
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        if self.done:
+            return None
+        if self.first_std is None and row.act_std is not None:
+            self.first_std = row.act_std.astype(np.float64)
+        if not math.isfinite(row.loss):
+            if row.step >= FIRST_STEPS:
+                self.done = True
+            return None
+        self.done = True
+        if row.step >= FIRST_STEPS:
+            return None
+        k = int(self.ctx.num_classes or 0)
+        lnk = math.log(k)
+        loss = row.loss
+        high = loss - lnk > max(HIGH_ABS, HIGH_REL * lnk)
+        low = lnk - loss > max(LOW_ABS, LOW_REL * lnk)
+        if not (high or low):
+            return None
+        if low and k > 2 and abs(loss - math.log(2.0)) < 0.1:
+            return None  # ~ln 2: a per-class binary loss (multi-label BCE), not a K-way softmax
+        return self._finding(row, k, lnk, loss, high)
+
+    def _finding(self, row: Row, k: int, lnk: float, loss: float, high: bool) -> Finding:
+        ctx = self.ctx
+        std = self.first_std
+        input_std = logit_std = math.nan
+        if std is not None and std.size:
+            input_std = float(std[0])
+            logit_std = float(std[-1])
+        bs = row.batch_size
+        ratio = loss / lnk
+        evidence = {
+            "initial_loss": loss,
+            "expected_ln_k": lnk,
+            "num_classes": k,
+            "ratio_to_ln_k": ratio,
+            "first_layer_output_std": input_std,
+            "last_layer_output_std": logit_std,
+            "batch_size": bs,
+        }
+        causes: list[str] = []
+        layer = None
+        if high and math.isfinite(bs) and bs > 1 and abs(ratio / bs - 1) < 0.25:
+            causes.append(
+                f"the loss is about batch size ({fmt(bs)}) x ln K: it sums over the batch; "
+                "use reduction='mean' or divide by the batch size"
+            )
+        if high and math.isfinite(input_std) and input_std > INPUT_STD_LIMIT:
+            causes.append(
+                f"the first layer's outputs have std {fmt(input_std)}: normalize the inputs "
+                "(zero mean, unit variance; divide pixels by 255)"
+            )
+            layer = ctx.layer_names[0] if ctx.layer_names else None
+        if high and math.isfinite(logit_std) and logit_std > LOGIT_STD_LIMIT:
+            causes.append(
+                f"the last layer's outputs (logits) have std {fmt(logit_std)}: fix the init, scale "
+                "its weights down (e.g. x0.01) and zero its bias so it starts near uniform"
+            )
+            if layer is None and ctx.layer_names:
+                layer = ctx.layer_names[-1]
+        if high and not causes:
+            causes.append(
+                "fix the init of the last layer (small weights, zero bias), normalize the inputs, "
+                "and check that the model does not apply softmax before a loss that expects logits"
+            )
+        if not high:
+            causes.append(
+                "a loss this far below chance before training means a leak or a scaling error: "
+                "check that labels are not part of the inputs, that the loss is not divided twice "
+                f"and that num_classes={k} is right"
+            )
+        summary = (
+            f"the first loss is {fmt(loss)}, but a fresh {k}-class classifier should start near "
+            f"ln({k}) = {fmt(lnk)} ({fmt(ratio)}x)."
+        )
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=summary,
+            remedy="; ".join(causes),
+            layer=layer,
+            evidence=evidence,
+            onset_step=row.step,
+        )

@@ -1,0 +1,34 @@
+"""The contract every detector keeps: see one row at a time, return a finding or None.
+
+Detectors run in the run-log writer thread. They must be cheap per row (a few scalar comparisons;
+heavier statistics only on a fixed-size window), keep bounded memory, and never raise for odd
+data: a NaN means "not measured" and is skipped, not reported.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.finding import Finding
+from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.row import Row
+
+
+class Detector:
+    """Base class. Subclasses set ``kind`` and implement :meth:`update`."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        """Look at one step. ``hist`` holds the steps before it."""
+        raise NotImplementedError
+
+
+def lr_text(row: Row) -> str:
+    from nnwatch.diagnosis.finding import fmt
+
+    return fmt(row.lr0) if row.lr.size else "unknown"

@@ -1,0 +1,171 @@
+"""Dead ReLUs: a rectifier layer whose outputs are (almost) all exactly zero, so no gradient flows.
+
+DeepDiagnosis (ICSE 2022) calls a layer dead when at least 70% of its outputs are zero. Healthy
+ReLU layers sit near 50% and some grow sparser while training, so the rule here is anchored to the
+layer's own start: at least 70% zeros *and* 20 points more than the layer had at step 0, or 90%
+outright. At 90% one sampled step is enough; the 70% rule needs two sampled steps in a row. Per-layer statistics
+are sampled every few steps, so two cheaper signals cover the steps in between:
+
+* a rectifier's output sum is exactly 0.0 only when every output is zero (fully dead layer);
+* a parameter-owning layer whose gradient is exactly 0.0 while others still get gradients feeds
+  units that are all dead, even when the ReLU is a function call that nnwatch cannot hook.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
+from nnwatch.diagnosis.detectors.base import Detector
+from nnwatch.diagnosis.episode import EpisodeArray
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.row import Row
+
+DEAD_FRACTION = 0.70  # DeepDiagnosis
+SURELY_DEAD = 0.90
+AT_ONCE = 0.90
+RISE_OVER_START = 0.20
+FULLY_DEAD_STEPS = 3
+ZERO_GRAD_STEPS = 3
+RELEASE_SAMPLES = 2
+RELEASE_STEPS = 20
+SATURATING_KINDS = frozenset(
+    {"Tanh", "Sigmoid", "Hardtanh", "Hardsigmoid", "Softsign", "LogSigmoid"}
+)
+
+
+class DeadReluDetector(Detector):
+    kind = "dead_relu"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        L, P = ctx.num_layers, ctx.num_param_layers
+        kinds = ctx.layer_kinds
+        self.rectifier = np.array([k in RECTIFIER_KINDS for k in kinds], dtype=bool)
+        self.any_rectifier = bool(self.rectifier.any())
+        self.reported = np.zeros(L, dtype=bool)
+        self.reported_grad = np.zeros(P, dtype=bool)
+        self.start_zero = np.full(L, np.nan)
+        self.prev_moderate = np.zeros(L, dtype=bool)
+        self.last_zero = np.full(L, np.nan)
+        self.sampled_ep = EpisodeArray(L, confirm=1, release=RELEASE_SAMPLES)
+        self.sum_ep = EpisodeArray(L, confirm=FULLY_DEAD_STEPS, release=RELEASE_STEPS)
+        self.grad_ep = EpisodeArray(P, confirm=ZERO_GRAD_STEPS, release=RELEASE_STEPS)
+        kinds_set = set(kinds)
+        # Saturated tanh/sigmoid units also pass exactly zero gradient; without rectifier modules
+        # in the model, a zero-gradient layer says "saturated", not "dead ReLU".
+        self.grad_rule = bool(kinds_set & RECTIFIER_KINDS) or not (kinds_set & SATURATING_KINDS)
+        self.sparse_param = np.array(
+            [k in ("Embedding", "EmbeddingBag") for k in ctx.param_layer_kinds], dtype=bool
+        )
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        new_sampled = new_sum = new_grad = None
+        if row.act_zero is not None and self.any_rectifier:
+            z = row.act_zero.astype(np.float64)
+            seen = np.isfinite(z) & self.rectifier
+            if row.act_nonfinite is not None:
+                seen &= row.act_nonfinite == 0  # NaN outputs read as 'zero' to the probe
+            first = seen & np.isnan(self.start_zero)
+            self.start_zero[first] = z[first]
+            self.last_zero[seen] = z[seen]
+            moderate = (z >= DEAD_FRACTION) & (
+                (z >= SURELY_DEAD) | (z >= self.start_zero + RISE_OVER_START)
+            )
+            hit = (z >= AT_ONCE) | (moderate & self.prev_moderate)
+            self.prev_moderate = np.where(seen, moderate, self.prev_moderate)
+            new_sampled = self.sampled_ep.update(hit & seen, row.step, observed=seen)
+        if row.act_sum is not None and self.any_rectifier:
+            s = row.act_sum
+            zero = (s == 0.0) & self.rectifier
+            if zero.any() or self.sum_ep._busy:
+                new_sum = self.sum_ep.update(
+                    zero, row.step, observed=self.rectifier & np.isfinite(s)
+                )
+        gl = row.grad_layer
+        if self.grad_rule and gl.size and math.isfinite(row.grad_norm) and row.grad_norm > 0:
+            zero = gl == 0.0
+            if zero.any() or self.grad_ep._busy:
+                seen = np.isfinite(gl) & ~self.sparse_param
+                new_grad = self.grad_ep.update(zero & seen, row.step, observed=seen)
+        if new_sampled is None and new_sum is None and new_grad is None and not self.reported.any():
+            return None  # the usual step: nothing seen, nothing open
+        dead = self.sampled_ep.active | self.sum_ep.active
+        self.reported &= dead
+        self.reported_grad &= self.grad_ep.active
+        opened = _union(new_sampled, new_sum)
+        layers = np.flatnonzero(opened & ~self.reported) if opened.size else opened.nonzero()[0]
+        self.reported |= dead
+        grads = None
+        if new_grad is not None:
+            grads = new_grad & ~self.reported_grad
+            self.reported_grad |= self.grad_ep.active
+            if self.reported.any() and not layers.size:
+                grads = None  # the same incident, already named at the activation
+        if not layers.size and (grads is None or not grads.any()):
+            return None
+        return self._finding(row, layers, grads)
+
+    def _finding(self, row: Row, layers: np.ndarray, new_grad: np.ndarray | None) -> Finding:
+        ctx = self.ctx
+        dead_now = self.sampled_ep.active | self.sum_ep.active
+        evidence: dict[str, float] = {"dead_layers": int(dead_now.sum())}
+        if layers.size:
+            i = int(layers[0])
+            zero = float(self.last_zero[i])
+            fully = bool(self.sum_ep.active[i]) or (math.isfinite(zero) and zero >= 0.99)
+            evidence.update(
+                {
+                    "layer_index": i,
+                    "zero_fraction": 1.0 if fully and not math.isfinite(zero) else zero,
+                    "zero_fraction_at_start": float(self.start_zero[i]),
+                    "threshold": DEAD_FRACTION,
+                    "all_outputs_zero": 1.0 if fully else 0.0,
+                }
+            )
+            layer = ctx.layer_names[i]
+            if fully:
+                what = f"every output of {ctx.layer_label(i)} is exactly zero"
+            else:
+                what = (
+                    f"{fmt(100 * zero)}% of the outputs of {ctx.layer_label(i)} are exactly zero "
+                    f"(it started at {fmt(100 * float(self.start_zero[i]))}%)"
+                )
+            others = [ctx.layer_names[int(k)] for k in layers[1:4]]
+            summary = what + (f"; also dead: {', '.join(others)}" if others else "") + "."
+        else:
+            assert new_grad is not None
+            j = int(next(k for k in ctx.param_order if new_grad[k]))
+            fully = True
+            layer = ctx.param_layer_names[j]
+            evidence.update(
+                {"param_layer_index": j, "grad_norm_of_layer": 0.0, "grad_norm": row.grad_norm}
+            )
+            summary = (
+                f"{ctx.param_label(j)} has received exactly zero gradient for {ZERO_GRAD_STEPS} steps "
+                "while other layers still learn: every unit it feeds is inactive (dead ReLU)."
+            )
+        summary += " Dead units pass no gradient, so they never recover on their own."
+        remedy = (
+            "use LeakyReLU (or GELU) instead of ReLU, put a norm layer (BatchNorm/LayerNorm) before "
+            "the activation, lower the LR (one large update can push every pre-activation negative) "
+            "and check the bias init (negative biases start units dead)"
+        )
+        return Finding(
+            kind=self.kind,
+            severity="error" if fully else "warning",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            layer=layer,
+            evidence=evidence,
+        )
+
+
+def _union(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
+    if a is None:
+        return b if b is not None else np.zeros(0, dtype=bool)
+    return a if b is None else (a | b)

@@ -1,0 +1,252 @@
+"""Exploding gradients: the gradient norm jumps far above this run's own usual level, and stays.
+
+Textbook rule: a global norm above 100 means exploding. It misfires both ways: a model whose norm
+is a stable 5000 trains fine, and one whose usual norm is 0.01 is in trouble at 10. So the norm is
+compared with the median of its own recent history (log scale, which a sudden spike barely moves),
+and a step counts as a hit when the norm is at least 10x that median (more when the run is
+naturally noisy, up to 100x) *and* the loss got worse by more than its own noise: a norm that grows
+while the loss falls is a model leaving its initialization, not an explosion.
+
+An episode needs two hits within three steps, so that a lone spike is left to the spike snapshot
+(four within five while the loop clips: clipping already contains transient spikes, as in an RNN
+crossing a cliff). A slower blow-up, whose rolling median follows it up (gradients that pile up
+because ``zero_grad()`` is missing), is caught against the run's start instead: 10x the first
+steps' norm while the loss is 10% worse than where the run began, or 3x while the loss is more than
+10x above it (divergence). A step the GradScaler skipped is its business, not an explosion.
+
+The layer named is the one whose gradient grew most against its own history (an EMA per layer).
+The evidence also carries AutoTrainer's (ICSE 2021) first-to-last layer gradient ratio.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import Ring, RunHistory, median, median_sigma
+from nnwatch.diagnosis.row import Row
+
+MIN_HISTORY = 10  # finite norms needed before any verdict
+BASELINE = 128  # norms in the rolling baseline
+HIT_DECADES = 1.0  # 10x the usual norm ...
+MAX_HIT_DECADES = 2.0  # ... up to 100x for very noisy runs (3 sigma of the run's own noise)
+RELEASE_DECADES = math.log10(3.0)  # the episode ends after RELEASE steps within 3x of usual
+RELEASE = 20
+TEXTBOOK_LIMIT = 100.0
+START_STEPS = 5  # norms that define where the run started
+MATERIAL = 0.01  # a loss change below 1% of the run's loss scale is noise
+DIVERGE_DECADES = math.log10(3.0)  # with the loss 10x above its start, 3x the norm suffices
+LOSS_BLOWUP = 10.0
+WORSE_THAN_START = 0.10
+HITS, OF = 2, 3  # hits needed within the last steps
+CLIPPED_HITS, CLIPPED_OF = 4, 5  # clipping bounds the updates: only a persistent blow-up counts
+
+
+class ExplodingGradientsDetector(Detector):
+    kind = "exploding_gradients"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.base = Ring(BASELINE)
+        self.base_loss = Ring(BASELINE)
+        self.recent_hits: list[tuple[bool, int]] = []
+        self.active = False
+        self.calm = 0
+        self.frozen: tuple[float, float] | None = None
+        self.layer_ema = np.full(ctx.num_param_layers, np.nan)
+        self.start: list[float] = []
+        self._learned = 0
+        self._ref: tuple[float, float] | None = None
+        self._ref_at = 0
+
+    def _reference(self) -> tuple[float, float]:
+        """Median and spread of the baseline (recomputed every 4 new values: it moves slowly)."""
+        if self.frozen is not None:
+            return self.frozen
+        if self._ref is None or self.base.total - self._ref_at >= 4:
+            self._ref = median_sigma(self.base.values())
+            self._ref_at = self.base.total
+        return self._ref
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        if row.amp_skipped == 1.0:
+            return None  # the GradScaler overflowed on purpose and skipped the step
+        g = row.grad_norm
+        finite = math.isfinite(g) and g > 0
+        if not finite and not (math.isinf(g) or (math.isnan(g) and row.nonfinite_grads == 1.0)):
+            return None  # not measured, or exactly zero (the vanishing detector's business)
+        if finite and len(self.start) < START_STEPS:
+            self.start.append(math.log10(g))
+        if len(self.base) < MIN_HISTORY:
+            if finite:
+                self._learn(row, math.log10(g))
+            return None
+        ref, sig = self._reference()
+        x = math.log10(g) if finite else math.inf
+        rise = x - ref
+        need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
+        if finite:
+            from_start = x - median(self.start)
+            hit = (
+                (rise >= need and self._loss_worse(row, hist))
+                or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
+                or (max(rise, from_start) >= DIVERGE_DECADES and self._loss_blew_up(row, hist))
+            )
+        else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
+            hit = any(h for h, _ in self.recent_hits)
+        if self.active:
+            if rise < RELEASE_DECADES:
+                self.calm += 1
+                if self.calm >= RELEASE:
+                    self.active = False
+                    self.frozen = None
+                    self.recent_hits.clear()
+            else:
+                self.calm = 0
+            return None
+        self.recent_hits = (self.recent_hits + [(hit, row.step)])[-CLIPPED_OF:]
+        clipping = math.isfinite(row.clip_threshold)
+        need_hits, of = (CLIPPED_HITS, CLIPPED_OF) if clipping else (HITS, OF)
+        fire = hit and sum(h for h, _ in self.recent_hits[-of:]) >= need_hits
+        if not fire:
+            if finite and not hit:
+                self._learn(row, x)
+            return None
+        self.active = True
+        self.calm = 0
+        self.frozen = (ref, sig)
+        return self._finding(row, ref, rise, finite)
+
+    def _loss_worse(self, row: Row, hist: RunHistory) -> bool:
+        """The loss is above its recent usual level by more than its own noise (and 1% of its scale)."""
+        if not math.isfinite(row.loss):
+            return True  # a non-finite loss or none at all: the norm decides alone
+        usual = self.base_loss.values(20)
+        usual = usual[np.isfinite(usual)]
+        if usual.size < 3:
+            return True
+        med, sigma = median_sigma(usual)
+        scale = max(abs(med), abs(hist.start_loss) if math.isfinite(hist.start_loss) else 0.0)
+        return row.loss - med > max(MATERIAL * scale, sigma)
+
+    @staticmethod
+    def _loss_blew_up(row: Row, hist: RunHistory) -> bool:
+        """The loss is more than 10x above where the run began (divergence)."""
+        start = hist.start_loss
+        if not (math.isfinite(row.loss) and math.isfinite(start)) or start == 0:
+            return False
+        return row.loss - start > LOSS_BLOWUP * abs(start)
+
+    @staticmethod
+    def _worse_than_start(row: Row, hist: RunHistory) -> bool:
+        """The loss is now above where the run began: training has gone backwards."""
+        start = hist.start_loss
+        if not (math.isfinite(row.loss) and math.isfinite(start)):
+            return False
+        recent = np.append(hist.loss.values(2), row.loss)
+        return median(recent.tolist()) - start > WORSE_THAN_START * abs(start)
+
+    def _learn(self, row: Row, x: float) -> None:
+        self.base.push(x)
+        if math.isfinite(row.loss):
+            self.base_loss.push(row.loss)
+        gl = row.grad_layer
+        self._learned += 1
+        if gl.size and (self._learned % 4 == 1 or np.isnan(self.layer_ema).any()):
+            # the per-layer EMA only names the culprit layer: every 4th step is plenty
+            ok = (gl > 0) & (gl < np.inf)  # NaN compares False
+            lg = np.log10(np.where(ok, gl, 1.0).astype(np.float64))
+            ema = self.layer_ema
+            fresh = ok & np.isnan(ema)
+            ema[fresh] = lg[fresh]
+            upd = ok & ~fresh
+            ema[upd] += 0.3 * (lg[upd] - ema[upd])
+
+    def _finding(self, row: Row, ref: float, rise: float, finite: bool) -> Finding:
+        ctx = self.ctx
+        usual = 10**ref
+        layer = None
+        layer_growth = math.nan
+        gl = row.grad_layer
+        if gl.size:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                growth = np.log10(gl.astype(np.float64)) - self.layer_ema
+            growth[~np.isfinite(growth)] = -np.inf
+            if np.isfinite(growth).any():
+                j = int(np.argmax(growth))
+                layer = ctx.param_layer_names[j]
+                layer_growth = 10 ** float(growth[j])
+        ratio = first_last_ratio(ctx, gl)
+        clip = float(f"{2 * usual:.2g}")
+        clipped = math.isfinite(row.clip_threshold)
+        evidence = {
+            "grad_norm": row.grad_norm,
+            "usual_grad_norm": usual,
+            "times_usual": 10**rise if math.isfinite(rise) else math.inf,
+            "loss": row.loss,
+            "lr": row.lr0,
+            "layer_growth": layer_growth,
+            "first_to_last_layer_ratio": ratio,
+            "above_textbook_100": 1.0 if row.grad_norm > TEXTBOOK_LIMIT else 0.0,
+            "clip_threshold": row.clip_threshold,
+        }
+        times = "non-finite" if not finite else f"{fmt(10**rise)}x"
+        summary = (
+            f"gradient norm {fmt(row.grad_norm)} is {times} this run's usual {fmt(usual)}"
+            + (
+                f" ({layer} grew most, {fmt(layer_growth)}x)"
+                if layer and math.isfinite(layer_growth)
+                else ""
+            )
+            + f" while the loss got worse ({fmt(row.loss)})."
+        )
+        if clipped:
+            remedy = (
+                f"clipping at {fmt(row.clip_threshold)} bounds each update, but the gradients keep "
+                f"growing: lower the LR (now {lr_text(row)}) by 3-10x"
+            )
+        else:
+            remedy = (
+                f"clip gradients at {fmt(clip)} (about 2x this run's usual norm: "
+                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)})) and lower the LR "
+                f"(now {lr_text(row)}) by 3-10x"
+            )
+        return Finding(
+            kind=self.kind,
+            severity="error" if finite else "critical",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            layer=layer,
+            evidence=evidence,
+            onset_step=min(s for h, s in self.recent_hits if h),
+        )
+
+
+def first_to_last(ctx: RunContext, grad_layer: np.ndarray) -> tuple[int, int, float, float] | None:
+    """(first, last, first RMS, last RMS) over the non-sparse layers with a positive finite grad."""
+    if grad_layer.size < 2:
+        return None
+    order = ctx.dense_param_order
+    g = grad_layer[order]
+    ok = np.flatnonzero(g > 0)  # NaN and +Inf compare False / are filtered below
+    ok = ok[np.isfinite(g[ok])]
+    if ok.size < 2:
+        return None
+    first, last = int(order[ok[0]]), int(order[ok[-1]])
+    a, b = float(grad_layer[first]), float(grad_layer[last])
+    if ctx.param_numel is not None:
+        a /= math.sqrt(max(ctx.param_numel[first], 1.0))
+        b /= math.sqrt(max(ctx.param_numel[last], 1.0))
+    return first, last, a, b
+
+
+def first_last_ratio(ctx: RunContext, grad_layer: np.ndarray) -> float:
+    fl = first_to_last(ctx, grad_layer)
+    if fl is None or fl[3] == 0:
+        return math.nan
+    return fl[2] / fl[3]

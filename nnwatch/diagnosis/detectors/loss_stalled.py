@@ -1,0 +1,163 @@
+"""Loss stalled: training is not making progress, with the most specific cause the records show.
+
+A flat loss is also what a converged run looks like, so a stall needs more than a flat loss:
+
+* no gradient at all for 5 steps (the loss is detached, or backward() never reaches the weights);
+* the LR is exactly 0 in every parameter group for 5 steps (a scheduler or warmup bug);
+* the updates are tiny against the weights: LR x gradient (SGD) or LR x sqrt(#params) (Adam and
+  other normalizing optimizers) below 1e-6 of the weights' norm for 10 steps, while the loss has
+  not moved from where it started (healthy update/weight ratios are around 1e-3);
+* or, with no specific cause, a run that has not learned anything yet: its loss never got 10% below
+  where it started (nor rose 10% above it: that is divergence, which other detectors report), and
+  the trend fitted over the last 40 steps projects less than a 2% drop. A run that once got 10%
+  below its start and came back up has learned something: it is regressing or oscillating.
+
+Levels are medians and trends are least-squares fits, so a noisy loss does not look like a moving one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.episode import Episode
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import RunHistory, linear_fit, median
+from nnwatch.diagnosis.row import Row
+
+NO_GRAD_STEPS = 5
+ZERO_LR_STEPS = 5
+TINY_UPDATE = 1e-6
+TINY_UPDATE_STEPS = 10
+WINDOW = 40
+MIN_PROGRESS = 0.02
+MAX_REGRESSION = 0.10  # a loss that rose more than this is diverging, not stalled
+LEARNED = 0.10  # a run whose loss ever got 10% below its start has learned something
+RELEASE = 50
+
+
+class LossStalledDetector(Detector):
+    kind = "loss_stalled"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.episode = Episode(confirm=1, release=RELEASE)
+        self.no_grad = 0
+        self.zero_lr = 0
+        self.tiny = 0
+        self.update_ratio = math.nan
+        self.adaptive = ctx.optimizer in ADAPTIVE_OPTIMIZERS if ctx.optimizer else None
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        if not math.isfinite(row.loss):
+            return None
+        g = row.grad_norm
+        absent = math.isnan(g) and (
+            row.grad_layer.size == 0 or bool(np.isnan(row.grad_layer).all())
+        )
+        self.no_grad = self.no_grad + 1 if absent and self.ctx.num_param_layers else 0
+        lr = row.lr
+        zero_lr = lr.size > 0 and bool(np.isfinite(lr).all()) and bool((lr == 0).all())
+        self.zero_lr = self.zero_lr + 1 if zero_lr else 0
+        self.update_ratio = self._update_ratio(row)
+        self.tiny = self.tiny + 1 if self.update_ratio < TINY_UPDATE else 0
+        cause = None
+        prog = hist.progress_since_start(10)
+        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
+        if self.no_grad >= NO_GRAD_STEPS:
+            cause = "no_grad"
+        elif self.zero_lr >= ZERO_LR_STEPS:
+            cause = "zero_lr"
+        elif self.tiny >= TINY_UPDATE_STEPS and unmoved:
+            cause = "tiny_update"
+        elif (
+            len(hist.loss) >= WINDOW
+            and not hist.learned(LEARNED)
+            and prog > -MAX_REGRESSION
+            and self._flat(hist)
+        ):
+            cause = "flat"
+        if not self.episode.update(cause is not None, row.step):
+            return None
+        assert cause is not None
+        return self._finding(row, hist, cause, prog)
+
+    def _update_ratio(self, row: Row) -> float:
+        ctx = self.ctx
+        lr, g = row.lr0, row.grad_norm
+        if self.adaptive is None or not (math.isfinite(ctx.param_norm) and ctx.param_norm > 0):
+            return math.nan
+        if not math.isfinite(lr) or lr <= 0:
+            return math.nan
+        if self.adaptive:
+            return lr * math.sqrt(max(ctx.total_numel, 1)) / ctx.param_norm
+        if not math.isfinite(g):
+            return math.nan
+        return lr * g / ctx.param_norm
+
+    @staticmethod
+    def _flat(hist: RunHistory) -> bool:
+        """The fitted trend over the window projects less than a 2% drop across the window."""
+        v = hist.loss.values(WINDOW)
+        slope, _, _ = linear_fit(v)
+        level = abs(median(v.tolist())) or 1.0
+        return slope * v.size > -MIN_PROGRESS * level
+
+    def _finding(self, row: Row, hist: RunHistory, cause: str, prog: float) -> Finding:
+        ctx = self.ctx
+        start, now = hist.start_loss, hist.recent_loss(10)
+        steps = len(hist.loss)
+        evidence: dict[str, float] = {
+            "loss_at_start": start,
+            "loss_now": now,
+            "progress_since_start": prog,
+            "steps_observed": steps,
+            "lr": row.lr0,
+            "grad_norm": row.grad_norm,
+            "update_to_weight_ratio": self.update_ratio,
+        }
+        chance = ""
+        if ctx.num_classes and ctx.num_classes > 1:
+            lnk = math.log(ctx.num_classes)
+            evidence["ln_num_classes"] = lnk
+            if math.isfinite(now) and abs(now - lnk) <= 0.1 * lnk:
+                chance = f" (chance level ln({ctx.num_classes}) = {fmt(lnk)})"
+        if cause == "no_grad":
+            summary = f"no parameter has received a gradient for {self.no_grad} steps; the loss sits at {fmt(now)}{chance}."
+            remedy = (
+                "make sure loss.backward() runs on the loss tensor itself: no .item(), .detach() or "
+                "torch.no_grad() on the way, and the parameters have requires_grad=True"
+            )
+        elif cause == "zero_lr":
+            summary = f"the LR has been exactly 0 for {self.zero_lr} steps; the loss sits at {fmt(now)}{chance}."
+            remedy = "check the LR scheduler or warmup: it sets the LR to 0 (print scheduler.get_last_lr())"
+        elif cause == "tiny_update":
+            summary = (
+                f"each update changes the weights by about {fmt(self.update_ratio)} of their norm "
+                f"(healthy is around 1e-3) and the loss has not moved from {fmt(start)}{chance}."
+            )
+            remedy = f"raise the LR (now {lr_text(row)}) by 100x or more, or run an LR range test"
+        else:
+            summary = (
+                f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
+                f"{fmt(100 * prog)}% progress) and shows no downward trend."
+            )
+            remedy = (
+                f"raise the LR (now {lr_text(row)}); check that the optimizer was given "
+                "model.parameters(), that inputs and labels line up and that the inputs are normalized; "
+                "try to overfit one batch"
+            )
+        evidence["cause_code"] = ("no_grad", "zero_lr", "tiny_update", "flat").index(cause)
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            layer=None,
+            evidence=evidence,
+            onset_step=max(hist.first_loss_step, 0) if cause == "flat" else self.episode.first_hit,
+        )

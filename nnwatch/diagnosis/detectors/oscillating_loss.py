@@ -1,0 +1,160 @@
+"""Oscillating loss: the loss swings up and down with no net progress (usually: the LR is too high).
+
+Minibatch losses are always noisy, so swings alone prove nothing. Over the last 24 steps this rule
+needs all three of:
+
+* no progress: the newer half of the window is not 5% below the older half;
+* back and forth, and bounded: the net change over the window is under half of the total
+  up-and-down movement, and the peak stays within 50x the window's median; a loss that climbs
+  steadily or leaps by orders of magnitude is diverging (exploding gradients), not oscillating;
+* worse than before: the newer half of the window sits at or above the level of the 96 steps before
+  the window (an LR that bounces off the valley's walls loses ground; a model that grows confident
+  on noisy labels swings more while still improving);
+* swings large for *this* run: the median of the last 12 step-to-step changes is at least 3x what
+  it was in the 96 steps before the window and at least 3% of the loss (or of 10% of the starting loss, if that is
+  larger: a converged loss wobbling near zero is not oscillating), and 7 of those 12 changes exceed
+  the 90th percentile of the run's earlier changes (a rank test, immune to heavy-tailed noise:
+  stationary noise passes it about once in 10^4 windows). In the first steps of a run, before there is any
+  history, the bar is a clear zig-zag instead: autocorrelation below -0.5 and swings of 15%.
+
+Two windows in a row must agree (confirmation), and the episode ends after 24 calm steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.episode import Episode
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import Ring, RunHistory, lag1_autocorr, median, quantile
+from nnwatch.diagnosis.row import Row
+
+WINDOW = 24
+HISTORY = 256
+BASELINE = 96  # the changes just before the window: noise drifts as a model grows confident
+MIN_BASELINE = 24  # step-to-step changes needed before "earlier in the run" means anything
+SWING_FACTOR = 3.0
+MIN_SWING = 0.03
+NEW_RUN_SWING = 0.15
+NEW_RUN_AUTOCORR = -0.5
+PROGRESS = 0.05
+CONFIRM = 2
+BOUNDED = 50.0  # the window's peak may not exceed its median by more than this
+BIG_CHANGES = 7  # of the last SWING_WINDOW changes, above the run's 90th percentile
+LEVEL_FLOOR = 0.1  # the loss level counts as at least 10% of where the run started
+SWING_WINDOW = 12  # the swing is measured on the newest changes, to react within ~8 steps
+MONOTONE = 0.5  # net change above this share of the total up-and-down movement is a trend
+
+
+class OscillatingLossDetector(Detector):
+    kind = "oscillating_loss"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.losses = Ring(HISTORY + WINDOW)
+        self.episode = Episode(confirm=CONFIRM, release=WINDOW)
+        self.window: deque[float] = deque(maxlen=WINDOW)
+        self.frozen_base: tuple[float, float] | None = None
+        self.level_before = math.nan
+        self._cached: tuple[float | None, float | None] = (None, None)
+        self._cached_at = -(10**9)
+
+    def _baseline(self, n: int) -> tuple[float | None, float | None]:
+        """Median and 90th percentile of the changes in the 96 steps before the window (cached 8 rows)."""
+        total = self.losses.total
+        if n - WINDOW < MIN_BASELINE + 1:
+            return None, None
+        if total - self._cached_at < 8:
+            return self._cached
+        v = self.losses.values().tolist()
+        before = v[max(0, n - WINDOW - BASELINE) : n - WINDOW + 1]
+        earlier = [abs(b - a) for a, b in zip(before[:-1], before[1:], strict=True)]
+        self._cached = (median(earlier), quantile(earlier, 0.9))
+        self.level_before = median(before)
+        self._cached_at = total
+        return self._cached
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        if not math.isfinite(row.loss):
+            return None
+        self.losses.push(row.loss)
+        self.window.append(row.loss)
+        n = len(self.losses)
+        if n < WINDOW:
+            return None
+        win = list(self.window)
+        level = median([abs(x) for x in win])
+        if level == 0:
+            return None
+        d = [abs(b - a) for a, b in zip(win[:-1], win[1:], strict=True)]
+        newest = d[-SWING_WINDOW:]
+        swing = median(newest)
+        h = WINDOW // 2
+        older, newer = median(win[:h]), median(win[h:])
+        progress = (older - newer) / level
+        base, q90 = self.frozen_base if self.frozen_base is not None else self._baseline(n)
+        # Swings are judged against the run's loss scale, so that a converged loss of 1e-6 that
+        # wobbles by 1e-6 (100% of its level, nothing in absolute terms) is not an oscillation.
+        start = hist.start_loss
+        rel = swing / max(level, LEVEL_FLOOR * abs(start) if math.isfinite(start) else 0.0)
+        q = WINDOW // 6
+        net = abs(median(win[-q:]) - median(win[:q]))
+        back_and_forth = net <= MONOTONE * sum(d)
+        bounded = max(win) <= BOUNDED * level  # swings over orders of magnitude are a blow-up
+        r1 = math.nan
+        if progress >= PROGRESS or not back_and_forth or not bounded:
+            hit = False
+        elif base is not None and q90 is not None:
+            # Most of the newest changes beat the run's own 90th percentile: under stationary
+            # noise each does so with probability 0.1, so 7 of 12 is a ~1e-4 coincidence.
+            big = sum(1 for x in newest if x > q90)
+            worse = newer >= self.level_before  # an LR past the valley's walls loses ground
+            hit = rel >= MIN_SWING and swing >= SWING_FACTOR * base and big >= BIG_CHANGES and worse
+        else:
+            r1 = lag1_autocorr(np.asarray(win))
+            hit = rel >= NEW_RUN_SWING and math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
+        was_active = self.episode.active
+        opened = self.episode.update(hit, row.step)
+        if self.episode.active and not was_active:
+            self.frozen_base = (base, q90) if base is not None else None
+        elif not self.episode.active:
+            self.frozen_base = None
+        if not opened:
+            return None
+        times = swing / base if base else math.nan
+        evidence = {
+            "median_step_change": swing,
+            "relative_swing": rel,
+            "usual_step_change": base if base is not None else math.nan,
+            "times_usual": times,
+            "lag1_autocorr": r1 if math.isfinite(r1) else lag1_autocorr(np.asarray(win)),
+            "progress_in_window": progress,
+            "window": WINDOW,
+            "lr": row.lr0,
+        }
+        if base:
+            how = f"{fmt(times)}x its usual step-to-step change ({fmt(base)})"
+        else:
+            how = f"a zig-zag (lag-1 autocorrelation {fmt(evidence['lag1_autocorr'])})"
+        summary = (
+            f"over the last {WINDOW} steps the loss swings by {fmt(swing)} per step "
+            f"({fmt(100 * rel)}% of its level {fmt(level)}), {how}, with no net progress."
+        )
+        remedy = (
+            f"lower the LR (now {lr_text(row)}) by 3-10x, or add LR decay/warmup; lower the momentum "
+            "if it is high; gradient clipping also damps the swings"
+        )
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            evidence=evidence,
+            onset_step=max(self.episode.first_hit - WINDOW + 1, 0),
+        )

@@ -1,0 +1,102 @@
+"""The detectors attached to a live run: fed by the run-log writer thread, and by the guard.
+
+``Diagnosis(w)`` is created by the probe at the first ``w.step()``. The writer thread calls
+:meth:`observe` with each batch of new records (off the training thread: a detector never slows a
+step down, it only acts one step late). The one exception is the guard: when the single
+``isfinite`` check before ``optimizer.step()`` trips, the training thread calls
+:meth:`on_nonfinite_grads` and the NaN finding is issued on the spot, with the weights still clean.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.finding import Finding
+from nnwatch.diagnosis.pipeline import Pipeline
+from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.spikes import SpikeTrigger
+
+log = logging.getLogger("nnwatch")
+
+
+class Diagnosis:
+    """Detectors for one watched run. Findings go to ``w.add_finding`` (and ``self.findings``)."""
+
+    def __init__(self, w: Any) -> None:
+        self.w = w
+        self.context = RunContext.from_watch(w)
+        self.pipeline = Pipeline(self.context)
+        self.findings: list[Finding] = []
+        self.spikes = SpikeTrigger()
+        self._lock = threading.Lock()
+        self.rows_seen = 0
+        if getattr(w, "_guard_tripped", False) and int(getattr(w, "step_index", 0)) == 0:
+            # The guard tripped on step 0, before this object existed (it is created at the end
+            # of the first step); the step's buffers still hold its per-layer values.
+            self.on_nonfinite_grads(0)
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def observe(self, rows: np.ndarray) -> None:
+        """Feed new records (in step order) to every detector."""
+        with self._lock:
+            hist = self.pipeline.history
+            for row in Row.batch(rows):
+                if row.step <= self.pipeline.last_step:
+                    continue  # a record seen twice (e.g. re-published after a device move)
+                self.rows_seen += 1
+                if self.spikes.check(row, hist):
+                    self._request_snapshot(f"grad_norm_spike at step {row.step}")
+                for finding in self.pipeline.feed_row(row):
+                    self._emit(finding)
+        from nnwatch.diagnosis.snapshot import complete_pending
+
+        complete_pending(self.w, rows)
+
+    # -- training thread -------------------------------------------------------------------------
+    def on_nonfinite_grads(self, step: int) -> None:
+        """The guard found non-finite gradients before ``optimizer.step()`` of ``step``."""
+        det = self.pipeline.nan_detector()
+        if det is None or (det.episode.active and det.episode.opened_at <= step):
+            return
+        act_sum, grad_layer = self._live_layer_state()
+        with self._lock:
+            finding = self.pipeline.on_guard(step, act_sum, grad_layer)
+            if finding is not None:
+                self._emit(finding)
+
+    def close(self) -> None:
+        """Nothing to release: the writer flushes its last records after this, and they still count."""
+
+    # ------------------------------------------------------------------------------------------
+    def _emit(self, finding: Finding) -> None:
+        self.findings.append(finding)
+        try:
+            self.w.add_finding(finding)
+        except Exception as exc:  # noqa: BLE001 - reporting must not stop the detectors
+            log.error("nnwatch: could not report a finding: %r (%s)", exc, finding.message)
+
+    def _request_snapshot(self, reason: str) -> None:
+        try:
+            self.w.request_snapshot(reason)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("nnwatch: could not request a snapshot: %r", exc)
+
+    def _live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """This step's per-layer output sums and gradient norms, from the probe's step buffers.
+
+        Read only when the guard trips (on CUDA it syncs, but the guard has synced already).
+        """
+        buf = getattr(self.w, "_buf", None)
+        out: list[np.ndarray | None] = []
+        for name in ("act_sum", "grad_layer"):
+            t = getattr(buf, name, None)
+            try:
+                out.append(t.detach().float().cpu().numpy().copy() if t is not None else None)
+            except Exception:  # noqa: BLE001 - a missing view only loses the origin, not the finding
+                out.append(None)
+        return out[0], out[1]

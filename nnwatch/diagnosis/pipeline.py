@@ -1,0 +1,61 @@
+"""Rows in, findings out: the detectors and the history they share, with no I/O of their own.
+
+The live :class:`~nnwatch.diagnosis.live.Diagnosis` and offline :func:`~nnwatch.diagnosis.offline.diagnose_run`
+both drive a pipeline, so a recorded run is diagnosed exactly as it was live.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors import ALL_DETECTORS, Detector, NanOrInfDetector
+from nnwatch.diagnosis.finding import Finding
+from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.row import Row
+
+log = logging.getLogger("nnwatch")
+
+
+class Pipeline:
+    def __init__(
+        self, ctx: RunContext, detectors: tuple[type[Detector], ...] = ALL_DETECTORS
+    ) -> None:
+        self.ctx = ctx
+        self.history = RunHistory()
+        self.detectors: list[Detector] = [cls(ctx) for cls in detectors]
+        self.last_step = -1
+
+    def feed(self, rows: np.ndarray, act_known: np.ndarray | None = None) -> list[Finding]:
+        """Run every detector over ``rows`` (step order). ``act_known[i]`` False: no act_sum for row i."""
+        out: list[Finding] = []
+        for row in Row.batch(rows, act_known):
+            out.extend(self.feed_row(row))
+        return out
+
+    def feed_row(self, row: Row) -> list[Finding]:
+        out: list[Finding] = []
+        for det in list(self.detectors):
+            try:
+                f = det.update(row, self.history)
+            except Exception as exc:  # noqa: BLE001 - one broken detector must not take the rest
+                self.detectors.remove(det)
+                log.error("nnwatch: the %s detector failed and was switched off: %r", det.kind, exc)
+                continue
+            if f is not None:
+                out.append(f)
+        self.history.push(row)
+        self.last_step = row.step
+        return out
+
+    def nan_detector(self) -> NanOrInfDetector | None:
+        return next((d for d in self.detectors if isinstance(d, NanOrInfDetector)), None)
+
+    def on_guard(self, step: int, act_sum: Any, grad_layer: Any) -> Finding | None:
+        det = self.nan_detector()
+        if det is None:
+            return None
+        return det.on_guard(step, act_sum, grad_layer, self.history)

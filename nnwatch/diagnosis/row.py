@@ -1,0 +1,103 @@
+"""One step record as plain Python numbers and small numpy views: what every detector reads.
+
+Records arrive as rows of the run's structured dtype. Converting each scalar once, here, keeps the
+detectors cheap (they run in the run-log writer thread and share the GIL with training) and lets
+offline diagnosis feed them rows rebuilt from a run log, where a per-layer block may be missing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+_SCALARS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "clip_threshold",
+    "amp_scale",
+    "amp_skipped",
+    "nonfinite_grads",
+    "layer_stats",
+    "samples_per_sec",
+    "step_time",
+)
+_LAYER = ("act_sum", "act_std", "act_zero", "act_maxabs", "act_nonfinite")
+
+
+class Row:
+    """The fields of one step that detectors use. Per-layer arrays are None when not recorded."""
+
+    __slots__ = (
+        "step",
+        "loss",
+        "grad_norm",
+        "grad_norm_clipped",
+        "clip_threshold",
+        "amp_scale",
+        "amp_skipped",
+        "nonfinite_grads",
+        "lr",
+        "sampled",
+        "act_sum",
+        "act_std",
+        "act_zero",
+        "act_maxabs",
+        "act_nonfinite",
+        "grad_layer",
+        "batch_size",
+    )
+
+    def __init__(self, rec: Any, act_known: bool = True) -> None:
+        """One row from a single structured record (see :meth:`batch` for many at once)."""
+        rows = np.asarray(rec).reshape(1)
+        other = Row.batch(rows, None if act_known else np.zeros(1, dtype=bool))[0]
+        for name in Row.__slots__:
+            setattr(self, name, getattr(other, name))
+
+    @staticmethod
+    def batch(rows: np.ndarray, act_known: np.ndarray | None = None) -> list[Row]:
+        """Rows from a structured array, converting column by column (much cheaper than per field)."""
+        names = rows.dtype.names or ()
+        n = len(rows)
+        cols = {f: rows[f].astype(np.float64).tolist() for f in _SCALARS if f in names}
+        nan = [math.nan] * n
+        lr = rows["lr"].reshape(n, -1) if "lr" in names else np.zeros((n, 0))
+        sampled = [v == 1.0 for v in cols.get("layer_stats", nan)]
+        per_layer = {f: rows[f] for f in _LAYER if f in names}
+        grad = rows["grad_layer"] if "grad_layer" in names else np.zeros((n, 0), np.float32)
+        out: list[Row] = []
+        for i in range(n):
+            r = Row.__new__(Row)
+            r.step = int(cols["step"][i])
+            r.loss = cols["loss"][i]
+            r.grad_norm = cols["grad_norm"][i]
+            r.grad_norm_clipped = cols.get("grad_norm_clipped", nan)[i]
+            r.clip_threshold = cols.get("clip_threshold", nan)[i]
+            r.amp_scale = cols.get("amp_scale", nan)[i]
+            r.amp_skipped = cols.get("amp_skipped", nan)[i]
+            r.nonfinite_grads = cols.get("nonfinite_grads", nan)[i]
+            r.lr = lr[i]
+            r.sampled = sampled[i]
+            sps, dt = cols.get("samples_per_sec", nan)[i], cols.get("step_time", nan)[i]
+            r.batch_size = sps * dt if math.isfinite(sps) and math.isfinite(dt) else math.nan
+            known = act_known is None or bool(act_known[i])
+            r.act_sum = per_layer["act_sum"][i] if known and "act_sum" in per_layer else None
+            if r.sampled and "act_zero" in per_layer:
+                r.act_std = per_layer["act_std"][i]
+                r.act_zero = per_layer["act_zero"][i]
+                r.act_maxabs = per_layer["act_maxabs"][i]
+                r.act_nonfinite = per_layer["act_nonfinite"][i]
+            else:
+                r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
+            r.grad_layer = grad[i]
+            out.append(r)
+        return out
+
+    @property
+    def lr0(self) -> float:
+        """The first parameter group's LR (NaN when unknown)."""
+        return float(self.lr[0]) if self.lr.size else math.nan

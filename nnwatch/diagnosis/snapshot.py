@@ -1,0 +1,401 @@
+"""Snapshots: everything needed to re-run one training step, written atomically next to the run.
+
+``<run>/snapshots/step-N/`` holds:
+
+- ``manifest.json``  what this is: step, reason, versions, device, thread count, which parts exist
+- ``state.pt``       model state_dict and optimizer state from *before* this step's update, scaler state
+- ``rng.pt``         RNG states from the start of the step's forward (torch CPU/CUDA, numpy, Python),
+                     stored as plain tensors and numbers so that ``torch.load(weights_only=True)`` reads them
+- ``batch.pt``       the batch passed to ``w.step(loss, batch=...)``, moved to the CPU
+- ``metrics.npy``    the last 500 step records (scalars and per-layer stats), oldest first
+- ``layers.json``    the latest per-layer statistics, by layer name, for people
+- ``findings.json``  the findings so far
+- ``meta.json``      the run's meta (layer names, schema)
+- ``record.json``    this step's own recorded loss and gradient norm; the record is published after the
+                     snapshot, so the detectors' writer thread adds this file when it arrives. Replay
+                     falls back to the run's ``scalars.bin`` when it is missing.
+
+Everything is written into a hidden temporary directory and renamed into place, so a reader never
+sees half a snapshot. A write that fails (disk full, permissions) removes the temporary directory,
+becomes a ``snapshot_failed`` finding, and raises: the probe turns the exception into an event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nnwatch.diagnosis.finding import Finding
+
+SNAPSHOT_VERSION = 1
+SNAPSHOTS_DIR = "snapshots"
+MANIFEST, STATE, RNG, BATCH = "manifest.json", "state.pt", "rng.pt", "batch.pt"
+METRICS, LAYERS, FINDINGS, META, RECORD = (
+    "metrics.npy",
+    "layers.json",
+    "findings.json",
+    "meta.json",
+    "record.json",
+)
+
+_pending_lock = threading.Lock()
+_pending: weakref.WeakKeyDictionary[Any, dict[int, Path]] = weakref.WeakKeyDictionary()
+
+
+class SnapshotError(OSError):
+    """A snapshot could not be written; the message says where and why."""
+
+
+def write_snapshot(
+    w: Any, *, reason: str, state: dict[str, Any], rng: dict[str, Any], batch: Any
+) -> Path:
+    """Write the snapshot of the step being recorded (``w.step_index``); returns its directory."""
+    step = int(w.step_index)
+    root = Path(w.run_dir) / SNAPSHOTS_DIR
+    tmp: Path | None = None
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        if not root.is_dir():
+            raise NotADirectoryError(f"{root} exists and is not a directory")
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+        _write_contents(w, tmp, step=step, reason=reason, state=state, rng=rng, batch=batch)
+        final = _free_name(root, f"step-{step}")
+        os.rename(tmp, final)
+        tmp = None
+    except Exception as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        _report_failure(w, step, reason, root, why)
+        raise SnapshotError(
+            f"could not write the snapshot of step {step} in {root}: {why}"
+        ) from exc
+    with _pending_lock:
+        _pending.setdefault(w, {})[step] = final
+    return final
+
+
+def _free_name(root: Path, name: str) -> Path:
+    path = root / name
+    k = 1
+    while path.exists():
+        path = root / f"{name}.{k}"
+        k += 1
+    return path
+
+
+def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> None:
+    finding = Finding(
+        kind="snapshot_failed",
+        severity="error",
+        step=step,
+        summary=f"the {reason} snapshot could not be written to {root}: {why}. Training goes on.",
+        remedy=(
+            "free disk space or fix the permissions of the run directory (or point NNWATCH_RUN_DIR "
+            "at a larger, writable disk), then take a snapshot again"
+        ),
+        evidence={"snapshot_step": step},
+        onset_step=step,
+    )
+    try:
+        w.add_finding(finding)
+    except Exception:  # noqa: BLE001 - the exception below still tells the probe
+        pass
+
+
+# ------------------------------------------------------------------------------------------------
+# contents
+
+
+def _write_contents(
+    w: Any,
+    d: Path,
+    *,
+    step: int,
+    reason: str,
+    state: dict[str, Any],
+    rng: dict[str, Any],
+    batch: Any,
+) -> None:
+    import torch
+
+    files: dict[str, str] = {}
+
+    def save_torch(name: str, obj: Any) -> None:
+        path = d / name
+        torch.save(obj, path)
+        files[name] = _sha256(path)
+
+    def save_json(name: str, obj: Any) -> None:
+        path = d / name
+        path.write_text(
+            json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
+        )
+        files[name] = _sha256(path)
+
+    saved_state = {
+        k: state[k] for k in ("model", "optimizer", "scaler") if k in state and state[k] is not None
+    }
+    save_torch(STATE, saved_state)
+    save_torch(RNG, rng_to_tensors(rng))
+    batch_notes: list[str] = []
+    if batch is None:
+        batch_notes.append(
+            "w.step() was called without batch=...; pass the batch to make snapshots replayable"
+        )
+    else:
+        save_torch(BATCH, _plain(batch, batch_notes, "batch"))
+    recent = w.recent_records()
+    if isinstance(recent, np.ndarray) and recent.dtype.names:
+        np.save(d / METRICS, recent, allow_pickle=False)
+        files[METRICS] = _sha256(d / METRICS)
+    save_json(LAYERS, latest_layer_stats(w, recent))
+    save_json(FINDINGS, [_finding_dict(f) for f in list(getattr(w, "findings", []))])
+    meta = getattr(w, "meta", None)
+    if meta is not None:
+        (d / META).write_text(meta.to_json())
+        files[META] = _sha256(d / META)
+    model = w.model
+    device = str(getattr(w, "device", "cpu"))
+    manifest: dict[str, Any] = {
+        "version": SNAPSHOT_VERSION,
+        "step": step,
+        "reason": reason,
+        "time": time.time(),
+        "run": getattr(w, "name", ""),
+        "run_dir": str(w.run_dir),
+        "torch_version": torch.__version__,
+        "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
+        "nnwatch_version": getattr(meta, "nnwatch_version", ""),
+        "device": device,
+        "cuda_device": _cuda_name(device),
+        "num_threads": torch.get_num_threads(),
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_training": bool(model.training),
+        "optimizer_class": type(w.optimizer).__name__
+        if getattr(w, "optimizer", None) is not None
+        else None,
+        "lr": [_plain_number(x) for x in (state.get("lr") or [])],
+        "num_classes": getattr(w, "num_classes", None),
+        "has": {
+            "model": "model" in saved_state,
+            "optimizer": "optimizer" in saved_state,
+            "scaler": "scaler" in saved_state,
+            "batch": batch is not None,
+            "rng": sorted(rng),
+        },
+        "weights": (
+            "before this step's optimizer update"
+            if getattr(w, "optimizer", None) is not None
+            else "unknown: watch() was given no optimizer, so the weights may already be updated"
+        ),
+        "buffers_note": "buffers (e.g. BatchNorm running stats) already include this step's forward",
+        "batch_notes": batch_notes,
+        "files": files,
+    }
+    save_json(MANIFEST, manifest)
+
+
+def rng_to_tensors(rng: dict[str, Any]) -> dict[str, Any]:
+    """RNG states as tensors and numbers only, so that ``weights_only=True`` loading accepts them."""
+    import torch
+
+    out: dict[str, Any] = {}
+    if "torch" in rng:
+        out["torch"] = rng["torch"].clone()
+    if "cuda" in rng:
+        out["cuda"] = [s.clone() for s in rng["cuda"]]
+    if "numpy" in rng:
+        name, keys, pos, has_gauss, cached = rng["numpy"][:5]
+        out["numpy"] = {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64).copy()),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
+    if "python" in rng:
+        version, internal, gauss_next = rng["python"]
+        out["python"] = {
+            "version": int(version),
+            "state": torch.tensor(list(internal), dtype=torch.int64),
+            "gauss_next": gauss_next,
+        }
+    return out
+
+
+def restore_rng(saved: dict[str, Any], cuda: bool = False) -> None:
+    """Set the process's RNGs to a state saved by :func:`rng_to_tensors`."""
+    import torch
+
+    if "torch" in saved:
+        torch.set_rng_state(saved["torch"])
+    if cuda and "cuda" in saved and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+    if "numpy" in saved:
+        s = saved["numpy"]
+        keys = s["keys"].numpy().astype(np.uint32)
+        np.random.set_state((s["name"], keys, s["pos"], s["has_gauss"], s["cached_gaussian"]))
+    if "python" in saved:
+        s = saved["python"]
+        random.setstate((s["version"], tuple(int(x) for x in s["state"].tolist()), s["gauss_next"]))
+
+
+def _plain(obj: Any, notes: list[str], where: str) -> Any:
+    """The batch as CPU tensors inside plain dicts, lists and tuples (what weights_only loads)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, dict):
+        if type(obj) is not dict:
+            notes.append(f"{where}: {type(obj).__name__} stored as a plain dict")
+        return {
+            str(k) if not isinstance(k, (int, str)) else k: _plain(v, notes, f"{where}[{k!r}]")
+            for k, v in obj.items()
+        }
+    if isinstance(obj, (list, tuple)):
+        if type(obj) not in (list, tuple):
+            notes.append(f"{where}: {type(obj).__name__} stored as a plain tuple")
+        items = [_plain(v, notes, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    if hasattr(obj, "items") and callable(obj.items):  # Mapping-like (e.g. BatchEncoding)
+        notes.append(f"{where}: {type(obj).__name__} stored as a plain dict")
+        return {str(k): _plain(v, notes, f"{where}[{k!r}]") for k, v in obj.items()}
+    notes.append(
+        f"{where}: a {type(obj).__name__} cannot be stored without pickling code; stored as None"
+    )
+    return None
+
+
+def latest_layer_stats(w: Any, recent: np.ndarray) -> dict[str, Any]:
+    """The newest sampled per-layer statistics and the newest per-layer gradient norms, by name."""
+    out: dict[str, Any] = {"step": None, "layers": {}, "grad_step": None, "grad_norms": {}}
+    if not isinstance(recent, np.ndarray) or not recent.dtype.names or not len(recent):
+        return out
+    schema = w.schema
+    sampled = recent[recent["layer_stats"] == 1.0]
+    if len(sampled):
+        r = sampled[-1]
+        out["step"] = int(r["step"])
+        for i, name in enumerate(schema.layer_names):
+            out["layers"][name] = {
+                "kind": schema.layer_kinds[i],
+                **{
+                    f: _plain_number(r[f][i])
+                    for f in ("act_mean", "act_std", "act_zero", "act_nonfinite", "act_maxabs")
+                },
+            }
+    r = recent[-1]
+    out["grad_step"] = int(r["step"])
+    for j, name in enumerate(schema.param_layer_names):
+        out["grad_norms"][name] = _plain_number(r["grad_layer"][j])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the step's own record, added when it reaches the detectors
+
+
+def complete_pending(w: Any, rows: np.ndarray) -> None:
+    """Write ``record.json`` into snapshots whose step is among ``rows`` (called by the writer thread)."""
+    with _pending_lock:
+        pending = _pending.get(w)
+        if not pending:
+            return
+        steps = rows["step"]
+        hits = [(s, pending.pop(s)) for s in list(pending) if (steps == s).any()]
+    for s, path in hits:
+        row = rows[np.flatnonzero(steps == s)[0]]
+        try:
+            write_record(path, row)
+        except OSError:
+            pass  # replay falls back to the run's scalars.bin
+
+
+def write_record(path: Path, row: Any) -> None:
+    loss = np.float32(row["loss"])
+    gn = np.float32(row["grad_norm"])
+    record = {
+        "step": int(row["step"]),
+        "loss": _plain_number(loss),
+        "loss_bits": f"0x{int(loss.view(np.uint32)):08x}",
+        "grad_norm": _plain_number(gn),
+        "grad_norm_bits": f"0x{int(gn.view(np.uint32)):08x}",
+        "grad_norm_clipped": _plain_number(row["grad_norm_clipped"]),
+        "clip_threshold": _plain_number(row["clip_threshold"]),
+        "nonfinite_grads": _plain_number(row["nonfinite_grads"]),
+        "source": "probe record (float32)",
+    }
+    tmp = path / f".{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=False))
+    os.replace(tmp, path / RECORD)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _plain_number(x: Any) -> Any:
+    """JSON-safe: NaN -> None, +-inf -> "inf"/"-inf"; other numbers as Python floats/ints."""
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(f):
+        return None
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    return int(f) if isinstance(x, int) else f
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return _plain_number(obj.item())
+    return str(obj)
+
+
+def _finding_dict(f: Any) -> dict[str, Any]:
+    if hasattr(f, "to_dict"):
+        return f.to_dict()
+    if isinstance(f, dict):
+        return {str(k): _plain_number(v) if isinstance(v, float) else v for k, v in f.items()}
+    return {"message": str(f)}
+
+
+def _cuda_name(device: str) -> str | None:
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    except Exception:  # noqa: BLE001
+        return None
