@@ -1,0 +1,151 @@
+"""The multi-rank view on a real 2-rank torchrun job (gloo, CPU), driven through Textual's Pilot.
+
+Attached to rank 0, the dashboard shows a ranks pane with one row per rank, found from the
+registry by a collector thread; ``]`` and ``[`` switch the whole dashboard to the other rank's run
+(the header says which), and the pane marks the rank being watched. A single-process run has
+neither the pane nor the rank keys in its footer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from nnwatch.channel.registry import RunInfo, list_runs
+from nnwatch.distributed import Job, RankState, build_view
+from nnwatch.sources.fixture import FixtureSource
+from nnwatch.sources.live import LiveSource
+from nnwatch.tui.app import NNWatchApp
+from nnwatch.tui.model import RunState
+from nnwatch.tui.testing import fixed_hardware, settle, wait_until
+from nnwatch.tui.widgets.base import PaneContext, ViewSettings
+from nnwatch.tui.widgets.header import RunHeader
+from nnwatch.tui.widgets.ranks import RanksPane, missing_ranges, status_style
+
+from .conftest import REPO
+from .test_distributed_ddp import TORCHRUN, TRAINER, _wait_for
+
+
+def test_missing_ranks_are_named_in_ranges() -> None:
+    assert missing_ranges((2, 3, 4, 7, 9, 10)) == ["2-4", "7", "9-10"]
+    assert missing_ranges(()) == []
+
+
+def _info(rank: int, world: int) -> RunInfo:
+    return RunInfo(
+        name="ddp", pid=100 + rank, host="vm", rank=rank, world_size=world, state="running",
+        message="", step=None, steps_per_s=None, age=1.0, heartbeat_age=None, last_step_age=None,
+        dropped_records=0, run_dir=f"/nonexistent/ddp-r{rank}", ring="", socket=None,
+        entry_path="", local_rank=rank, started=0.0,
+    )  # fmt: skip
+
+
+def test_pane_marks_nan_origin_stragglers_and_ranks_on_other_nodes() -> None:
+    job = Job(
+        "k", "ddp (3/8 ranks here)", "torchelastic", 8, 0, tuple(_info(r, 8) for r in (0, 1, 2))
+    )
+    states = {r: RankState() for r in (0, 1, 2)}
+    for r, st in states.items():
+        st.step, st.loss, st.grad_norm, st.step_times = (7 if r == 2 else 10), 0.5, 1.2, [0.1]
+    states[1].loss, states[1].first = math.nan, {"loss": 7}
+    view = build_view(job, states, dict.fromkeys((0, 1, 2), "live"))
+    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
+    pane.view = view
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(pane.build())
+    lines = console.export_text().splitlines()
+    row = {ln.split()[-1 if ln.startswith("  rank") else 0]: ln for ln in lines}
+    assert "nan" in row["1"].split() and "← first NaN" in row["1"]
+    assert "behind" in row["2"] and "3 steps behind" in row["2"]
+    assert row["▶"].split()[:2] == ["▶", "0"] and "live" in row["▶"]
+    assert any(ln.strip() == "rank 3-7: other node" for ln in lines), lines
+    pal = pane.ctx.palette
+    assert status_style("nan", pal).color == pal.error.color
+    assert status_style("crashed", pal).color == pal.error.color
+    assert status_style("behind", pal).color == pal.warning.color
+    assert status_style("live", pal).color == pal.success.color
+
+
+def test_single_process_run_has_no_ranks_pane_or_rank_keys() -> None:
+    app = NNWatchApp(FixtureSource(500), hardware=fixed_hardware, fps=10)
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settle(pilot, app, 500)
+            assert not list(app.dashboard.query(RanksPane))
+            assert app.ranks is None
+            assert app.check_action("next_rank", ()) is False
+            await pilot.press("right_square_bracket")  # nothing happens, nothing breaks
+            assert app.source.meta.rank == 0
+
+    asyncio.run(main())
+
+
+def test_ranks_pane_shows_both_ranks_and_brackets_switch_rank(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [*TORCHRUN, *TRAINER, "--steps", "8", "--every", "4", "--hold-at", "5", "--go", str(go)],
+        cwd=REPO, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        _wait_for(proc, r"rank \d holding", 2, lines)
+        rank0 = next(r for r in list_runs() if r.rank == 0)
+        app = NNWatchApp(
+            LiveSource.from_info(rank0), hardware=fixed_hardware, fps=10, ranks_interval=0.2
+        )
+        seen: dict[str, Any] = {}
+
+        async def main() -> None:
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot, app)
+                pane = app.dashboard.query_one(RanksPane)
+                await wait_until(pilot, lambda: pane.view is not None and len(pane.view.rows) == 2)
+                await pilot.pause()
+                text = pane.text
+                seen["pane"] = text
+                rows = [
+                    ln for ln in text.splitlines() if ln.strip() and ln.strip()[0] in "▶0123456789"
+                ]
+                assert len(rows) == 2, text
+                assert rows[0].lstrip().startswith("▶ 0") and rows[1].lstrip().startswith("1")
+                for row in rows:
+                    assert "live" in row and rank0.host in row, text
+                assert "RANK" in text and "GRAD NORM" in text and "STATUS" in text
+                assert [r.step for r in pane.view.rows] == [4, 4]  # held at step 5: steps 0-4 done
+                assert app.check_action("next_rank", ()) is True
+                header = app.dashboard.query_one(RunHeader)
+                assert "rank 0/2" in header._picture.plain
+
+                await pilot.press("right_square_bracket")
+                assert app.source.meta.rank == 1
+                await settle(pilot, app)
+                assert "rank 1/2" in header._picture.plain
+                assert app.state.history.last_step == 4  # rank 1's own records
+                await wait_until(pilot, lambda: "▶ 1" in pane.text)
+
+                await pilot.press("left_square_bracket")
+                assert app.source.meta.rank == 0
+                await settle(pilot, app)
+                assert "rank 0/2" in header._picture.plain
+                await pilot.press("q")
+
+        asyncio.run(main())
+        assert app.return_value == 0
+    finally:
+        go.touch()
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        lines += out.splitlines()
+    assert proc.returncode == 0, "\n".join(lines)
