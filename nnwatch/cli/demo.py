@@ -1,0 +1,435 @@
+"""``nnwatch demo NAME``: a real training run with a real problem, live in the monitor, in one command.
+
+A new user should see nnwatch catch a pathology within a minute, without writing a training script.
+The demos are the standalone scripts in ``demos/`` (installed as ``nnwatch.demos``, so the command
+works from a wheel too). This command starts one in a subprocess, in its own process group, waits
+for it to register, and opens the monitor on it. Quitting the monitor stops the trainer (the
+``stop`` command, then SIGTERM, then SIGKILL) and removes its run directory and registry entry, so
+nothing is left behind; ``--keep`` keeps the run for ``nnwatch open`` and ``nnwatch replay``.
+``--headless`` runs without a screen and prints one line per finding, for CI and scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nnwatch.channel.registry import RunInfo
+
+COMMAND = "demo"
+HELP = "watch a real training run go wrong (and fix it) in one command; --list describes the demos"
+
+#: The demos, in the order a new user should try them (``--list`` prints them in this order).
+ORDER = ("exploding", "dead_relu", "nan_log", "vanishing", "amp_collapse", "healthy")
+MONITOR_DELAY = 0.05  # seconds between steps with the monitor: fast, but a person can follow
+HEADLESS_STEPS = 300  # enough for every demo to show its problem (and for healthy to show none)
+REGISTER_TIMEOUT = 120.0  # importing torch on a busy machine can take a while
+STOP_GRACE = 5.0  # seconds the trainer gets to finish its step after `stop`, and after SIGTERM
+POLL = 0.1
+
+
+class DemoError(RuntimeError):
+    """Something the user can act on; ``run`` prints it in plain words."""
+
+
+@dataclass(frozen=True)
+class Demo:
+    name: str
+    path: Path
+    summary: str  # the first line of the script's docstring, without the "name: " prefix
+    story: str  # the docstring's "What you see" paragraph
+
+
+def demos_dir() -> Path:
+    """The demo scripts: ``nnwatch/demos`` links to the repository's ``demos/`` (a copy in a wheel)."""
+    return Path(__file__).resolve().parent.parent / "demos"
+
+
+def find_demos() -> dict[str, Demo]:
+    """Every demo script, described from its docstring (read with ``ast``: torch is not imported)."""
+    found: dict[str, Demo] = {}
+    folder = demos_dir()
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        except (OSError, SyntaxError, ValueError):
+            continue
+        first, _, rest = doc.partition("\n")
+        summary = first.partition(": ")[2] or first
+        story = next((p for p in rest.split("\n\n") if p.strip().startswith("What you see")), "")
+        found[path.stem] = Demo(path.stem, path.resolve(), summary.strip(), " ".join(story.split()))
+    return found
+
+
+def ordered(demos: dict[str, Demo]) -> list[Demo]:
+    return sorted(
+        demos.values(),
+        key=lambda d: (ORDER.index(d.name) if d.name in ORDER else len(ORDER), d.name),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nnwatch.tui.launch import add_monitor_arguments
+
+    parser.add_argument("name", nargs="?", metavar="NAME", help="which demo (see --list)")
+    parser.add_argument("--list", action="store_true", help="describe each demo and exit")
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="no monitor: print each finding on its own line (kind, step, layer), for CI",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"training steps (default: the demo's own with the monitor, {HEADLESS_STEPS} headless)",
+    )
+    parser.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        help=f"seconds between steps (default: {MONITOR_DELAY} with the monitor, 0 headless)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the demo (default 0)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the run directory afterwards (for `nnwatch open` or `nnwatch replay`)",
+    )
+    add_monitor_arguments(parser)
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer subprocess
+class Trainer:
+    """The demo's training process: started in its own process group, always cleaned up."""
+
+    def __init__(self, demo: Demo, steps: int | None, delay: float, seed: int) -> None:
+        self.demo = demo
+        self.scratch = Path(tempfile.mkdtemp(prefix="nnwatch-demo-"))
+        self.output_path = self.scratch / "output.txt"
+        argv = [sys.executable, str(demo.path), "--delay", str(delay), "--seed", str(seed)]
+        if steps is not None:
+            argv += ["--steps", str(steps)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        try:
+            with open(self.output_path, "wb") as out:
+                self.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # its own process group: Ctrl-C is ours to handle
+                )
+        except OSError as exc:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise DemoError(f"cannot start {demo.path}: {exc.strerror or exc}") from None
+        self.info: RunInfo | None = None  # the registry entry, once the trainer has registered
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.output_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def wait_registered(self, timeout: float = REGISTER_TIMEOUT) -> RunInfo:
+        """The trainer's registry entry (written at its first step); raises if it dies first."""
+        from nnwatch.channel.identity import this_host
+        from nnwatch.channel.registry import list_runs
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = [r for r in list_runs() if r.pid == self.proc.pid and r.host == this_host()]
+            if runs:
+                self.info = runs[0]
+                return self.info
+            if not self.alive:
+                raise DemoError(
+                    f"the {self.demo.name} demo exited (status {self.proc.returncode}) before its "
+                    f"first step. Its output:\n{self.output_tail()}"
+                )
+            time.sleep(POLL)
+        raise DemoError(
+            f"the {self.demo.name} demo did not start training within {timeout:.0f} s "
+            f"(pid {self.proc.pid}). Its output so far:\n{self.output_tail()}"
+        )
+
+    def stop(self) -> None:
+        """Stop the trainer: the ``stop`` command first (it ends its loop cleanly), then signals."""
+        if not self.alive:
+            return
+        if self.info is not None and self.info.socket:
+            from nnwatch.channel.client import ChannelClient, ChannelError
+
+            try:
+                with ChannelClient(self.info.socket, timeout=STOP_GRACE) as client:
+                    client.command("stop")
+            except (ChannelError, OSError):
+                pass
+            if self._wait(STOP_GRACE):
+                return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            if self._wait(STOP_GRACE):
+                return
+
+    def _wait(self, seconds: float) -> bool:
+        try:
+            self.proc.wait(seconds)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def finish(self, keep: bool) -> str | None:
+        """Stop the trainer and remove its files; the run directory that remains (``keep``), if any."""
+        self.stop()
+        return self.remove_run(keep)
+
+    def remove_run(self, keep: bool) -> str | None:
+        """Remove the run's files (unless ``keep``); return the run directory that remains, if any."""
+        from nnwatch.channel.registry import unregister
+
+        info = self.info
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        if info is None:
+            return None
+        if keep:
+            return info.run_dir
+        unregister(Path(info.entry_path))  # gone already after a clean stop; not after a kill
+        if info.socket:
+            try:
+                os.unlink(info.socket)
+            except OSError:
+                pass
+        if self._made(Path(info.run_dir)):
+            shutil.rmtree(info.run_dir, ignore_errors=True)
+        return None
+
+    def _made(self, run_dir: Path) -> bool:
+        """Whether ``run_dir`` is the run this trainer wrote: only that one is ever deleted."""
+        from nnwatch.schema import RunMeta
+
+        try:
+            return RunMeta.from_json((run_dir / "meta.json").read_text()).pid == self.proc.pid
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+
+@contextmanager
+def cleanup_on_signals(cleanup: Callable[[], object], *, monitor: bool) -> Iterator[None]:
+    """SIGTERM and SIGHUP (``kill``, a closed terminal): clean up, then exit at once.
+
+    Raising SystemExit from the handler would unwind through Textual's event loop and can leave
+    its input thread running, which holds the process open; so the handler does the whole job
+    itself: stop the trainer, remove its files, give the terminal back (``monitor``), ``os._exit``.
+    """
+    saved = _terminal_state() if monitor else None
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            cleanup()
+        finally:
+            _restore_terminal(saved)
+            os._exit(128 + signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _terminal_state() -> list[Any] | None:
+    try:
+        import termios
+
+        return termios.tcgetattr(sys.stdin.fileno()) if sys.stdin.isatty() else None
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _restore_terminal(saved: list[Any] | None) -> None:
+    """Leave the monitor's alternate screen and raw mode, as Textual would on a normal exit."""
+    if saved is None:
+        return
+    try:
+        import termios
+
+        sys.__stderr__.write(
+            "\x1b[?1000l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?1049l\x1b[?25h"
+        )
+        sys.__stderr__.flush()
+        termios.tcsetattr(sys.stdin.fileno(), termios.TCSANOW, saved)
+    except Exception:  # noqa: BLE001 - the terminal may be gone (SIGHUP); exiting matters more
+        pass
+
+
+# ----------------------------------------------------------------------------------------------
+def finding_line(event: dict[str, Any]) -> str:
+    """One finding as one line: kind (the vocabulary's spelling), step, layer, then what and the fix."""
+    layer = event.get("layer") or "-"
+    text = str(event.get("summary") or event.get("message") or "")
+    if event.get("remedy"):
+        text += f" Fix: {event['remedy']}"
+    return f"{event.get('kind')} step={event.get('step')} layer={layer} | {' '.join(text.split())}"
+
+
+def follow_headless(trainer: Trainer) -> int:
+    """Print each finding as it is written to events.jsonl, until the trainer exits."""
+    from nnwatch.channel.tail import EventTail
+
+    assert trainer.info is not None, "follow a trainer after it registered"
+    tail = EventTail(Path(trainer.info.run_dir) / "events.jsonl")
+    count = 0
+
+    def drain() -> None:
+        nonlocal count
+        while True:
+            events = tail.read()
+            if not events:
+                return
+            for ev in events:
+                if ev.get("type", "finding") == "finding" and "kind" in ev:
+                    print(finding_line(ev), flush=True)
+                    count += 1
+
+    while trainer.alive:
+        drain()
+        time.sleep(POLL)
+    drain()
+    return count
+
+
+def list_demos(demos: dict[str, Demo]) -> None:
+    for demo in ordered(demos):
+        print(f"{demo.name:<13} {demo.summary}")
+        if demo.story:
+            import textwrap
+
+            print(
+                textwrap.fill(
+                    demo.story, width=96, initial_indent=" " * 14, subsequent_indent=" " * 14
+                )
+            )
+    print("\nRun one with `nnwatch demo NAME` (live monitor) or `nnwatch demo NAME --headless`.")
+
+
+def run(args: argparse.Namespace) -> int:
+    demos = find_demos()
+    if not demos:
+        print(
+            f"nnwatch demo: no demo scripts found in {demos_dir()}; reinstall nnwatch",
+            file=sys.stderr,
+        )
+        return 2
+    if args.list or not args.name:
+        list_demos(demos)
+        return 0 if args.list else 2
+    demo = demos.get(args.name)
+    if demo is None:
+        print(
+            f"nnwatch demo: no demo called {args.name!r}; choose one of: "
+            + ", ".join(d.name for d in ordered(demos)),
+            file=sys.stderr,
+        )
+        return 2
+    if not args.headless and not sys.stdout.isatty() and not os.environ.get("NNWATCH_FORCE_TUI"):
+        print(
+            "nnwatch demo: the monitor needs a terminal (stdout is not one); "
+            "add --headless to print the findings as text",
+            file=sys.stderr,
+        )
+        return 1
+    if args.steps is not None and args.steps < 1:
+        print("nnwatch demo: --steps must be at least 1", file=sys.stderr)
+        return 2
+    steps = args.steps if args.steps is not None or not args.headless else HEADLESS_STEPS
+    delay = args.delay if args.delay is not None else (0.0 if args.headless else MONITOR_DELAY)
+    started: list[Trainer] = []
+
+    def cleanup() -> str | None:
+        return started[0].finish(args.keep) if started else None
+
+    kept: str | None = None
+    status = 0
+    with cleanup_on_signals(cleanup, monitor=not args.headless):
+        try:
+            started.append(Trainer(demo, steps, max(0.0, delay), args.seed))
+            trainer = started[0]
+            trainer.wait_registered()
+            if args.headless:
+                status = _headless(trainer)
+            else:
+                status = _monitor(trainer, args)
+        except DemoError as exc:
+            print(f"nnwatch demo: {exc}", file=sys.stderr)
+            status = 1
+        except KeyboardInterrupt:
+            status = 130
+        finally:
+            kept = cleanup()
+    if kept:
+        print(f"nnwatch demo: the run is kept in {kept}", file=sys.stderr)
+        if demo.name == "nan_log":
+            print(
+                f"  find the op and line of the NaN: nnwatch replay {kept} "
+                "--model nnwatch.demos.nan_log:make --anomaly",
+                file=sys.stderr,
+            )
+    return status
+
+
+def _headless(trainer: Trainer) -> int:
+    count = follow_headless(trainer)
+    rc = trainer.proc.returncode
+    status = 0
+    if rc not in (0, None):
+        print(
+            f"nnwatch demo: the {trainer.demo.name} trainer failed (status {rc}):\n"
+            + trainer.output_tail(),
+            file=sys.stderr,
+        )
+        status = 1
+    print(f"nnwatch demo: {trainer.demo.name}: {count} finding(s)", file=sys.stderr)
+    return status
+
+
+def _monitor(trainer: Trainer, args: argparse.Namespace) -> int:
+    from nnwatch.sources.base import SourceError
+    from nnwatch.sources.live import LiveSource
+    from nnwatch.tui.launch import run_monitor
+
+    assert trainer.info is not None, "monitor a trainer after it registered"
+    try:
+        source = LiveSource.from_info(trainer.info)
+    except SourceError as exc:
+        raise DemoError(str(exc)) from None
+    return run_monitor(source, args)
