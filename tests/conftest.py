@@ -10,6 +10,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+#: The environment as the session started. Libraries run in-process by some tests (Lightning,
+#: the Hugging Face Trainer) export variables such as MASTER_PORT or LOCAL_RANK; left in place,
+#: they would steer later subprocesses (a torchrun job) and rank detection.
+_SESSION_ENV = dict(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def clean_environ() -> object:
+    yield
+    for key in set(os.environ) - set(_SESSION_ENV):
+        if not key.startswith("PYTEST_"):  # pytest manages its own
+            del os.environ[key]
+    for key, value in _SESSION_ENV.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +37,7 @@ def run_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
 @pytest.fixture
 def subprocess_env(run_root: Path) -> dict[str, str]:
     """Environment for trainer subprocesses: same run root, one thread, unbuffered output."""
-    env = dict(os.environ)
+    env = dict(_SESSION_ENV)
     env.update(
         NNWATCH_RUN_DIR=str(run_root),
         PYTHONUNBUFFERED="1",
