@@ -16,7 +16,7 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  echo "setup: no torch found; installing the CPU build of torch 2.13.0"
+  echo "setup: no torch found; installing torch 2.13.0 (NNWATCH_TORCH_INDEX picks the wheel index)"
   if [ -n "${NNWATCH_TORCH_INDEX:-}" ]; then
     .venv/bin/python -m pip install -q "torch==2.13.0" --index-url "$NNWATCH_TORCH_INDEX"
   else
