@@ -13,13 +13,10 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,83 +28,12 @@ import nnwatch
 from nnwatch.channel.identity import same_process
 from nnwatch.channel.registry import list_runs
 
+from .terminal import Terminal
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="needs tmux (scripts/system-deps.sh)"
 )
-
-
-class Terminal:
-    """A private tmux server (its own socket) running one command in a 160x48 window.
-
-    The command's exit status goes to a file: tmux can report a pane dead before it has reaped
-    the process, and then it has no status to give.
-    """
-
-    def __init__(self, command: str, env: dict[str, str], status_file: Path) -> None:
-        self.socket = f"nnwatch-journey-{uuid.uuid4().hex[:8]}"
-        self.status_file = status_file
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        script = f"{command}; echo $? > {shlex.quote(str(status_file))}"
-        # env -i: pytest exports COLUMNS=80/LINES=24, which would win over the real 160x48
-        self.tmux(
-            "new-session",
-            "-d",
-            "-s",
-            "j",
-            "-x",
-            "160",
-            "-y",
-            "48",
-            f"env -i {exports} sh -c {shlex.quote(script)}",
-        )
-
-    def tmux(self, *args: str) -> str:
-        out = subprocess.run(
-            ["tmux", "-L", self.socket, "-f", "/dev/null", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert out.returncode == 0, f"tmux {' '.join(args)}: {out.stderr.strip()}"
-        return out.stdout
-
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "j")
-
-    def wait_for(self, check: Callable[[str], bool], what: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if check(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"waited {timeout:.0f} s for {what}; the screen shows:\n{screen}")
-
-    def keys(self, *keys: str) -> None:
-        for key in keys:
-            self.tmux("send-keys", "-t", "j", key)
-            time.sleep(0.15)
-
-    def exit_status(self, timeout: float = 60.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.status_file.read_text().strip() if self.status_file.exists() else ""
-            if text:
-                return int(text)
-            time.sleep(0.2)
-        raise AssertionError(f"the command did not exit after q:\n{self.screen()}")
-
-    def command_pid(self) -> int:
-        """The pid of ``nnwatch demo`` (the shell's child in the pane)."""
-        shell = int(self.tmux("display-message", "-p", "-t", "j", "#{pane_pid}").strip())
-        children = psutil.Process(shell).children()
-        assert len(children) == 1, children
-        return children[0].pid
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
 @pytest.fixture
@@ -124,7 +50,7 @@ def terminal(run_root: Path, tmp_path: Path) -> Iterator[Callable[[str], Termina
     made: list[Terminal] = []
 
     def start(command: str) -> Terminal:
-        made.append(Terminal(command, env, tmp_path / f"status-{len(made)}"))
+        made.append(Terminal(command, env, status_file=tmp_path / f"status-{len(made)}"))
         return made[-1]
 
     yield start

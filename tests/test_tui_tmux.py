@@ -12,9 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,81 +19,12 @@ import pytest
 
 from nnwatch.sources.fixture import FixtureSource, write_run
 
+from .terminal import Terminal
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None, reason="needs tmux (scripts/system-deps.sh)"
 )
-
-
-class Tmux:
-    """One private tmux server running one command in a fixed-size window."""
-
-    def __init__(self, command: str, env: dict[str, str], size: tuple[int, int]) -> None:
-        self.socket = f"nnwatch-test-{uuid.uuid4().hex[:8]}"
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        # tmux 3.3a sometimes marks a pane dead without its exit status: the shell writes it down
-        self.status_file = Path(tempfile.mkdtemp(prefix="nnw-tmux-")) / "status"
-        command = f"sh -c {shlex.quote(f'{command}; echo $? > {self.status_file}')}"
-        self._tmux(
-            "new-session",
-            "-d",
-            "-s",
-            "t",
-            "-x",
-            str(size[0]),
-            "-y",
-            str(size[1]),
-            f"env -i {exports} {command}",
-        )  # -i: no COLUMNS/LINES from pytest
-        self._tmux("set-option", "-t", "t", "remain-on-exit", "on")
-
-    def _tmux(self, *args: str) -> str:
-        out = subprocess.run(
-            ["tmux", "-L", self.socket, "-f", "/dev/null", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"tmux {' '.join(args)}: {out.stderr.strip()}")
-        return out.stdout
-
-    def screen(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", "t")
-
-    def wait_for(self, what: str | Callable[[str], bool], timeout: float = 60.0) -> str:
-        check = what if callable(what) else (lambda s: what in s)
-        deadline = time.monotonic() + timeout
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if check(screen):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"waited {timeout:.0f} s for {what!r}; the screen shows:\n{screen}")
-
-    def keys(self, *keys: str) -> None:
-        for k in keys:
-            self._tmux("send-keys", "-t", "t", k)
-            # a bare Escape must not run into the next key, or the pair reads as alt+key
-            time.sleep(0.6 if k == "Escape" else 0.15)
-
-    def exit_status(self, timeout: float = 30.0) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                text = self.status_file.read_text().strip()
-            except FileNotFoundError:
-                text = ""
-            if text:
-                return int(text)  # 128+N when a signal N ended it
-            time.sleep(0.2)
-        ps = subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
-        left = "\n".join(line for line in ps.splitlines() if "nnwatch" in line)
-        raise AssertionError(f"the command did not exit after q:\n{self.screen()}\n{left}")
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
 
 
 @pytest.fixture
@@ -113,11 +41,11 @@ def env(run_root: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def tmux_factory() -> Iterator[Callable[..., Tmux]]:
-    made: list[Tmux] = []
+def tmux_factory() -> Iterator[Callable[..., Terminal]]:
+    made: list[Terminal] = []
 
-    def make(command: str, env: dict[str, str], size: tuple[int, int] = (160, 48)) -> Tmux:
-        t = Tmux(command, env, size)
+    def make(command: str, env: dict[str, str], size: tuple[int, int] = (160, 48)) -> Terminal:
+        t = Terminal(command, env, size=size)
         made.append(t)
         return t
 
@@ -127,7 +55,7 @@ def tmux_factory() -> Iterator[Callable[..., Tmux]]:
 
 
 def test_make_demo_command_in_a_real_terminal(
-    env: dict[str, str], tmux_factory: Callable[..., Tmux]
+    env: dict[str, str], tmux_factory: Callable[..., Terminal]
 ) -> None:
     term = tmux_factory(f"{sys.executable} -m nnwatch demo exploding", env)
     screen = term.wait_for("LIVE", timeout=120)
@@ -147,7 +75,7 @@ def test_make_demo_command_in_a_real_terminal(
 
 
 def test_open_a_finished_run_and_scrub_it(
-    env: dict[str, str], tmux_factory: Callable[..., Tmux], tmp_path: Path
+    env: dict[str, str], tmux_factory: Callable[..., Terminal], tmp_path: Path
 ) -> None:
     run_dir = write_run(FixtureSource(3000), tmp_path / "finished-run")
     term = tmux_factory(
