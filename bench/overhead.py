@@ -26,6 +26,7 @@ from torch import nn
 
 import nnwatch
 from nnwatch.probe import watch as watch_mod
+from nnwatch.probe.budget import UPDATE_EVERY
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,6 +94,8 @@ class Variant:
     name: str
     times: list[list[float]] = field(default_factory=list)  # per round, per step seconds
     direct: list[float] = field(default_factory=list)  # per step seconds inside nnwatch
+    intervals: list[int] = field(default_factory=list)  # the probe's measurement interval
+    layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
 
 
 class DirectTimer:
@@ -142,32 +145,30 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
                                          "naive_item_hooks", "tensorboard")}
 
     def run_nnwatch(v: Variant, **opts: Any) -> None:
+        # Time everything nnwatch runs on the training thread, in place: the forward pre-hook,
+        # the per-layer hooks (while attached), the optimizer pre-hook and step().
         timer = DirectTimer()
-        orig_make = watch_mod.Watch._make_layer_hook
-
-        def make(self: Any, i: int) -> Any:
-            return timer.wrap(orig_make(self, i))
-
-        watch_mod.Watch._make_layer_hook = make  # type: ignore[method-assign]
+        cls = watch_mod.Watch
+        saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step", "step",
+                                                "_make_layer_hook")}
+        for n in ("_on_forward_start", "_before_optimizer_step", "step"):
+            setattr(cls, n, timer.wrap(saved[n]))
+        cls._make_layer_hook = lambda self, i: timer.wrap(saved["_make_layer_hook"](self, i))  # type: ignore[method-assign]
         try:
             w = nnwatch.watch(model, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
                               channel=True, **opts)
+            # past the probe's own warm-up (every step measured) so that its cost budget has settled
+            train_steps(warmup + watch_mod.WARMUP_STEPS + 2 * UPDATE_EVERY,
+                        lambda loss, b, i: w.step(loss, batch=b))
+            timer.total = 0.0
+            v.times.append(train_steps(steps, lambda loss, b, i: w.step(loss, batch=b)))
+            v.direct.append(timer.total / steps)
+            v.intervals.append(w.budget.interval)
+            v.layer_intervals.append(w.layer_interval)
+            w.close()
         finally:
-            watch_mod.Watch._make_layer_hook = orig_make  # type: ignore[method-assign]
-        # the optimizer pre-hook and forward pre-hook are bound methods: time them via the handles
-        w._remove_hooks()
-        w._handles.append(model.register_forward_pre_hook(timer.wrap(w._on_forward_start)))
-        for i, m in enumerate(w.plan.stat_modules):
-            w._handles.append(m.register_forward_hook(timer.wrap(orig_make(w, i))))
-        if w.plan.params:
-            w._handles.append(w.plan.params[0].register_post_accumulate_grad_hook(w._on_backward))
-        w._handles.append(opt.register_step_pre_hook(timer.wrap(w._before_optimizer_step)))
-        step = timer.wrap(w.step)
-        train_steps(warmup, lambda loss, b, i: step(loss, batch=b))
-        timer.total = 0.0
-        v.times.append(train_steps(steps, lambda loss, b, i: step(loss, batch=b)))
-        v.direct.append(timer.total / steps)
-        w.close()
+            for n, f in saved.items():
+                setattr(cls, n, f)
 
     for r in range(rounds):
         # bare
@@ -212,14 +213,21 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
     bare_med = [statistics.median(t) for t in bare.times]
     lines = [f"\n{name}: bare step median {statistics.median(bare_med) * 1e3:.1f} ms "
              f"({len(bare.times)} rounds x {len(bare.times[0])} steps)"]
-    lines.append(f"  {'variant':<20} {'ratio median':>12} {'min':>7} {'max':>7} {'direct cost':>12}")
+    lines.append(
+        f"  {'variant':<20} {'ratio median':>12} {'min':>7} {'max':>7} {'direct cost':>12} {'k/stats':>9}"
+    )
     for v in variants.values():
         ratios = [statistics.median(t) / b for t, b in zip(v.times, bare_med, strict=True)]
         direct = ""
         if v.direct:
             direct = f"{statistics.median(v.direct) / statistics.median(bare_med) * 100:10.2f} %"
+        every = (
+            f"{statistics.median(v.intervals):>4.0f}/{statistics.median(v.layer_intervals):<4.0f}"
+            if v.intervals else ""
+        )
         lines.append(
-            f"  {v.name:<20} {statistics.median(ratios):12.3f} {min(ratios):7.3f} {max(ratios):7.3f} {direct:>12}"
+            f"  {v.name:<20} {statistics.median(ratios):12.3f} {min(ratios):7.3f} {max(ratios):7.3f} "
+            f"{direct:>12} {every}"
         )
     return lines
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema
+from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema, sums_measured
 
 log = logging.getLogger("nnwatch")
 
@@ -80,7 +80,7 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
     keep = (
         (rows["layer_stats"] == 1.0)
         | (rows["nonfinite_grads"] == 1.0)
-        | ~np.isfinite(rows["act_sum"]).all(axis=1)
+        | (~np.isfinite(rows["act_sum"]).all(axis=1) & sums_measured(rows))
     )
     layers = np.empty(int(keep.sum()), dtype=row_dtype)
     if len(layers):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added "layer_sums"
 
 HOST_FIELDS: tuple[str, ...] = (
     "step",  # 0-based index of the optimizer step this record describes
@@ -32,6 +32,8 @@ HOST_FIELDS: tuple[str, ...] = (
     "cuda_peak",  # torch.cuda.max_memory_allocated() in bytes
     "cpu_percent",  # process CPU use in percent of one core, sampled at ~1 Hz
     "rss",  # process resident memory in bytes, sampled at ~1 Hz
+    "layer_sums",  # 1.0 when layer output sums and gradient norms were measured, 0.0 when the
+    # step was left out to keep nnwatch within its cost budget (NaN in older runs: measured)
 )
 DEV_FIELDS: tuple[str, ...] = (
     "loss",  # the loss passed to w.step()
@@ -49,11 +51,13 @@ LAYER_FIELDS_ACT: tuple[str, ...] = (
     "act_nonfinite",  # count of NaN/Inf outputs
     "act_maxabs",
 )
-#: Every step: the float32 sum of each layer's output. A non-finite sum means the output held a
-#: NaN or Inf, which is how the first bad layer is found on steps whose full stats were not sampled.
+#: On measured steps (``layer_sums`` is not 0): the float32 sum of each layer's output. A
+#: non-finite sum means the output held a NaN or Inf, which is how the first bad layer is found on
+#: steps whose full stats were not sampled. NaN on steps that were not measured.
 ACT_SUM_FIELD = "act_sum"
-#: Every step: the gradient norm of each parameter-owning layer. NaN means the layer had no
-#: gradient; +Inf means its gradient held NaN or Inf (so the two never look alike).
+#: On measured steps: the gradient norm of each parameter-owning layer. NaN means the layer had no
+#: gradient (or the step was not measured); +Inf means its gradient held NaN or Inf (so the two
+#: never look alike).
 GRAD_LAYER_FIELD = "grad_layer"
 
 
@@ -76,7 +80,8 @@ class RunSchema:
         return len(self.param_layer_names)
 
     def host_dtype(self) -> np.dtype:
-        fields: list[tuple[Any, ...]] = [(n, "<f8") for n in HOST_FIELDS]
+        names = HOST_FIELDS if self.version >= 2 else HOST_FIELDS[: HOST_FIELDS.index("layer_sums")]
+        fields: list[tuple[Any, ...]] = [(n, "<f8") for n in names]
         fields.append(("lr", "<f8", (self.num_lr,)))
         return np.dtype(fields)
 
@@ -142,6 +147,13 @@ class RunSchema:
             num_lr=int(d["num_lr"]),
             version=version,
         )
+
+
+def sums_measured(rows: np.ndarray) -> np.ndarray:
+    """Per row: were the layer output sums measured? (Runs from before ``layer_sums``: always.)"""
+    if "layer_sums" not in (rows.dtype.names or ()):
+        return np.ones(len(rows), dtype=bool)
+    return np.asarray(rows["layer_sums"]) != 0.0
 
 
 def _concat(a: np.dtype, b: np.dtype) -> np.dtype:

@@ -29,7 +29,8 @@ TRAINER = ["-m", "tests.trainers.ddp_trainer"]
 def _wait_for(proc: subprocess.Popen[str], pattern: str, count: int, lines: list[str]) -> None:
     assert proc.stdout is not None
     deadline = time.monotonic() + 90
-    while sum(bool(re.search(pattern, ln)) for ln in lines) < count:
+    # two ranks print at once: their lines can arrive glued together ("rank 0 holdingrank 1 ...")
+    while sum(len(re.findall(pattern, ln)) for ln in lines) < count:
         assert time.monotonic() < deadline, "\n".join(lines)
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:

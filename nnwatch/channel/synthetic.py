@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             record["loss"] = 1.0 / (1 + step) + 0.01 * rng.random()
             record["clip_threshold"] = clip
             record["layer_stats"] = 1.0 if step % layer_interval == 0 else 0.0
+            record["layer_sums"] = 1.0
             record["act_sum"] = step
             end.publish(view)
             if log is not None:

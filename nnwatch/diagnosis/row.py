@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.schema import sums_measured
+
 _SCALARS = (
     "step",
     "loss",
@@ -42,6 +44,7 @@ class Row:
         "nonfinite_grads",
         "lr",
         "sampled",
+        "measured",
         "act_sum",
         "act_std",
         "act_zero",
@@ -68,6 +71,7 @@ class Row:
         lr = rows["lr"].reshape(n, -1) if "lr" in names else np.zeros((n, 0))
         sampled = [v == 1.0 for v in cols.get("layer_stats", nan)]
         per_layer = {f: rows[f] for f in _LAYER if f in names}
+        measured = sums_measured(rows)
         grad = rows["grad_layer"] if "grad_layer" in names else np.zeros((n, 0), np.float32)
         out: list[Row] = []
         for i in range(n):
@@ -84,7 +88,8 @@ class Row:
             r.sampled = sampled[i]
             sps, dt = cols.get("samples_per_sec", nan)[i], cols.get("step_time", nan)[i]
             r.batch_size = sps * dt if math.isfinite(sps) and math.isfinite(dt) else math.nan
-            known = act_known is None or bool(act_known[i])
+            r.measured = bool(measured[i])
+            known = (act_known is None or bool(act_known[i])) and r.measured
             r.act_sum = per_layer["act_sum"][i] if known and "act_sum" in per_layer else None
             if r.sampled and "act_zero" in per_layer:
                 r.act_std = per_layer["act_std"][i]

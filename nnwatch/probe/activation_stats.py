@@ -1,7 +1,7 @@
 """Per-layer activation statistics computed on the device, with no host sync.
 
-Every watched forward adds the layer output's float32 sum to ``act_sum`` (one cheap reduction: a
-NaN or Inf anywhere makes it non-finite, which is how the first bad layer is found on any step).
+Every measured forward takes each layer output's float32 sum (one cheap reduction: a NaN or Inf
+anywhere makes it non-finite, which is how the first bad layer is found on any measured step).
 On sampled steps five more numbers are derived from a handful of fused reductions over at most
 ``cap`` leading elements, because cost grows with bytes read, not with the number of statistics:
 
@@ -15,6 +15,7 @@ about 450 us for the textbook ``std`` + ``(x == 0).float().mean()`` + ``isfinite
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -22,35 +23,101 @@ import torch
 N_STATS = 5
 
 
-def accumulate_sum(x: torch.Tensor, slot: torch.Tensor) -> None:
-    """Add the output's float32 sum to its 0-d slot (modules called twice in a step add up)."""
-    slot.add_(x.sum(dtype=torch.float32))
+def layer_sum(x: torch.Tensor, earlier: torch.Tensor | None) -> torch.Tensor:
+    """The output's float32 sum, added to ``earlier`` when a module runs twice in one step.
+
+    The sums are kept as loose 0-d tensors and stacked into the record once per step: one add per
+    layer into the record cost about as much as the sum itself.
+    """
+    total = x.sum(dtype=torch.float32)
+    return total if earlier is None else earlier + total
+
+
+class StatBlock:
+    """Raw moments per layer, taken by the forward hooks, turned into the five stats once a step.
+
+    A hook only reduces its output to a sum, a sum of squares, a count of non-zeros, a min and a
+    max (plus, when some value is not finite, how many are not). The divisions, the square root and
+    the rest run once per sampled step over all layers together: on a CPU whose caches the step has
+    just flushed, every PyTorch call costs tens of microseconds whatever its size, so the number of
+    calls per layer is what the cost is made of.
+    """
+
+    def __init__(self, num_layers: int, device: torch.device, cap: int) -> None:
+        self.cap = int(cap)
+        self.device = device
+        self._on_cpu = device.type == "cpu"
+        # per layer slot, this step: (sum, sum of squares, min, max), non-zeros, non-finite, count
+        self.moments: list[tuple[torch.Tensor, ...] | None] = [None] * num_layers
+        self.nonzero: list[torch.Tensor | None] = [None] * num_layers
+        self.nonfinite: list[Any] = [0.0] * num_layers
+        self.count: list[float] = [math.nan] * num_layers
+
+    def reset(self) -> None:
+        for i in range(len(self.moments)):
+            self.moments[i] = self.nonzero[i] = None
+            self.nonfinite[i] = 0.0
+            self.count[i] = math.nan
+
+    def add(self, x: torch.Tensor, slot: int) -> None:
+        """Reduce one layer output (its first ``cap`` elements); a second call replaces the first."""
+        flat = x.reshape(-1)
+        n = flat.numel()
+        if n > self.cap:
+            flat = flat[: self.cap]
+            n = self.cap
+        if n == 0:
+            return
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        sq = torch.dot(flat, flat)
+        lo, hi = torch.aminmax(flat)
+        self.moments[slot] = (flat.sum(), sq, lo, hi)
+        self.nonzero[slot] = torch.count_nonzero(flat)
+        if self._on_cpu:
+            # reading a CPU scalar is not a device sync: count non-finite values only when some
+            # exist (a finite sum of squares that overflows just costs the exact count)
+            self.nonfinite[slot] = 0.0 if math.isfinite(sq.item()) else _nonfinite_count(flat).item()
+        else:  # branch-free on a GPU
+            self.nonfinite[slot] = _nonfinite_count(flat)
+        self.count[slot] = float(n)
+
+    def finish(self, out: torch.Tensor) -> None:
+        """Write mean, std, zero fraction, non-finite count and max |x| into ``out`` (5, L)."""
+        present = [i for i, m in enumerate(self.moments) if m is not None]
+        if not present:
+            return
+        moments = torch.stack([t for i in present for t in self.moments[i]]).view(-1, 4)  # type: ignore[union-attr]
+        total, sq, lo, hi = moments.to(torch.float32).unbind(1)
+        nonzero = torch.stack([self.nonzero[i] for i in present]).to(torch.float32)  # type: ignore[misc]
+        nf = [self.nonfinite[i] for i in present]
+        if self._on_cpu:
+            nonfinite = torch.tensor(nf, dtype=torch.float32)
+        else:
+            nonfinite = torch.stack(nf).to(torch.float32)
+        n = torch.tensor([self.count[i] for i in present], dtype=torch.float32, device=moments.device)
+        mean = total / n
+        var = (sq / n - mean * mean).clamp_(min=0.0) * (n / (n - 1))  # unbiased, like torch.std
+        stats = torch.stack((mean, var.sqrt_(), 1.0 - nonzero / n, nonfinite, torch.maximum(hi, lo.neg())))
+        if len(present) == out.shape[1]:
+            out.copy_(stats)
+        else:
+            out[:, torch.tensor(present, device=out.device)] = stats.to(out.device)
+        self.reset()
+
+
+def _nonfinite_count(flat: torch.Tensor) -> torch.Tensor:
+    """How many values are NaN or Inf: (x * 0) is 0 for a finite x and NaN otherwise."""
+    return (flat * 0).nan_to_num_(nan=1.0).sum()
 
 
 def write_stats(x: torch.Tensor, column: torch.Tensor, cap: int) -> None:
-    """Write mean, std, zero fraction, non-finite count and max |x| into a (5,) column view."""
-    flat = x.reshape(-1)
-    if flat.numel() > cap:
-        flat = flat[:cap]
-    if flat.dtype != torch.float32:
-        flat = flat.float()
-    n = flat.numel()
-    if n == 0:
-        return
-    total = flat.sum()
-    sq = torch.dot(flat, flat)
-    sign = torch.sign(flat)
-    nonzero = torch.dot(sign, sign)
-    lo, hi = torch.aminmax(flat)
-    nonfinite = (flat * 0).nan_to_num_(nan=1.0).sum()
-    mean = total / n
-    var = (sq / n - mean * mean).clamp_(min=0.0)
-    if n > 1:
-        var = var * (n / (n - 1))  # unbiased, like torch.std
-    std = var.sqrt()
-    zero = 1.0 - nonzero / n
-    maxabs = torch.maximum(hi, -lo)
-    column.copy_(torch.stack((mean, std, zero, nonfinite, maxabs)))
+    """The five stats of one tensor into a (5,) column (what the hooks do, for a single layer)."""
+    block = StatBlock(1, column.device, cap)
+    block.add(x, 0)
+    if math.isnan(block.count[0]):
+        return  # an empty tensor: nothing to write
+    block.finish(column.view(5, 1))
 
 
 def stats_reference(x: torch.Tensor) -> tuple[float, float, float, float, float]:

@@ -29,6 +29,7 @@ class StepBuffers:
     def __init__(self, schema: RunSchema, device: torch.device) -> None:
         self.schema = schema
         self.record = np.zeros(schema.record_size, dtype=np.uint8)
+        self.record_view = memoryview(self.record)  # for struct.pack_into of the host block
         hs = schema.host_size
         self.host = self.record[:hs].view(np.float64)
         self.lr_offset = len(HOST_FIELDS)
@@ -44,6 +45,7 @@ class StepBuffers:
         s = self.schema
         n = self._dev_view.size
         self.device = device
+        self.on_cuda = device.type == "cuda"
         if device.type == "cpu":
             self.dev = torch.from_numpy(self._dev_view)
             self._pinned = []
@@ -57,9 +59,10 @@ class StepBuffers:
         self.act_sum = self.dev[nd : nd + L]
         self.act_stats = self.dev[nd + L : nd + 6 * L].view(5, L)
         self.grad_layer = self.dev[nd + 6 * L : nd + 6 * L + P]
-        template = torch.full((n,), math.nan, dtype=torch.float32)
-        template[nd : nd + L] = 0.0  # sums accumulate from zero; every other value starts absent
-        self.template = template.to(device)
+        self.loss = self.scalars[DEV_INDEX["loss"]]
+        # every value starts absent (NaN), layer sums included: a step the cost budget leaves
+        # unmeasured publishes them as NaN without touching them
+        self.template = torch.full((n,), math.nan, dtype=torch.float32, device=device)
         self.dev.copy_(self.template)
 
     def slot(self, name: str) -> torch.Tensor:
@@ -84,11 +87,16 @@ class StepBuffers:
         self.act_stats.copy_(self.act_stats[:, idx])
 
     # -- per step --------------------------------------------------------------------------------
-    def commit(self, publish: Callable[[memoryview], None]) -> None:
-        """Hand this step's record to ``publish`` (now on CPU, when its copy lands on CUDA), reset."""
+    def commit(self, publish: Callable[[memoryview], None], reset: bool = True) -> None:
+        """Hand this step's record to ``publish`` (now on CPU, when its copy lands on CUDA), reset.
+
+        On the CPU ``reset=False`` skips refilling the device block with NaN, for a step that wrote
+        nothing the next one does not overwrite.
+        """
         if not self._pinned:
             publish(memoryview(self.record))
-            self.dev.copy_(self.template)
+            if reset:
+                self.dev.copy_(self.template)
             return
         if len(self._pending) >= PIPELINE:
             ev, k, host = self._pending.popleft()

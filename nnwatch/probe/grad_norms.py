@@ -78,3 +78,37 @@ class LayerReducer:
             acc.index_add_(0, index, per_param.pow(norm_type))
             layer = acc.pow_(1.0 / norm_type)
         out.copy_(layer.nan_to_num_(nan=math.inf).masked_fill_(absent, math.nan))
+
+
+def sentinel_params(
+    params: tuple[torch.Tensor, ...] | list[torch.Tensor], owner: tuple[int, ...], limit: int = 65536
+) -> list[torch.Tensor]:
+    """A small parameter near the input, for the guard on steps the cost budget leaves unmeasured.
+
+    A NaN or Inf loss reaches every gradient, and one born inside the backward pass reaches
+    everything on the input side of where it was born, so the gradient of the first layer sees
+    nearly every failure. Its smallest parameter (a bias, a norm's weight) is checked: a few
+    kilobytes. Layers whose parameters are all larger than ``limit`` elements (an embedding
+    table) are passed over for the next one.
+    """
+    by_layer: dict[int, list[torch.Tensor]] = {}
+    for p, o in zip(params, owner, strict=False):
+        by_layer.setdefault(o, []).append(p)
+    for layer in sorted(by_layer):
+        smallest = min(by_layer[layer], key=lambda p: p.numel())
+        if smallest.numel() <= limit:
+            return [smallest]
+    return []
+
+
+def sentinels_finite(params: list[torch.Tensor]) -> bool:
+    """True unless a sentinel gradient holds NaN or Inf (one host sync: the guard's).
+
+    A sum is non-finite as soon as one element is; a finite sum that overflows only sends the
+    guard to the full check, which then finds the gradients finite.
+    """
+    for p in params:
+        g = p.grad
+        if g is not None and not math.isfinite(g.sum().item()):  # on CUDA this is the guard's sync
+            return False
+    return True

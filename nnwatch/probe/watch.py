@@ -18,6 +18,7 @@ import struct
 import sys
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,19 +32,28 @@ from nnwatch import grad as gradmath
 from nnwatch._version import __version__
 from nnwatch.distributed import job_extra
 from nnwatch.paths import RunDirError, default_root, ensure_private_dir
-from nnwatch.probe.activation_stats import accumulate_sum, write_stats
+from nnwatch.probe.activation_stats import StatBlock, layer_sum
+from nnwatch.probe.budget import UPDATE_EVERY, CostBudget
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.consistency import ConsistencyCheck
-from nnwatch.probe.grad_norms import LayerReducer, squared_norms
+from nnwatch.probe.grad_norms import LayerReducer, sentinel_params, sentinels_finite, squared_norms
 from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.runlog import RunLogWriter
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.schema import HOST_FIELDS, RunMeta, RunSchema
 
 log = logging.getLogger("nnwatch")
 
+_N_HOST = len(HOST_FIELDS)
+_HOST_PACK = struct.Struct(f"<{_N_HOST}d")
+_NO_CUDA = (math.nan, math.nan, math.nan)
+assert HOST_FIELDS[5:12] == (
+    "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
+), "Watch._step writes the host block in this order"
 RECENT_STEPS = 500  # records kept in memory for snapshots
-_STEP = struct.Struct("<d")
+WARMUP_STEPS = 10  # steps measured in full at the start, whatever the budget says
+DEFAULT_LAYER_INTERVAL = 10  # full per-layer stats every 10 steps, stretched if over budget
+AFTER_TROUBLE = 100  # steps measured in full after non-finite gradients were seen
 
 
 @dataclass(frozen=True)
@@ -110,8 +120,21 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
+def _draws_random_numbers(model: nn.Module) -> bool:
+    """Whether the forward pass may draw from the RNG (dropout and friends, by module type).
+
+    Capturing the RNG state costs ~50 us a step on a CPU right after a step; a model without such
+    modules replays exactly without it (functional ``F.dropout`` calls are not seen here: the
+    replay then reports that it diverged).
+    """
+    random_types: tuple[type, ...] = (nn.modules.dropout._DropoutNd, nn.RReLU)
+    return any(isinstance(m, random_types) or "dropout" in type(m).__name__.lower() for m in model.modules())
+
+
 def _batch_size(batch: Any) -> int | None:
     """Leading dimension of the batch's first tensor: (x, y) tuples, dicts of token ids, a tensor."""
+    if type(batch) is tuple and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
+        return int(batch[0].shape[0])  # the usual (x, y), without building a list
     if isinstance(batch, dict):
         items: Any = list(batch.values())
     elif isinstance(batch, (tuple, list)):
@@ -134,7 +157,7 @@ class Watch:
         num_classes: int | None = None,
         name: str | None = None,
         run_dir: str | os.PathLike[str] | None = None,
-        layer_interval: int = 10,
+        layer_interval: int | None = None,
         stat_cap: int = 65536,
         guard: bool | None = None,
         skip_nonfinite: bool = False,
@@ -142,6 +165,8 @@ class Watch:
         detectors: bool = True,
         tensorboard: Any = None,
         consistency_every: int | None = None,
+        budget: float | None = 0.01,
+        max_interval: int = 16,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
@@ -153,7 +178,6 @@ class Watch:
         self.findings: list[Any] = []
         self.should_stop = False
         self.step_index = 0
-        self.layer_interval = max(1, int(layer_interval))
         self.stat_cap = int(stat_cap)
         self.skip_nonfinite = skip_nonfinite
         self.disabled: str | None = None
@@ -162,6 +186,8 @@ class Watch:
         self.rank = RankInfo.detect()
         self._warned: set[str] = set()
         self._handles: list[Any] = []
+        self._layer_hooks: list[Callable[..., None]] = []
+        self._layer_handles: list[Any] = []  # attached only for measured steps
         self._log: RunLogWriter | None = None
         self._channel: Any = None
         self._diagnosis: Any = None
@@ -184,7 +210,21 @@ class Watch:
         self._guard_tripped = False
         self._order: list[int] = []
         self._finalized = False
-        self._recent: np.ndarray | None = None
+        self._recent: deque[bytes] | None = None  # the last records, raw, for snapshots
+        # cost budget: measure layer sums and gradient norms on every k-th step (see budget.py)
+        self.budget = CostBudget(
+            budget, max_interval, DEFAULT_LAYER_INTERVAL if layer_interval is None else layer_interval,
+            stretch_stats=layer_interval is None,
+        )
+        self._measure = True  # this step's layer sums and gradient norms are measured
+        self._since_measured = 0
+        self._measure_until = WARMUP_STEPS
+        self._own = 0.0  # seconds spent in nnwatch's own code during this step
+        self._sums: list[torch.Tensor | None] = []  # this step's layer output sums, by slot
+        self._layers_off: set[int] = set()  # layers whose hook failed once
+        self._sums_stored = False
+        self._inputs: tuple[Any, Any] | None = None  # this step's forward arguments
+        self._rerun = False
 
         self.plan: LayerPlan = plan_layers(model)
         if not self.plan.stat_modules:
@@ -197,7 +237,12 @@ class Watch:
         self.device = self._param_device()
         self.guard = (self.device.type == "cpu") if guard is None else bool(guard)
         self._reducer = LayerReducer(self.plan.param_layer_index, len(self.plan.param_layer_names))
+        self._sentinels = sentinel_params(self.plan.params, self.plan.param_layer_index)
+        self._has_layers = bool(self.plan.stat_modules)
+        self._first_param = self.plan.params[0] if self.plan.params else None
+        self._random_forward = _draws_random_numbers(model)
         self._slots = list(range(len(self.plan.stat_modules)))
+        self._sums = [None] * len(self._slots)
         num_lr = len(optimizer.param_groups) if optimizer is not None else 0
         self.schema = RunSchema(
             self.plan.stat_names, self.plan.stat_kinds, self.plan.param_layer_names, num_lr
@@ -264,9 +309,11 @@ class Watch:
         raise RunDirError(f"could not create a fresh run directory under {runs}")
 
     def _attach_hooks(self) -> None:
-        self._handles.append(self.model.register_forward_pre_hook(self._on_forward_start))
-        for i, module in enumerate(self.plan.stat_modules):
-            self._handles.append(module.register_forward_hook(self._make_layer_hook(i)))
+        self._handles.append(
+            self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)
+        )
+        self._layer_hooks = [self._make_layer_hook(i) for i in range(len(self.plan.stat_modules))]
+        self._arm_layer_hooks(True)
         if self.plan.params:
             first = self.plan.params[0]
             self._hooked_param = (first, first._post_accumulate_grad_hooks is None)
@@ -274,48 +321,79 @@ class Watch:
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
 
+    def _arm_layer_hooks(self, on: bool) -> None:
+        """Attach the per-layer forward hooks for a measured step, detach them for a light one.
+
+        A module with no hooks takes PyTorch's fast call path, so a light step costs the model
+        nothing per layer (an idle hook costs a few microseconds per call on a cold CPU cache).
+        """
+        if on == bool(self._layer_handles):
+            return
+        if on:
+            self._layer_handles = [
+                m.register_forward_hook(fn) for m, fn in zip(self.plan.stat_modules, self._layer_hooks, strict=True)
+            ]
+        else:
+            for h in self._layer_handles:
+                h.remove()
+            self._layer_handles = []
+
     def _refresh_views(self) -> None:
         """Per-layer slot views, rebuilt when slots are reordered or the buffers move device."""
         b = self._buf
         self._sum_views = [b.act_sum[s] for s in self._slots]
-        self._col_views = [b.act_stats[:, s] for s in self._slots]
+        self._stats = StatBlock(len(self._slots), b.dev.device, self.stat_cap)
 
     # ------------------------------------------------------------------------------------------
     # hooks (hot path: no host sync, no allocation that grows with the run)
-    def _on_forward_start(self, module: nn.Module, args: Any) -> None:
+    def _on_forward_start(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         if self._step_open or self.disabled or not torch.is_grad_enabled():
             return  # validation forwards (no_grad) neither open a step nor move its RNG capture
+        t0 = time.perf_counter()
         try:
             self._step_open = True
-            dev = self._param_device()
-            if dev != self._buf.device:
+            self._inputs = (args, kwargs)  # references only: to re-run this forward if it goes bad
+            if not self._measure and (self._snapshot_reason is not None or self._anomaly_left):
+                self._measure = True  # a step someone will look at closely is measured in full
+                self._arm_layer_hooks(True)
+            first = self._first_param
+            if first is not None and first.device != self._buf.device:
+                dev = first.device
                 self._buf.move_to(dev, self._publish)
                 self.device = dev
                 self._refresh_views()
             self._snapshot_armed = self._snapshot_reason is not None
             if self._snapshot_armed:
                 self._rng_at_start = _capture_rng(full=True)
-            elif self.guard:
+            elif self.guard and self._random_forward:
+                # the guard may snapshot this step; its replay needs the RNG the forward drew from
                 self._rng_at_start = _capture_rng(full=False)
+            else:
+                self._rng_at_start = None
         except Exception as exc:  # noqa: BLE001
             self._disable(f"internal error at forward start: {exc!r}")
+        self._own += time.perf_counter() - t0
 
     def _make_layer_hook(self, i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.disabled or not torch.is_grad_enabled():
+            if self._rerun:
+                pass  # the guard's re-run of a bad step's forward, under no_grad
+            elif not self._measure or self.disabled or i in self._layers_off or not torch.is_grad_enabled():
                 return
+            t0 = time.perf_counter()
             try:
                 x = first_tensor(output)
-                if x is None:
-                    return
-                if not self._finalized and i not in self._order:
-                    self._order.append(i)
-                x = x.detach()
-                accumulate_sum(x, self._sum_views[i])
-                if self._sampled:
-                    write_stats(x, self._col_views[i], self.stat_cap)
+                if x is not None:
+                    if not self._finalized and i not in self._order:
+                        self._order.append(i)
+                    x = x.detach()
+                    slot = self._slots[i]
+                    self._sums[slot] = layer_sum(x, self._sums[slot])
+                    if self._sampled:
+                        self._stats.add(x, slot)
             except Exception as exc:  # noqa: BLE001 - never raise into the forward pass
                 self._layer_failed(i, exc)
+            self._own += time.perf_counter() - t0
 
         return hook
 
@@ -325,17 +403,22 @@ class Watch:
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled:
             return
+        t0 = time.perf_counter()
         try:
-            if not self._norms_done:
-                total = self._measure_grads(self._clip_override)
-            else:
+            total = None
+            if self._norms_done:
                 total = self._buf.slot("grad_norm")
+            elif self._measure or self._clip_override is not None:
+                total = self._measure_grads(self._clip_override)
+            elif self.guard and not sentinels_finite(self._sentinels):
+                total = self._measure_grads(None)  # a bad step: look at every gradient after all
             if self._snapshot_armed and self._pre_state is None:
                 self._pre_state = self._capture_state()
             if self.guard and total is not None and not bool(torch.isfinite(total)):
                 self._on_guard_hit()
         except Exception as exc:  # noqa: BLE001
             self._disable(f"internal error before optimizer.step(): {exc!r}")
+        self._own += time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
     # gradients
@@ -421,12 +504,13 @@ class Watch:
         """Record one training step. Call it once per optimizer step, after ``optimizer.step()``."""
         if self.disabled or self.closed:
             return
+        t0 = time.perf_counter()
         try:
-            self._step(loss, batch)
+            self._step(loss, batch, t0)
         except Exception as exc:  # noqa: BLE001 - training must never crash because of nnwatch
             self._disable(f"internal error in step(): {exc!r}")
 
-    def _step(self, loss: Any, batch: Any) -> None:
+    def _step(self, loss: Any, batch: Any, t0: float) -> None:
         now = time.time()
         if not self._step_open and not self._backward_seen and self.step_index > 0:
             self._warn_once(
@@ -437,7 +521,7 @@ class Watch:
             return
         b = self._buf
         self._record_loss(loss)
-        if not self._norms_done:
+        if not self._norms_done and self._measure:
             if self._backward_seen or not self.plan.params:
                 self._measure_grads(None)
             elif self.plan.params:
@@ -446,45 +530,67 @@ class Watch:
                     "w.step() was called with no backward() since the previous step; gradient "
                     "norms are not recorded for such steps",
                 )
-        self._record_amp()
-        h = b.set_host
-        h("step", float(self.step_index))
-        h("time", now)
+        if self.scaler is not None:
+            self._record_amp()
         dt = now - self._last_time
-        h("step_time", dt)
         bs = _batch_size(batch) if batch is not None else None
-        h("samples_per_sec", bs / dt if bs and dt > 0 else math.nan)
-        h("clip_threshold", self._clip_threshold)
-        h("layer_stats", 1.0 if self._sampled and self.plan.stat_modules else 0.0)
-        if b.device.type == "cuda":
-            h("cuda_allocated", float(torch.cuda.memory_allocated(b.device)))
-            h("cuda_reserved", float(torch.cuda.memory_reserved(b.device)))
-            h("cuda_peak", float(torch.cuda.max_memory_allocated(b.device)))
+        measured = self._measure and self._has_layers
+        if measured:
+            self._store_sums()
+            measured = self._sums_stored  # a step whose forward ran no watched layer is not
+            if measured and self._sampled:
+                self._stats.finish(b.act_stats)
+        # the host block in schema order (asserted at import), written in one call: on a CPU whose
+        # caches the step just flushed, every Python-level call costs tens of microseconds
+        if b.on_cuda:
+            dev = b.device
+            mem = (
+                float(torch.cuda.memory_allocated(dev)),
+                float(torch.cuda.memory_reserved(dev)),
+                float(torch.cuda.max_memory_allocated(dev)),
+            )
         else:
-            h("cuda_allocated", math.nan)
-            h("cuda_reserved", math.nan)
-            h("cuda_peak", math.nan)
-        h("cpu_percent", self._sysmon.cpu_percent)
-        h("rss", self._sysmon.rss)
+            mem = _NO_CUDA
+        sysmon = self._sysmon
+        _HOST_PACK.pack_into(
+            b.record_view,
+            0,
+            self.step_index,
+            now,
+            dt,
+            bs / dt if bs and dt > 0 else math.nan,
+            self._clip_threshold,
+            1.0 if self._sampled and measured else 0.0,
+            *mem,
+            sysmon.cpu_percent,
+            sysmon.rss,
+            1.0 if measured else 0.0,
+        )
         if self.optimizer is not None:
-            off = b.lr_offset
-            for gi, group in enumerate(self.optimizer.param_groups[: self.schema.num_lr]):
+            host = b.host
+            off = _N_HOST
+            for group in self.optimizer.param_groups[: self.schema.num_lr]:
                 lr = group.get("lr", math.nan)
                 if isinstance(lr, torch.Tensor):
                     lr = float(lr) if lr.device.type == "cpu" else math.nan
-                b.host[off + gi] = float(lr)
+                host[off] = lr
+                off += 1
         if not self._finalized:
             self._finalize()
         if self._snapshot_reason is not None and self._snapshot_armed:
             self._write_snapshot(batch)  # a request that came mid-step waits for the next one
-        b.commit(self._publish)
-        self._after_step(now)
+        # a light step wrote only the loss (and AMP fields), which the next step overwrites
+        b.commit(self._publish, reset=measured or self._norms_done or loss is None)
+        self._after_step(now, t0)
 
     def _record_loss(self, loss: Any) -> None:
-        slot = self._buf.slot("loss")
+        slot = self._buf.loss
         if loss is None:
             return
         if isinstance(loss, torch.Tensor):
+            if loss.dim() == 0:
+                slot.copy_(loss.detach())  # the usual case, in two calls
+                return
             value = loss.detach()
             if value.numel() != 1:
                 self._warn_once(
@@ -520,7 +626,45 @@ class Watch:
         b.slot("amp_skipped").copy_(s < prev)  # the scale only drops when a step was skipped
         prev.copy_(s)
 
-    def _after_step(self, now: float) -> None:
+    def _store_sums(self) -> None:
+        """This step's layer sums into the record: one stack instead of an add per layer."""
+        sums = self._sums
+        if not sums:
+            return
+        act_sum = self._buf.act_sum
+        present = [t for t in sums if t is not None]
+        if not present:
+            return  # stored already (the guard's re-run), or no layer ran
+        self._sums_stored = True
+        if len(present) == len(sums):
+            act_sum.copy_(torch.stack(present))
+        else:  # a layer that was not called (or was switched off) sums to 0 on a measured step
+            act_sum.zero_()
+            for slot, t in enumerate(sums):
+                if t is not None:
+                    act_sum[slot].copy_(t)
+        for slot in range(len(sums)):
+            sums[slot] = None
+
+    @property
+    def layer_interval(self) -> int:
+        """Full per-layer statistics are taken every this many steps (see ``budget``)."""
+        return self.budget.layer_interval
+
+    def _after_step(self, now: float, t0: float) -> None:
+        measured = self._measure
+        self._sums_stored = False
+        self._inputs = None
+        if self.step_index > 0:  # step 0 also sets up the run files: not a step's cost
+            acc = self.budget.acc
+            kind = (4 if self._sampled else 2) if measured else 0
+            acc[kind] += self._own + (time.perf_counter() - t0)
+            acc[kind + 1] += 1
+            acc[6] += now - self._last_time
+            acc[7] += 1
+            if acc[7] >= UPDATE_EVERY:
+                self.budget.update()
+        self._own = 0.0
         self._last_time = now
         self.step_index += 1
         self._step_open = False
@@ -528,7 +672,16 @@ class Watch:
         self._norms_done = False
         self._clip_threshold = math.nan
         self._snapshot_armed = False
-        self._sampled = self.step_index % self.layer_interval == 0
+        self._sampled = self.step_index % self.budget.layer_interval == 0
+        self._since_measured = 0 if measured else self._since_measured + 1
+        self._measure = (
+            self._sampled
+            or self.step_index < self._measure_until
+            or self._since_measured + 1 >= self.budget.interval
+            or self._snapshot_reason is not None
+        )
+        if self._measure != bool(self._layer_handles) and self._has_layers and not self.disabled:
+            self._arm_layer_hooks(self._measure)
         if self._anomaly_left > 0:
             self._anomaly_left -= 1
             if self._anomaly_left == 0 and self._anomaly_prev is not None:
@@ -540,8 +693,7 @@ class Watch:
     def _publish(self, record: memoryview) -> None:
         data = bytes(record)
         if self._recent is not None:
-            (step,) = _STEP.unpack_from(data)  # "step" is the record's first float64
-            self._recent[int(step) % RECENT_STEPS] = np.frombuffer(data, dtype=np.uint8)
+            self._recent.append(data)
         if self._log is not None:
             self._log.put(data)
         if self._channel is not None:
@@ -584,12 +736,7 @@ class Watch:
                 **job_extra(),
             },
         )
-        # raw record bytes, NaN-filled so unused rows read as step NaN
-        self._recent = (
-            np.full(RECENT_STEPS, np.nan, dtype=self.schema.record_dtype())
-            .view(np.uint8)
-            .reshape(RECENT_STEPS, self.schema.record_size)
-        )
+        self._recent = deque(maxlen=RECENT_STEPS)
         try:
             self._log = RunLogWriter(self.run_dir, self.meta)
             self._log.on_error.append(self._on_log_error)
@@ -614,7 +761,7 @@ class Watch:
             value = args.get("max_norm")
             self._clip_override = None if value is None else float(value)
         elif name == "set_layer_interval":
-            self.layer_interval = max(1, int(args["n"]))
+            self.budget.set_layer_interval(int(args["n"]))
         elif name == "anomaly":
             steps = max(1, int(args.get("steps", 1)))
             if self._anomaly_prev is None:
@@ -659,6 +806,9 @@ class Watch:
         return state
 
     def _on_guard_hit(self) -> None:
+        self._measure_until = self.step_index + 1 + AFTER_TROUBLE  # watch what follows closely
+        if not self._measure and self._has_layers:
+            self._rerun_forward()
         if not self._guard_tripped:
             self._guard_tripped = True
             if not self._snapshot_armed:
@@ -673,6 +823,43 @@ class Watch:
             for p in self.plan.params:
                 p.grad = None  # optimizers skip parameters without a gradient
             self.log_event({"type": "skipped_step", "step": self.step_index, "reason": "nonfinite"})
+
+    def _rerun_forward(self) -> None:
+        """Run a bad unmeasured step's forward again with the layer hooks on, to find its origin.
+
+        It runs before ``optimizer.step()``, so the weights are the ones that produced the NaN;
+        the RNG is set to its state at the start of the step (when the model draws from it) and
+        restored after, and buffers (BatchNorm's running stats) are put back, so the training run
+        goes on exactly as it would have. A forward that has side effects of its own, or that ran
+        under autocast, may not reproduce the NaN: its origin then stays unknown.
+        """
+        if self._inputs is None:
+            return
+        args, kwargs = self._inputs
+        model = self.model
+        rng = torch.get_rng_state()
+        saved = [(b, b.detach().clone()) for b in model.buffers()]
+        self._arm_layer_hooks(True)
+        self._rerun = True
+        try:
+            if self._rng_at_start is not None:
+                torch.set_rng_state(self._rng_at_start["torch"])
+            with torch.no_grad():
+                model(*args, **kwargs)
+            self._measure = True  # this step's layer sums now exist: record them
+        except Exception as exc:  # noqa: BLE001 - the origin is a nicety; the finding still comes
+            self._warn_once("rerun", f"could not re-run the bad step's forward pass: {exc!r}")
+            for i in range(len(self._sums)):
+                self._sums[i] = None
+        finally:
+            self._rerun = False
+            self._arm_layer_hooks(self._measure)
+            torch.set_rng_state(rng)
+            with torch.no_grad():
+                for buf, value in saved:
+                    buf.copy_(value)
+        if self._measure:
+            self._store_sums()  # the diagnosis reads them from the buffers right away
 
     def _write_snapshot(self, batch: Any) -> None:
         reason = self._snapshot_reason or "requested"
@@ -695,11 +882,12 @@ class Watch:
 
     def recent_records(self) -> np.ndarray:
         """Up to the last 500 step records, oldest first (for snapshots and detectors)."""
-        if self._recent is None:
+        if not self._recent:
             return np.zeros(0)
-        rows = self._recent.copy().view(self.schema.record_dtype()).reshape(-1)
+        raw = b"".join(self._recent.copy())  # deque.copy() is atomic under the GIL
+        rows = np.frombuffer(raw, dtype=self.schema.record_dtype()).copy()
         rows = rows[np.isfinite(rows["step"])]
-        return rows[np.argsort(rows["step"])]
+        return rows[np.argsort(rows["step"], kind="stable")]
 
     # ------------------------------------------------------------------------------------------
     # events, findings, failures
@@ -724,8 +912,8 @@ class Watch:
     def _layer_failed(self, i: int, exc: BaseException) -> None:
         name = self.plan.stat_names[i]
         self._warn_once(f"layer-{i}", f"stopped watching layer {name!r} after an error: {exc!r}")
-        self._sum_views[i] = torch.zeros((), device=self._buf.dev.device)
-        self._col_views[i] = torch.zeros(5, device=self._buf.dev.device)
+        self._layers_off.add(i)
+        self._sums[self._slots[i]] = None
 
     def _on_log_error(self, message: str) -> None:
         self.findings.append({"kind": "nnwatch_error", "severity": "error", "message": message})
@@ -737,12 +925,14 @@ class Watch:
             self._remove_hooks()
 
     def _remove_hooks(self) -> None:
+        self._arm_layer_hooks(False)
         for h in self._handles:
             try:
                 h.remove()
             except Exception:  # noqa: BLE001
                 pass
         self._handles.clear()
+
         hooked = getattr(self, "_hooked_param", None)
         if hooked is not None:
             param, was_none = hooked
@@ -837,10 +1027,18 @@ def watch(
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
     Use it as a context manager, or call ``close()`` at the end. Options: ``run_dir``,
-    ``layer_interval`` (sample per-layer activation stats every N steps, default 10),
+    ``layer_interval`` (full per-layer activation stats every N steps; by default every 10,
+    stretched to at most 100 when the cost budget needs it; an explicit N is kept),
     ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite check
     before ``optimizer.step()``: on by default on the CPU, where it is free), ``skip_nonfinite``,
     ``channel`` (live monitoring, default on) and ``detectors`` (default on).
+    ``budget`` (default 0.01) is the share of the step time nnwatch may spend on its own work: it
+    times itself and measures layer output sums and gradient norms on every k-th step only
+    (k <= ``max_interval``, default 8) when measuring every step would cost more; ``None``
+    measures every step whatever it costs. Steps whose per-layer stats are sampled, the first
+    10 steps, steps with a pending snapshot and the 100 steps after non-finite gradients are
+    always measured; on the other steps the guard checks the smallest gradient at each end of the
+    network.
     ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
     the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
     compares a parameter checksum across ranks with one small async all-reduce every N steps.

@@ -205,6 +205,7 @@ class FixtureSource(RunSource):
         out["samples_per_sec"] = 64.0 / out["step_time"]
         out["clip_threshold"] = self.clip
         out["layer_stats"] = (s.astype(np.int64) % self.layer_every == 0).astype(np.float64)
+        out["layer_sums"] = 1.0
         if self.cuda:
             out["cuda_allocated"] = 3.1e9 + 0.2e9 * (np.sin(s / 7.0) > 0)
             out["cuda_reserved"] = 4.0e9

@@ -69,7 +69,7 @@ def main() -> None:
     centers = torch.randn(5, 20, generator=g) * 2
     model = DropoutNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    w = nnwatch.watch(model, opt, num_classes=5, name="replay_net", channel=False)
+    w = nnwatch.watch(model, opt, num_classes=5, name="replay_net", channel=False, budget=None)
     for step in range(args.steps):
         if step == args.snapshot_at:
             w.request_snapshot("test")

@@ -58,12 +58,13 @@ class LossStalledDetector(Detector):
         absent = math.isnan(g) and (
             row.grad_layer.size == 0 or bool(np.isnan(row.grad_layer).all())
         )
-        self.no_grad = self.no_grad + 1 if absent and self.ctx.num_param_layers else 0
         lr = row.lr
         zero_lr = lr.size > 0 and bool(np.isfinite(lr).all()) and bool((lr == 0).all())
         self.zero_lr = self.zero_lr + 1 if zero_lr else 0
-        self.update_ratio = self._update_ratio(row)
-        self.tiny = self.tiny + 1 if self.update_ratio < TINY_UPDATE else 0
+        if row.measured:  # steps the cost budget left unmeasured tell nothing about gradients
+            self.no_grad = self.no_grad + 1 if absent and self.ctx.num_param_layers else 0
+            self.update_ratio = self._update_ratio(row)
+            self.tiny = self.tiny + 1 if self.update_ratio < TINY_UPDATE else 0
         cause = None
         prog = hist.progress_since_start(10)
         unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS

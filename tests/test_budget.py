@@ -1,0 +1,285 @@
+"""The cost budget: what it measures on the steps it skips, and what it still catches there."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nnwatch
+from nnwatch.probe.budget import UPDATE_EVERY, CostBudget
+from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS
+from nnwatch.schema import RunMeta, RunSchema, sums_measured
+
+
+def _feed(b: CostBudget, light: float, full: float, sampled: float, step: float, n: int = UPDATE_EVERY) -> None:
+    """One update's worth of timings, as the probe adds them (seconds per step of each kind)."""
+    b.acc = [light * n, n, full * n, n, sampled * n, n, step * n, n]
+    b.update()
+
+
+def test_budget_picks_the_smallest_interval_that_fits() -> None:
+    b = CostBudget(0.01, max_interval=16, layer_interval=10)
+    # bare step ~50 ms: 1% is ~0.5 ms; a measurement costs 1 ms more than a light step (0.1 ms)
+    _feed(b, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
+    assert b.interval == 3  # 0.1 + 1.0 / 3 = 0.43 ms <= ~0.5 ms; 1.0 / 2 would not fit
+    assert b.layer_interval == 10  # statistics cost nothing extra here: not stretched
+    assert b.average_cost(b.interval, b.layer_interval) <= 0.01 * 50e-3
+
+
+def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
+    b = CostBudget(0.01, max_interval=16, layer_interval=10)
+    # full statistics cost 20 ms a time: every 10 steps alone would be 4% of a 50 ms step
+    _feed(b, light=100e-6, full=600e-6, sampled=20.6e-3, step=50e-3)
+    assert b.layer_interval == 100
+    assert b.interval == 3  # 0.1 + 0.5 / 3 + 20 / 100 = 0.47 ms of ~0.47 allowed
+    assert b.average_cost(b.interval, b.layer_interval) <= 0.01 * 50e-3
+
+
+def test_a_step_too_cheap_to_afford_anything_measures_as_rarely_as_allowed() -> None:
+    b = CostBudget(0.01, max_interval=8, layer_interval=10)
+    _feed(b, light=200e-6, full=2e-3, sampled=3e-3, step=5e-3)  # the light step alone is 4%
+    assert (b.interval, b.layer_interval) == (8, 100)
+
+
+def test_explicit_statistics_interval_and_no_budget_are_kept() -> None:
+    b = CostBudget(0.01, max_interval=16, layer_interval=4, stretch_stats=False)
+    _feed(b, light=100e-6, full=600e-6, sampled=20e-3, step=50e-3)
+    assert b.layer_interval == 4
+    off = CostBudget(None)
+    _feed(off, light=100e-6, full=1, sampled=1, step=2)
+    assert (off.interval, off.layer_interval) == (1, 10)
+    with pytest.raises(ValueError, match="positive fraction"):
+        CostBudget(0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# a real training loop under a budget it can never meet: it measures every 4th step only
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+
+
+def _loop(w: nnwatch.Watch, model: nn.Module, opt: torch.optim.Optimizer, steps: int, poison_at: int = -1):
+    """Train; returns torch's own global grad norm of every step (before the update)."""
+    g = torch.Generator().manual_seed(1)
+    norms = []
+    for step in range(steps):
+        x = torch.randn(16, 12, generator=g)
+        y = x[:, :3].argmax(dim=1)  # learnable: a healthy run
+        if step == poison_at:
+            x[3, 5] = float("nan")
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+        opt.step()
+        w.step(loss, batch=(x, y))
+    return torch.stack(norms).numpy()
+
+
+def test_measured_steps_are_exact_and_light_steps_are_absent_not_zero() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with nnwatch.watch(model, opt, name="budget", budget=1e-9, max_interval=4, layer_interval=10) as w:
+        norms = _loop(w, model, opt, 80)
+    run = nnwatch.load_run(w.run_dir)
+    measured = run["layer_sums"] == 1.0
+    assert measured[:WARMUP_STEPS].all()
+    late = np.arange(80) >= WARMUP_STEPS + UPDATE_EVERY
+    sampled_late = (late & (np.arange(80) % 10 == 0)).sum()
+    assert measured[late].sum() <= late.sum() // 4 + 1 + sampled_late  # every 4th, + sampled
+    gaps = np.diff(np.flatnonzero(measured))
+    assert gaps.max() <= 4  # never more than max_interval apart
+    # measured steps: the same bits torch computes; light steps: NaN, never 0
+    assert np.allclose(run["grad_norm"][measured], norms[measured], rtol=1e-6)
+    assert np.isnan(run["grad_norm"][~measured]).all()
+    assert np.isnan(run["nonfinite_grads"][~measured]).all()
+    assert np.isnan(run["loss"]).sum() == 0  # the loss, LR and timings are recorded every step
+    assert np.isfinite(run["step_time"][1:]).all()
+    # full statistics only on sampled steps, which are always measured ones
+    assert set(run.layers["step"].tolist()) == set(range(0, 80, 10))
+    assert measured[::10].all()
+    # a healthy run is not mistaken for one whose gradients vanished on the unmeasured steps
+    assert [f.kind for f in w.findings] == []
+
+
+def test_layer_hooks_are_attached_only_for_measured_steps() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    hooked = []
+    with nnwatch.watch(model, opt, name="hooks", budget=1e-9, max_interval=4) as w:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(60):
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            hooked.append((len(model[0]._forward_hooks), w._measure))
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            w.step(loss, batch=(x, y))
+    assert all(n == (1 if measure else 0) for n, measure in hooked)
+    assert {m for _, m in hooked} == {True, False}
+    assert len(model[0]._forward_hooks) == 0  # and none after close
+
+
+def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with nnwatch.watch(
+        model, opt, name="guard-light", budget=1e-9, max_interval=4, skip_nonfinite=True
+    ) as w:
+        _loop(w, model, opt, 45)
+        while w._measure:  # on to a step the budget leaves unmeasured
+            _loop(w, model, opt, 1)
+        poison = w.step_index
+        _loop_one_poisoned(w, model, opt)
+        _loop(w, model, opt, 5)
+    run = nnwatch.load_run(w.run_dir)
+    # the guard's check of one small gradient tripped; it then looked at every gradient, and
+    # ran the forward again with the layer hooks on: the step is measured after all
+    assert run["nonfinite_grads"][poison] == 1.0
+    assert run["layer_sums"][poison] == 1.0
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the update was skipped
+    nan = [f for f in w.findings if f.kind == "nan_or_inf"]
+    assert nan and nan[0].step == poison and nan[0].layer == "0"  # the input was bad
+    assert any(e.get("type") == "snapshot" and e.get("step") == poison for e in run.events)
+    # the steps after trouble are measured in full
+    after = run["layer_sums"][poison + 1 : poison + 6]
+    assert (after == 1.0).all() and poison + 5 < poison + 1 + AFTER_TROUBLE
+
+
+def _loop_one_poisoned(w: nnwatch.Watch, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
+    x[3, 5] = float("nan")
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    w.step(loss, batch=(x, y))
+
+
+class _NanInBackward(torch.autograd.Function):
+    """Identity forward; its backward turns the gradient into NaN (a NaN born mid-backward)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def, override]
+        return g * math.nan
+
+
+class _Middle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.poison = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NanInBackward.apply(x) if self.poison else x
+
+
+def test_guard_sentinel_sees_a_nan_born_inside_backward() -> None:
+    torch.manual_seed(0)
+    middle = _Middle()
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), middle, nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with nnwatch.watch(model, opt, name="guard-bwd", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
+        _loop(w, model, opt, 50)
+        while w._measure:  # move on to a light step
+            _loop(w, model, opt, 1)
+        at = w.step_index
+        middle.poison = True
+        _loop(w, model, opt, 1)
+    run = nnwatch.load_run(w.run_dir)
+    assert run["nonfinite_grads"][at] == 1.0
+    assert np.isfinite(run["loss"][at])  # the loss was fine: only the backward pass went bad
+    nan = [f for f in w.findings if f.kind == "nan_or_inf"]
+    assert nan and nan[0].step == at and "backward: first non-finite gradient" in nan[0].message
+    assert "forward: first non-finite" not in nan[0].message  # the re-run found the forward clean
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_runs_written_before_layer_sums_read_as_measured(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    old = RunSchema(("a",), ("Linear",), ("a",), 1, version=1)
+    assert "layer_sums" not in old.scalar_dtype().names
+    rows = np.zeros(3, dtype=old.record_dtype())
+    assert sums_measured(rows).all()
+    meta = RunMeta("old", old, pid=1, host="h", started=0.0)
+    assert RunMeta.from_json(meta.to_json()).schema.scalar_dtype() == old.scalar_dtype()
+
+
+class _PoisonAt(nn.Module):
+    """Identity, except that its output holds a NaN when ``poison`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.poison = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.poison:
+            x = x.clone()
+            x[0, 0] = math.nan
+        return x
+
+
+def _bn_dropout_model() -> tuple[nn.Module, _PoisonAt]:
+    torch.manual_seed(0)
+    poison = _PoisonAt()
+    model = nn.Sequential(
+        nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2),
+        nn.Linear(32, 32), nn.Tanh(), poison, nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3),
+    )  # fmt: skip
+    return model, poison
+
+
+def _steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, g: torch.Generator, w=None) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(n):
+        x = torch.randn(16, 12, generator=g)
+        y = x[:, :3].argmax(dim=1)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if w is not None:
+            w.step(loss, batch=(x, y))
+
+
+def test_nan_origin_on_an_unmeasured_step_comes_from_a_rerun_that_leaves_no_trace() -> None:
+    model, poison = _bn_dropout_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    with nnwatch.watch(model, opt, name="rerun", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
+        _steps(model, opt, 45, g, w)
+        while w._measure:
+            _steps(model, opt, 1, g, w)
+        at = w.step_index
+        poison.poison = True
+        _steps(model, opt, 1, g, w)
+        poison.poison = False
+        rng_after = torch.get_rng_state()
+        _steps(model, opt, 3, g, w)
+    run = nnwatch.load_run(w.run_dir)
+    nan = [f for f in w.findings if f.kind == "nan_or_inf"]
+    assert nan and nan[0].step == at
+    # the origin, found by running that step's forward again: the first watched layer after the
+    # poisoning module (a custom module nnwatch does not hook, named as the suspect)
+    assert nan[0].layer == "7" and "6 (_PoisonAt)" in nan[0].message, nan[0].message
+    assert run["layer_sums"][at] == 1.0
+    sums = run.layers[run.layers["step"] == at]["act_sum"][0]
+    order = list(run.meta.schema.layer_names)
+    assert np.isfinite(sums[: order.index("7")]).all() and not np.isfinite(sums[order.index("7")])
+    # the re-run left no trace: BatchNorm counted each step once, and the RNG (dropout) is where
+    # a run without nnwatch would have it
+    assert int(model[1].num_batches_tracked) == at + 4
+    ref, ref_poison = _bn_dropout_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    g2 = torch.Generator().manual_seed(3)
+    _steps(ref, ref_opt, at, g2)
+    ref_poison.poison = True
+    _steps(ref, ref_opt, 1, g2)
+    assert torch.equal(torch.get_rng_state(), rng_after)
