@@ -310,7 +310,10 @@ class RankState:
             loss = scalars["loss"].astype(np.float64)
             self.step = int(steps[-1])
             self.loss = float(loss[-1])
-            self.grad_norm = float(scalars["grad_norm"][-1])
+            gn = scalars["grad_norm"]
+            measured = np.flatnonzero(~np.isnan(gn))  # the cost budget may skip some steps
+            if len(measured):
+                self.grad_norm = float(gn[measured[-1]])
             st = scalars["step_time"][-20:]
             self.step_times = (
                 self.step_times + [float(x) for x in st if np.isfinite(x) and x > 0]

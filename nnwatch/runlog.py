@@ -218,9 +218,9 @@ class RunLogWriter:
             return
         scalars, layer_rows = split_records(rows, self.meta.schema)
         try:
-            os.write(self._fd_s, scalars.tobytes())
+            _write_all(self._fd_s, scalars.tobytes())
             if len(layer_rows):
-                os.write(self._fd_l, layer_rows.tobytes())
+                _write_all(self._fd_l, layer_rows.tobytes())
             self.written += len(rows)
         except OSError as exc:
             self.lost += len(rows)
@@ -235,6 +235,17 @@ class RunLogWriter:
                     cb(message)
                 except Exception:  # noqa: BLE001 - a callback must not kill the writer
                     pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is out: a disk that fills up mid-write first returns a
+    short count, and only the next call raises the error that must be reported."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(28, "no space left on device (write returned 0)")
+        view = view[n:]
 
 
 def _json_default(obj: Any) -> Any:

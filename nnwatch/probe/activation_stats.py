@@ -52,6 +52,7 @@ class StatBlock:
         self.nonzero: list[torch.Tensor | None] = [None] * num_layers
         self.nonfinite: list[Any] = [0.0] * num_layers
         self.count: list[float] = [math.nan] * num_layers
+        self._const: dict[tuple[float, ...], torch.Tensor] = {}
 
     def reset(self) -> None:
         for i in range(len(self.moments)):
@@ -95,15 +96,25 @@ class StatBlock:
             nonfinite = torch.tensor(nf, dtype=torch.float32)
         else:
             nonfinite = torch.stack(nf).to(torch.float32)
-        n = torch.tensor([self.count[i] for i in present], dtype=torch.float32, device=moments.device)
+        n = self._counts(tuple(self.count[i] for i in present))
         mean = total / n
         var = (sq / n - mean * mean).clamp_(min=0.0) * (n / (n - 1))  # unbiased, like torch.std
         stats = torch.stack((mean, var.sqrt_(), 1.0 - nonzero / n, nonfinite, torch.maximum(hi, lo.neg())))
         if len(present) == out.shape[1]:
             out.copy_(stats)
         else:
-            out[:, torch.tensor(present, device=out.device)] = stats.to(out.device)
+            out[:, self._counts(tuple(float(i) for i in present)).long()] = stats.to(out.device)
         self.reset()
+
+    def _counts(self, values: tuple[float, ...]) -> torch.Tensor:
+        """A small constant tensor on the device, made once: building one from a Python list on
+        a GPU is a blocking copy, i.e. the host sync the hot path must not have."""
+        t = self._const.get(values)
+        if t is None:
+            if len(self._const) > 16:
+                self._const.clear()
+            t = self._const[values] = torch.tensor(values, dtype=torch.float32, device=self.device)
+        return t
 
 
 def _nonfinite_count(flat: torch.Tensor) -> torch.Tensor:

@@ -215,16 +215,29 @@ class RunState:
             return source.layer_row_at(int(cursor))
         return None
 
-    def value_at(self, field: str, cursor: float | None, source: object | None = None) -> float:
-        """``field`` at the cursor step (or the latest value)."""
+    def value_at(
+        self, field: str, cursor: float | None, source: object | None = None, measured: bool = False
+    ) -> float:
+        """``field`` at the cursor step (or the latest value).
+
+        ``measured``: the last measured (not NaN) value at or before it, for fields the probe's
+        cost budget measures on some steps only (gradient norms), so that a title does not
+        flicker to "-" between measurements. Inf is a measurement and shows.
+        """
         with self.lock:
             h = self.history
-            if cursor is None:
+            if cursor is None and not measured:
                 return h.latest(field)
             steps = h.tail("step")
-            if len(steps) and cursor >= steps[0]:
-                i = int(np.searchsorted(steps, cursor, side="right")) - 1
-                return float(h.tail(field)[max(i, 0)])
+            if len(steps) and (cursor is None or cursor >= steps[0]):
+                i = len(steps) - 1 if cursor is None else int(np.searchsorted(steps, cursor, side="right")) - 1
+                vals = h.tail(field)[: max(i, 0) + 1]
+                if measured:
+                    ok = np.flatnonzero(~np.isnan(vals))
+                    return float(vals[ok[-1]]) if len(ok) else math.nan
+                return float(vals[-1])
+            if cursor is None:
+                return math.nan
         if isinstance(source, Seekable):
             rows = source.scalars_between(cursor - ZOOM_STEPS, cursor)
             if len(rows):

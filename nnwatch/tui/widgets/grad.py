@@ -69,8 +69,8 @@ class GradPane(Pane):
             log=True,  # norms span decades; on a linear axis one spike flattens everything else
             x_labels=x_labels(x0, x1),
         )
-        norm = st.value_at("grad_norm", view.cursor, src)
-        after = st.value_at("grad_norm_clipped", view.cursor, src)
+        norm = st.value_at("grad_norm", view.cursor, src, measured=True)
+        after = st.value_at("grad_norm_clipped", view.cursor, src, measured=True)
         share = st.recent_clip_share(100)
         compact = w < 56
         title = f"[b]{'Grad' if compact else 'Grad norm'}[/b] {fmt.num(norm)}"
