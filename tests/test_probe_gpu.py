@@ -103,3 +103,33 @@ def test_guard_costs_one_sync_and_catches_nonfinite_gradients() -> None:
     for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p.detach(), b)  # the poisoned step was skipped
     assert (w.run_dir / "snapshots").is_dir()
+
+
+def test_light_and_measured_steps_under_the_cost_budget_make_no_sync() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    # a budget no step can meet: after the warm-up, every 4th step is measured, the rest are light
+    with nnwatch.watch(model, opt, name="gpu-budget", guard=False, budget=1e-9, max_interval=4, channel=False) as w:
+        def one() -> None:
+            x = torch.randn(32, 64, device="cuda")
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            w.step(loss, batch=(x,))
+
+        for _ in range(40):
+            one()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(12):
+                one()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    run = nnwatch.load_run(w.run_dir)
+    late = run["layer_sums"][40:]
+    assert (late == 1.0).any() and (late == 0.0).any()
+    assert np.isnan(run["grad_norm"][40:][late == 0.0]).all()
+    assert np.isfinite(run["grad_norm"][40:][late == 1.0]).all()

@@ -16,10 +16,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from nnwatch.schema import DEV_FIELDS, HOST_FIELDS, RunSchema
+from nnwatch.schema import DEV_FIELDS, RunSchema
 
 PIPELINE = 4
-HOST_INDEX = {name: i for i, name in enumerate(HOST_FIELDS)}
 DEV_INDEX = {name: i for i, name in enumerate(DEV_FIELDS)}
 
 
@@ -32,7 +31,6 @@ class StepBuffers:
         self.record_view = memoryview(self.record)  # for struct.pack_into of the host block
         hs = schema.host_size
         self.host = self.record[:hs].view(np.float64)
-        self.lr_offset = len(HOST_FIELDS)
         self._dev_view = self.record[hs:].view(np.float32)
         self._pending: deque[tuple[torch.cuda.Event, int, np.ndarray]] = deque()
         self._pinned: list[torch.Tensor] = []
@@ -68,12 +66,6 @@ class StepBuffers:
     def slot(self, name: str) -> torch.Tensor:
         """The 0-d device view of one scalar field, e.g. ``slot("loss")``."""
         return self.scalars[DEV_INDEX[name]]
-
-    def stat_column(self, layer: int) -> torch.Tensor:
-        return self.act_stats[:, layer]
-
-    def set_host(self, name: str, value: float) -> None:
-        self.host[HOST_INDEX[name]] = value
 
     def move_to(self, device: torch.device, publish: Callable[[memoryview], None]) -> None:
         """Follow a model that was moved: flush what is in flight, reallocate on the new device."""

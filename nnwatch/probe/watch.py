@@ -339,9 +339,8 @@ class Watch:
             self._layer_handles = []
 
     def _refresh_views(self) -> None:
-        """Per-layer slot views, rebuilt when slots are reordered or the buffers move device."""
+        """Per-layer statistics block, rebuilt when slots are reordered or the buffers move device."""
         b = self._buf
-        self._sum_views = [b.act_sum[s] for s in self._slots]
         self._stats = StatBlock(len(self._slots), b.dev.device, self.stat_cap)
 
     # ------------------------------------------------------------------------------------------
@@ -586,6 +585,7 @@ class Watch:
     def _record_loss(self, loss: Any) -> None:
         slot = self._buf.loss
         if loss is None:
+            slot.fill_(math.nan)  # a light step does not reset the record: no stale loss
             return
         if isinstance(loss, torch.Tensor):
             if loss.dim() == 0:
@@ -655,16 +655,9 @@ class Watch:
         measured = self._measure
         self._sums_stored = False
         self._inputs = None
-        if self.step_index > 0:  # step 0 also sets up the run files: not a step's cost
-            acc = self.budget.acc
-            kind = (4 if self._sampled else 2) if measured else 0
-            acc[kind] += self._own + (time.perf_counter() - t0)
-            acc[kind + 1] += 1
-            acc[6] += now - self._last_time
-            acc[7] += 1
-            if acc[7] >= UPDATE_EVERY:
-                self.budget.update()
-        self._own = 0.0
+        sampled = self._sampled
+        first = self.step_index == 0  # step 0 also sets up the run files: not a step's cost
+        step_time = now - self._last_time
         self._last_time = now
         self.step_index += 1
         self._step_open = False
@@ -682,6 +675,16 @@ class Watch:
         )
         if self._measure != bool(self._layer_handles) and self._has_layers and not self.disabled:
             self._arm_layer_hooks(self._measure)
+        if not first:  # the whole of this step's own work, hook attaching included
+            acc = self.budget.acc
+            kind = (4 if sampled else 2) if measured else 0
+            acc[kind] += self._own + (time.perf_counter() - t0)
+            acc[kind + 1] += 1
+            acc[6] += step_time
+            acc[7] += 1
+            if acc[7] >= UPDATE_EVERY:
+                self.budget.update()
+        self._own = 0.0
         if self._anomaly_left > 0:
             self._anomaly_left -= 1
             if self._anomaly_left == 0 and self._anomaly_prev is not None:
