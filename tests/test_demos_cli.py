@@ -126,3 +126,20 @@ def test_interrupting_the_command_stops_the_trainer_and_cleans_up(
         time.sleep(0.1)
     assert not same_process(trainer.pid, trainer.start_time), "the trainer outlived the command"
     assert leftovers(run_root) == []
+
+
+def test_a_demo_that_ends_before_the_first_poll_is_still_found(run_root: Path) -> None:
+    # A short headless run can register, train and unregister between two polls of the command
+    # (seen in CI: the nan_log demo stops at step 40 in well under a second once warm).
+    from nnwatch.cli.demo import Trainer, find_demos
+
+    demo = find_demos()["healthy"]
+    trainer = Trainer(demo, steps=2, delay=0.0, seed=0)
+    try:
+        assert trainer.proc.wait(timeout=120) == 0, trainer.output_tail()
+        assert list_runs(run_root) == []  # its registry entry is gone already
+        info = trainer.wait_registered(timeout=5)
+        assert info.pid == trainer.proc.pid and (Path(info.run_dir) / "meta.json").is_file()
+    finally:
+        kept = trainer.finish(keep=False)
+    assert kept is None and not Path(info.run_dir).exists()  # and it is cleaned up as usual

@@ -63,28 +63,34 @@ def test_steady_state_steps_make_no_host_device_sync(clip: bool) -> None:
     assert np.all(np.isfinite(run.layers["act_std"]))
 
 
+def _fp32_steps_then_checked_steps(w: nnwatch.Watch, model: nn.Module, opt, warm: int, checked: int) -> None:
+    """``warm`` plain steps, then ``checked`` more under ``set_sync_debug_mode("error")``."""
+
+    def one() -> None:
+        x = torch.randn(32, 64, device="cuda")
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()  # nnwatch measures the gradients in its pre-hook here
+        w.step(loss, batch=(x,))
+
+    for _ in range(warm):
+        one()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(checked):
+            one()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def test_a_whole_fp32_step_with_the_optimizer_pre_hook_makes_no_sync() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     with nnwatch.watch(model, opt, name="gpu-sync-fp32", guard=False, layer_interval=1, channel=False) as w:
-        def one() -> None:
-            x = torch.randn(32, 64, device="cuda")
-            opt.zero_grad(set_to_none=True)
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()  # nnwatch measures the gradients in its pre-hook here
-            w.step(loss, batch=(x,))
-
-        for _ in range(3):
-            one()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(5):
-                one()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        _fp32_steps_then_checked_steps(w, model, opt, 3, 5)
     run = nnwatch.load_run(w.run_dir)
     assert len(run) == 8 and np.all(np.isfinite(run["grad_norm"]))
 
@@ -111,23 +117,7 @@ def test_light_and_measured_steps_under_the_cost_budget_make_no_sync() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     # a budget no step can meet: after the warm-up, every 4th step is measured, the rest are light
     with nnwatch.watch(model, opt, name="gpu-budget", guard=False, budget=1e-9, max_interval=4, channel=False) as w:
-        def one() -> None:
-            x = torch.randn(32, 64, device="cuda")
-            opt.zero_grad(set_to_none=True)
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            w.step(loss, batch=(x,))
-
-        for _ in range(40):
-            one()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(12):
-                one()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        _fp32_steps_then_checked_steps(w, model, opt, 40, 12)
     run = nnwatch.load_run(w.run_dir)
     late = run["layer_sums"][40:]
     assert (late == 1.0).any() and (late == 0.0).any()

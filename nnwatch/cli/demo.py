@@ -159,7 +159,7 @@ class Trainer:
     def wait_registered(self, timeout: float = REGISTER_TIMEOUT) -> RunInfo:
         """The trainer's registry entry (written at its first step); raises if it dies first."""
         from nnwatch.channel.identity import this_host
-        from nnwatch.channel.registry import list_runs
+        from nnwatch.channel.registry import list_runs, recorded_runs
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -168,6 +168,12 @@ class Trainer:
                 self.info = runs[0]
                 return self.info
             if not self.alive:
+                # a short run can register, train and unregister between two polls: its run
+                # directory is still there
+                done = [r for r in recorded_runs() if r.pid == self.proc.pid and r.host == this_host()]
+                if done and self.proc.returncode == 0:
+                    self.info = done[0]
+                    return self.info
                 raise DemoError(
                     f"the {self.demo.name} demo exited (status {self.proc.returncode}) before its "
                     f"first step. Its output:\n{self.output_tail()}"
@@ -222,7 +228,8 @@ class Trainer:
             return None
         if keep:
             return info.run_dir
-        unregister(Path(info.entry_path))  # gone already after a clean stop; not after a kill
+        if info.entry_path:  # gone already after a clean stop; not after a kill
+            unregister(Path(info.entry_path))
         if info.socket:
             try:
                 os.unlink(info.socket)

@@ -291,7 +291,11 @@ class LayersPane(Pane):
                 rows.append(r)
         self.shown_rows = [r.name for r in rows]
         keep = self.shown_rows.index(problem) if problem in self.shown_rows else None
-        table = self.query_one(LayerTable)
+        found = self.query(LayerTable)
+        if not found:  # the table is not mounted yet, or no more (at exit): draw on a later tick
+            self.seen_version = -1
+            return Text("")
+        table = found.first()
         table.set_rows(rows, pal, self.size.width < 92, keep)
         at = "" if row is None else f" @ step {fmt.count(float(row['step']))}"
         title = f"[b]Layers[/b]{at} · {schema.num_layers}"
