@@ -63,21 +63,27 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
 
 
-def _loop(w: nnwatch.Watch, model: nn.Module, opt: torch.optim.Optimizer, steps: int, poison_at: int = -1):
-    """Train; returns torch's own global grad norm of every step (before the update)."""
-    g = torch.Generator().manual_seed(1)
+def _train(
+    model: nn.Module, opt: torch.optim.Optimizer, steps: int, g: torch.Generator,
+    w: nnwatch.Watch | None = None, poison: bool = False,
+) -> np.ndarray:  # fmt: skip
+    """Train (watched when ``w`` is given); torch's own global grad norm of every step.
+
+    ``poison``: a NaN in each of these steps' inputs.
+    """
     norms = []
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(16, 12, generator=g)
         y = x[:, :3].argmax(dim=1)  # learnable: a healthy run
-        if step == poison_at:
+        if poison:
             x[3, 5] = float("nan")
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
         opt.step()
-        w.step(loss, batch=(x, y))
+        if w is not None:
+            w.step(loss, batch=(x, y))
     return torch.stack(norms).numpy()
 
 
@@ -85,7 +91,7 @@ def test_measured_steps_are_exact_and_light_steps_are_absent_not_zero() -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with nnwatch.watch(model, opt, name="budget", budget=1e-9, max_interval=4, layer_interval=10) as w:
-        norms = _loop(w, model, opt, 80)
+        norms = _train(model, opt, 80, torch.Generator().manual_seed(1), w)
     run = nnwatch.load_run(w.run_dir)
     measured = run["layer_sums"] == 1.0
     assert measured[:WARMUP_STEPS].all()
@@ -132,12 +138,13 @@ def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     with nnwatch.watch(
         model, opt, name="guard-light", budget=1e-9, max_interval=4, skip_nonfinite=True
     ) as w:
-        _loop(w, model, opt, 45)
+        g = torch.Generator().manual_seed(1)
+        _train(model, opt, 45, g, w)
         while w._measure:  # on to a step the budget leaves unmeasured
-            _loop(w, model, opt, 1)
+            _train(model, opt, 1, g, w)
         poison = w.step_index
-        _loop_one_poisoned(w, model, opt)
-        _loop(w, model, opt, 5)
+        _train(model, opt, 1, g, w, poison=True)
+        _train(model, opt, 5, g, w)
     run = nnwatch.load_run(w.run_dir)
     # the guard's check of one small gradient tripped; it then looked at every gradient, and
     # ran the forward again with the layer hooks on: the step is measured after all
@@ -150,16 +157,6 @@ def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     # the steps after trouble are measured in full
     after = run["layer_sums"][poison + 1 : poison + 6]
     assert (after == 1.0).all() and poison + 5 < poison + 1 + AFTER_TROUBLE
-
-
-def _loop_one_poisoned(w: nnwatch.Watch, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    x, y = torch.randn(16, 12), torch.randint(0, 3, (16,))
-    x[3, 5] = float("nan")
-    opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    w.step(loss, batch=(x, y))
 
 
 class _NanInBackward(torch.autograd.Function):
@@ -189,12 +186,13 @@ def test_guard_sentinel_sees_a_nan_born_inside_backward() -> None:
     model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), middle, nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with nnwatch.watch(model, opt, name="guard-bwd", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
-        _loop(w, model, opt, 50)
+        g = torch.Generator().manual_seed(1)
+        _train(model, opt, 50, g, w)
         while w._measure:  # move on to a light step
-            _loop(w, model, opt, 1)
+            _train(model, opt, 1, g, w)
         at = w.step_index
         middle.poison = True
-        _loop(w, model, opt, 1)
+        _train(model, opt, 1, g, w)
     run = nnwatch.load_run(w.run_dir)
     assert run["nonfinite_grads"][at] == 1.0
     assert np.isfinite(run["loss"][at])  # the loss was fine: only the backward pass went bad
@@ -237,32 +235,20 @@ def _bn_dropout_model() -> tuple[nn.Module, _PoisonAt]:
     return model, poison
 
 
-def _steps(model: nn.Module, opt: torch.optim.Optimizer, n: int, g: torch.Generator, w=None) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(n):
-        x = torch.randn(16, 12, generator=g)
-        y = x[:, :3].argmax(dim=1)
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        if w is not None:
-            w.step(loss, batch=(x, y))
-
-
 def test_nan_origin_on_an_unmeasured_step_comes_from_a_rerun_that_leaves_no_trace() -> None:
     model, poison = _bn_dropout_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(3)
     with nnwatch.watch(model, opt, name="rerun", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
-        _steps(model, opt, 45, g, w)
+        _train(model, opt, 45, g, w)
         while w._measure:
-            _steps(model, opt, 1, g, w)
+            _train(model, opt, 1, g, w)
         at = w.step_index
         poison.poison = True
-        _steps(model, opt, 1, g, w)
+        _train(model, opt, 1, g, w)
         poison.poison = False
         rng_after = torch.get_rng_state()
-        _steps(model, opt, 3, g, w)
+        _train(model, opt, 3, g, w)
     run = nnwatch.load_run(w.run_dir)
     nan = [f for f in w.findings if f.kind == "nan_or_inf"]
     assert nan and nan[0].step == at
@@ -279,7 +265,7 @@ def test_nan_origin_on_an_unmeasured_step_comes_from_a_rerun_that_leaves_no_trac
     ref, ref_poison = _bn_dropout_model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
     g2 = torch.Generator().manual_seed(3)
-    _steps(ref, ref_opt, at, g2)
+    _train(ref, ref_opt, at, g2)
     ref_poison.poison = True
-    _steps(ref, ref_opt, 1, g2)
+    _train(ref, ref_opt, 1, g2)
     assert torch.equal(torch.get_rng_state(), rng_after)

@@ -96,17 +96,17 @@ class StatBlock:
             nonfinite = torch.tensor(nf, dtype=torch.float32)
         else:
             nonfinite = torch.stack(nf).to(torch.float32)
-        n = self._counts(tuple(self.count[i] for i in present))
+        n = self._constant(tuple(self.count[i] for i in present))
         mean = total / n
         var = (sq / n - mean * mean).clamp_(min=0.0) * (n / (n - 1))  # unbiased, like torch.std
         stats = torch.stack((mean, var.sqrt_(), 1.0 - nonzero / n, nonfinite, torch.maximum(hi, lo.neg())))
         if len(present) == out.shape[1]:
             out.copy_(stats)
         else:
-            out[:, self._counts(tuple(float(i) for i in present)).long()] = stats.to(out.device)
+            out[:, self._constant(tuple(float(i) for i in present)).long()] = stats.to(out.device)
         self.reset()
 
-    def _counts(self, values: tuple[float, ...]) -> torch.Tensor:
+    def _constant(self, values: tuple[float, ...]) -> torch.Tensor:
         """A small constant tensor on the device, made once: building one from a Python list on
         a GPU is a blocking copy, i.e. the host sync the hot path must not have."""
         t = self._const.get(values)

@@ -52,8 +52,19 @@ class CostBudget:
         self.full_cost = math.nan  # ... on a measured step
         self.sampled_cost = math.nan  # ... on a step with full per-layer statistics
         self.step_time = math.nan  # wall time between two w.step() calls
-        # sums since the last update: [seconds, count] per kind, then wall time
+        # since the last update: [seconds, steps] per kind (light, measured, sampled), wall time
         self.acc = [0.0, 0, 0.0, 0, 0.0, 0, 0.0, 0]
+
+    def add(self, own: float, step_time: float, measured: bool, sampled: bool) -> None:
+        """One step's own seconds and wall time; decides every ``UPDATE_EVERY`` steps."""
+        acc = self.acc
+        kind = (4 if sampled else 2) if measured else 0
+        acc[kind] += own
+        acc[kind + 1] += 1
+        acc[6] += step_time
+        acc[7] += 1
+        if acc[7] >= UPDATE_EVERY:
+            self.update()
 
     def set_layer_interval(self, n: int) -> None:
         """The user (or a monitor) chose the statistics interval: keep it from now on."""

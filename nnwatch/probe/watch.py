@@ -33,7 +33,7 @@ from nnwatch._version import __version__
 from nnwatch.distributed import job_extra
 from nnwatch.paths import RunDirError, default_root, ensure_private_dir
 from nnwatch.probe.activation_stats import StatBlock, layer_sum
-from nnwatch.probe.budget import UPDATE_EVERY, CostBudget
+from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.consistency import ConsistencyCheck
 from nnwatch.probe.grad_norms import LayerReducer, sentinel_params, sentinels_finite, squared_norms
@@ -351,7 +351,8 @@ class Watch:
         t0 = time.perf_counter()
         try:
             self._step_open = True
-            self._inputs = (args, kwargs)  # references only: to re-run this forward if it goes bad
+            if self.guard:  # references only: the guard re-runs this forward if it goes bad
+                self._inputs = (args, kwargs)
             if not self._measure and (self._snapshot_reason is not None or self._anomaly_left):
                 self._measure = True  # a step someone will look at closely is measured in full
                 self._arm_layer_hooks(True)
@@ -375,9 +376,10 @@ class Watch:
 
     def _make_layer_hook(self, i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._rerun:
-                pass  # the guard's re-run of a bad step's forward, under no_grad
-            elif not self._measure or self.disabled or i in self._layers_off or not torch.is_grad_enabled():
+            # the guard's re-run of a bad step's forward runs under no_grad and always measures
+            if not self._rerun and (
+                not self._measure or self.disabled or i in self._layers_off or not torch.is_grad_enabled()
+            ):
                 return
             t0 = time.perf_counter()
             try:
@@ -676,14 +678,7 @@ class Watch:
         if self._measure != bool(self._layer_handles) and self._has_layers and not self.disabled:
             self._arm_layer_hooks(self._measure)
         if not first:  # the whole of this step's own work, hook attaching included
-            acc = self.budget.acc
-            kind = (4 if sampled else 2) if measured else 0
-            acc[kind] += self._own + (time.perf_counter() - t0)
-            acc[kind + 1] += 1
-            acc[6] += step_time
-            acc[7] += 1
-            if acc[7] >= UPDATE_EVERY:
-                self.budget.update()
+            self.budget.add(self._own + (time.perf_counter() - t0), step_time, measured, sampled)
         self._own = 0.0
         if self._anomaly_left > 0:
             self._anomaly_left -= 1
