@@ -519,11 +519,11 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
     import torch
 
     from nnwatch import grad as gradmath
-    from nnwatch.probe.grad_norms import squared_norms
+    from nnwatch.probe.grad_norms import squared_norms, total_norm
 
     if not grads:
         return np.float32(np.nan), np.float32(np.nan)
-    probe = squared_norms(grads, dev).sum().sqrt()
+    probe = torch.as_tensor(total_norm(squared_norms(grads, dev)))
     with_grad = [p for p in params if p.grad is not None]
     total = gradmath.global_norm(with_grad, 2.0)
     return (

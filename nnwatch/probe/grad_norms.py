@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -25,6 +26,18 @@ def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tens
     return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms]).square_()
 
 
+def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
+    """The global L2 norm from per-parameter squared norms, as the probe records it.
+
+    On the CPU it is summed in numpy (float64), a few microseconds against two torch calls on a
+    cold cache; on a GPU it stays a device tensor (no sync). Replay recomputes it with this same
+    function, so that a reproduced step matches the record bit for bit.
+    """
+    if sq.device.type == "cpu":
+        return math.sqrt(float(sq.numpy().sum(dtype=np.float64)))
+    return sq.sum().sqrt()
+
+
 class LayerReducer:
     """Folds per-parameter norms into per-layer norms with one ``index_add_``.
 
@@ -38,6 +51,9 @@ class LayerReducer:
         self._key: tuple[int, ...] | None = None
         self._index: torch.Tensor | None = None
         self._absent: torch.Tensor | None = None
+        self._host_key: tuple[int, ...] | None = None
+        self._host_index = np.zeros(0, dtype=np.int64)
+        self._host_absent = np.zeros(0, dtype=bool)
 
     def _prepare(self, present: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (*present, -1 if device.type == "cpu" else (device.index or 0))
@@ -49,6 +65,25 @@ class LayerReducer:
             self._absent = absent.to(device)
             self._key = key
         return self._index, self._absent
+
+    def write_host(self, per_param: np.ndarray, present: list[int], out: np.ndarray) -> None:
+        """:meth:`write` for CPU buffers, in numpy: a handful of microseconds instead of six
+        torch calls on a cold cache."""
+        if self._num_layers == 0 or not present:
+            return
+        key = (*present, -2)
+        if key != self._host_key:
+            owners = [self._owner[i] for i in present]
+            absent = np.ones(self._num_layers, dtype=bool)
+            absent[owners] = False
+            self._host_index, self._host_absent, self._host_key = np.array(owners), absent, key
+        with np.errstate(invalid="ignore"):
+            layer = np.sqrt(
+                np.bincount(self._host_index, weights=per_param, minlength=self._num_layers)
+            )
+        layer[np.isnan(layer)] = math.inf
+        layer[self._host_absent] = math.nan
+        out[:] = layer
 
     def write(
         self,

@@ -34,9 +34,15 @@ from nnwatch.distributed import job_extra
 from nnwatch.paths import RunDirError, default_root, ensure_private_dir
 from nnwatch.probe.activation_stats import StatBlock, layer_sum
 from nnwatch.probe.budget import CostBudget
-from nnwatch.probe.buffers import StepBuffers
+from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.consistency import ConsistencyCheck
-from nnwatch.probe.grad_norms import LayerReducer, sentinel_params, sentinels_finite, squared_norms
+from nnwatch.probe.grad_norms import (
+    LayerReducer,
+    sentinel_params,
+    sentinels_finite,
+    squared_norms,
+    total_norm,
+)
 from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.runlog import RunLogWriter
@@ -47,6 +53,9 @@ log = logging.getLogger("nnwatch")
 _N_HOST = len(HOST_FIELDS)
 _HOST_PACK = struct.Struct(f"<{_N_HOST}d")
 _NO_CUDA = (math.nan, math.nan, math.nan)
+_GRAD_NORM = DEV_INDEX["grad_norm"]
+_NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]
+_LOSS = DEV_INDEX["loss"]
 assert HOST_FIELDS[5:12] == (
     "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
 ), "Watch._step writes the host block in this order"
@@ -143,6 +152,10 @@ def _batch_size(batch: Any) -> int | None:
         items = [batch]
     t = next((b for b in items if isinstance(b, torch.Tensor) and b.dim() > 0), None)
     return int(t.shape[0]) if t is not None else None
+
+
+def _finite(total: torch.Tensor | float) -> bool:
+    return math.isfinite(total) if isinstance(total, float) else bool(torch.isfinite(total))
 
 
 class Watch:
@@ -389,9 +402,11 @@ class Watch:
                         self._order.append(i)
                     x = x.detach()
                     slot = self._slots[i]
-                    self._sums[slot] = layer_sum(x, self._sums[slot])
+                    total = layer_sum(x)
+                    earlier = self._sums[slot]
+                    self._sums[slot] = total if earlier is None else earlier + total
                     if self._sampled:
-                        self._stats.add(x, slot)
+                        self._stats.add(x, slot, total)
             except Exception as exc:  # noqa: BLE001 - never raise into the forward pass
                 self._layer_failed(i, exc)
             self._own += time.perf_counter() - t0
@@ -415,7 +430,7 @@ class Watch:
                 total = self._measure_grads(None)  # a bad step: look at every gradient after all
             if self._snapshot_armed and self._pre_state is None:
                 self._pre_state = self._capture_state()
-            if self.guard and total is not None and not bool(torch.isfinite(total)):
+            if self.guard and total is not None and not _finite(total):
                 self._on_guard_hit()
         except Exception as exc:  # noqa: BLE001
             self._disable(f"internal error before optimizer.step(): {exc!r}")
@@ -431,7 +446,7 @@ class Watch:
                 grads.append(p.grad)
         return present, grads
 
-    def _measure_grads(self, clip: float | None) -> torch.Tensor | None:
+    def _measure_grads(self, clip: float | None) -> torch.Tensor | float | None:
         """Global and per-layer norms of the current gradients; clips when a monitor asked to."""
         present, grads = self._grads()
         self._norms_done = True
@@ -439,10 +454,21 @@ class Watch:
             return None
         b = self._buf
         sq = squared_norms(grads, b.dev.device)
-        total = sq.sum().sqrt()
-        self._reducer.write(sq, present, b.grad_layer, squared=True)
-        b.slot("grad_norm").copy_(total)
-        b.slot("nonfinite_grads").copy_(~torch.isfinite(total))
+        total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
+        host = b.dev_np
+        if isinstance(total, float) and host is not None:  # CPU: numpy, straight into the record
+            lo, hi = b.grad_layer_span
+            self._reducer.write_host(sq.numpy(), present, host[lo:hi])
+            host[_GRAD_NORM] = total
+            host[_NONFINITE_GRADS] = 0.0 if math.isfinite(total) else 1.0
+            if clip is None:
+                return total
+            total = torch.tensor(total, dtype=torch.float32)
+        else:
+            total = torch.as_tensor(total, dtype=torch.float32, device=b.dev.device)
+            self._reducer.write(sq, present, b.grad_layer, squared=True)
+            b.slot("grad_norm").copy_(total)
+            b.slot("nonfinite_grads").copy_(~torch.isfinite(total))
         if clip is not None:
             self._record_clip(total, clip)
             coef = (clip / (total + 1e-6)).clamp(max=1.0)
@@ -591,7 +617,11 @@ class Watch:
             return
         if isinstance(loss, torch.Tensor):
             if loss.dim() == 0:
-                slot.copy_(loss.detach())  # the usual case, in two calls
+                host = self._buf.dev_np
+                if host is not None and loss.is_cpu:
+                    host[_LOSS] = loss.item()  # a CPU scalar: no sync, and cheaper than copy_
+                else:
+                    slot.copy_(loss.detach())  # the usual case on a GPU, in two calls
                 return
             value = loss.detach()
             if value.numel() != 1:
@@ -639,7 +669,7 @@ class Watch:
             return  # stored already (the guard's re-run), or no layer ran
         self._sums_stored = True
         if len(present) == len(sums):
-            act_sum.copy_(torch.stack(present))
+            torch.stack(present, out=act_sum)
         else:  # a layer that was not called (or was switched off) sums to 0 on a measured step
             act_sum.zero_()
             for slot, t in enumerate(sums):
