@@ -523,11 +523,11 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
 
     if not grads:
         return np.float32(np.nan), np.float32(np.nan)
-    probe = torch.as_tensor(total_norm(squared_norms(grads, dev)))
+    probe = float(total_norm(squared_norms(grads, dev)))
     with_grad = [p for p in params if p.grad is not None]
     total = gradmath.global_norm(with_grad, 2.0)
     return (
-        np.float32(probe.to(torch.float32).cpu().item()),
+        np.float32(probe),
         np.float32(total.to(torch.float32).cpu().item()),
     )
 

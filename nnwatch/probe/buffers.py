@@ -47,6 +47,7 @@ class StepBuffers:
         #: On the CPU, the device block as numpy (the same memory): a scalar written from Python
         #: here costs a microsecond, against tens for a torch ``copy_`` on a cold cache.
         self.dev_np: np.ndarray | None = None
+        self.grad_layer_np: np.ndarray | None = None
         if device.type == "cpu":
             self.dev = torch.from_numpy(self._dev_view)
             self.dev_np = self._dev_view
@@ -62,7 +63,8 @@ class StepBuffers:
         self.act_stats = self.dev[nd + L : nd + 6 * L].view(5, L)
         self.grad_layer = self.dev[nd + 6 * L : nd + 6 * L + P]
         self.loss = self.scalars[DEV_INDEX["loss"]]
-        self.grad_layer_span = (nd + 6 * L, nd + 6 * L + P)
+        if self.dev_np is not None:
+            self.grad_layer_np = self.dev_np[nd + 6 * L : nd + 6 * L + P]
         # every value starts absent (NaN), layer sums included: a step the cost budget leaves
         # unmeasured publishes them as NaN without touching them
         self.template = torch.full((n,), math.nan, dtype=torch.float32, device=device)

@@ -71,7 +71,7 @@ class LayerReducer:
         torch calls on a cold cache."""
         if self._num_layers == 0 or not present:
             return
-        key = (*present, -2)
+        key = tuple(present)
         if key != self._host_key:
             owners = [self._owner[i] for i in present]
             absent = np.ones(self._num_layers, dtype=bool)

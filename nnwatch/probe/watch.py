@@ -455,17 +455,17 @@ class Watch:
         b = self._buf
         sq = squared_norms(grads, b.dev.device)
         total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
-        host = b.dev_np
-        if isinstance(total, float) and host is not None:  # CPU: numpy, straight into the record
-            lo, hi = b.grad_layer_span
-            self._reducer.write_host(sq.numpy(), present, host[lo:hi])
+        host, host_layers = b.dev_np, b.grad_layer_np
+        if host is not None and host_layers is not None:  # CPU: numpy, straight into the record
+            assert isinstance(total, float)
+            self._reducer.write_host(sq.numpy(), present, host_layers)
             host[_GRAD_NORM] = total
             host[_NONFINITE_GRADS] = 0.0 if math.isfinite(total) else 1.0
             if clip is None:
                 return total
             total = torch.tensor(total, dtype=torch.float32)
         else:
-            total = torch.as_tensor(total, dtype=torch.float32, device=b.dev.device)
+            assert isinstance(total, torch.Tensor)
             self._reducer.write(sq, present, b.grad_layer, squared=True)
             b.slot("grad_norm").copy_(total)
             b.slot("nonfinite_grads").copy_(~torch.isfinite(total))
