@@ -10,14 +10,24 @@ import torch
 from torch import nn
 
 import nnwatch
-from nnwatch.probe.budget import UPDATE_EVERY, CostBudget
+from nnwatch.probe.budget import AIM, UPDATE_EVERY, CostBudget
 from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS
 from nnwatch.schema import RunMeta, RunSchema, sums_measured
 
 
-def _feed(b: CostBudget, light: float, full: float, sampled: float, step: float, n: int = UPDATE_EVERY) -> None:
-    """One update's worth of timings, as the probe adds them (seconds per step of each kind)."""
-    b.acc = [light * n, n, full * n, n, sampled * n, n, step * n, n]
+def _feed(
+    b: CostBudget, light: float, full: float, sampled: float, step: float, n: int = UPDATE_EVERY,
+    stats_only: float = math.nan,
+) -> None:  # fmt: skip
+    """One update's worth of timings, as the probe adds them (seconds per step of each kind).
+
+    ``full``: a measured step; ``sampled``: measured with per-layer statistics; ``stats_only``:
+    statistics on an unmeasured step. NaN: no step of that kind.
+    """
+    acc = []
+    for value in (light, stats_only, full, sampled):  # the order of CostBudget.cost
+        acc += [0.0, 0] if math.isnan(value) else [value * n, n]
+    b.acc = [*acc, step * n, n]
     b.update()
 
 
@@ -25,9 +35,10 @@ def test_budget_picks_the_smallest_interval_that_fits() -> None:
     b = CostBudget(0.01, max_interval=16, layer_interval=10)
     # bare step ~50 ms: 1% is ~0.5 ms; a measurement costs 1 ms more than a light step (0.1 ms)
     _feed(b, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
-    assert b.interval == 3  # 0.1 + 1.0 / 3 = 0.43 ms <= ~0.5 ms; 1.0 / 2 would not fit
+    # it aims at AIM of the budget: 0.8% of the ~48.9 ms bare step is 0.39 ms
+    assert b.interval == 4  # 0.1 + 1.0 / 4 = 0.35 ms fits; 1.0 / 3 would not
     assert b.layer_interval == 10  # statistics cost nothing extra here: not stretched
-    assert b.average_cost(b.interval, b.layer_interval) <= 0.01 * 50e-3
+    assert b.average_cost(b.interval, b.layer_interval) <= AIM * 0.01 * 50e-3
 
 
 def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
@@ -35,8 +46,8 @@ def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
     # full statistics cost 20 ms a time: every 10 steps alone would be 4% of a 50 ms step
     _feed(b, light=100e-6, full=600e-6, sampled=20.6e-3, step=50e-3)
     assert b.layer_interval == 100
-    assert b.interval == 3  # 0.1 + 0.5 / 3 + 20 / 100 = 0.47 ms of ~0.47 allowed
-    assert b.average_cost(b.interval, b.layer_interval) <= 0.01 * 50e-3
+    assert b.interval == 7  # 0.1 + 0.5 / 7 + 20 / 100 = 0.37 ms of ~0.38 allowed
+    assert b.average_cost(b.interval, b.layer_interval) <= AIM * 0.01 * 50e-3
 
 
 def test_a_step_too_cheap_to_afford_anything_measures_as_rarely_as_allowed() -> None:
@@ -54,6 +65,38 @@ def test_explicit_statistics_interval_and_no_budget_are_kept() -> None:
     assert (off.interval, off.layer_interval) == (1, 10)
     with pytest.raises(ValueError, match="positive fraction"):
         CostBudget(0.0)
+
+
+def test_detailed_mode_pays_for_statistics_and_budgets_the_measurements() -> None:
+    b = CostBudget(0.01, max_interval=16, layer_interval=1, stretch_stats=False)
+    # the warm-up measures every step with statistics: all of it is charged to measuring
+    _feed(b, light=math.nan, full=math.nan, sampled=2.5e-3, step=30e-3)
+    assert b.layer_interval == 1
+    assert b.interval == 12  # 2.5 / 12 = 0.21 ms of 0.8% of the 27.5 ms bare step (0.22 ms)
+    assert not b.measures_sampled_steps()  # statistics steps no longer imply a measurement
+    # then unmeasured statistics steps show what a measurement really adds: 1 ms
+    _feed(b, light=math.nan, full=math.nan, sampled=2.5e-3, step=30e-3, stats_only=1.5e-3)
+    assert b.parts()[1] == pytest.approx(1e-3)
+    assert b.interval == 5  # 1.0 / 5 = 0.2 ms of ~0.23 ms
+    assert b.layer_interval == 1
+
+
+def test_parts_separate_base_measurement_and_statistics() -> None:
+    b = CostBudget(0.01, max_interval=16, layer_interval=10)
+    _feed(b, light=100e-6, full=700e-6, sampled=1.2e-3, step=50e-3)
+    assert b.parts() == pytest.approx((100e-6, 600e-6, 500e-6))
+    only_measured = CostBudget(0.01)
+    _feed(only_measured, light=math.nan, full=700e-6, sampled=math.nan, step=50e-3)
+    assert only_measured.parts() == pytest.approx((0.0, 700e-6, 0.0))  # the costlier guess
+
+
+def test_each_step_lands_in_its_own_kind() -> None:
+    b = CostBudget(0.01)
+    for i in range(UPDATE_EVERY):  # alternately measured only and statistics only
+        b.add(1e-3 if i % 2 else 2e-3, 50e-3, measured=bool(i % 2), sampled=not i % 2)
+    assert b.cost[2] == pytest.approx(1e-3) and b.cost[1] == pytest.approx(2e-3)
+    assert math.isnan(b.cost[0]) and math.isnan(b.cost[3])
+    assert b.step_time == pytest.approx(50e-3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -130,6 +173,33 @@ def test_layer_hooks_are_attached_only_for_measured_steps() -> None:
     assert all(n == (1 if measure else 0) for n, measure in hooked)
     assert {m for _, m in hooked} == {True, False}
     assert len(model[0]._forward_hooks) == 0  # and none after close
+
+
+def test_detailed_mode_takes_statistics_every_step_and_measures_on_the_budget() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    n = 80
+    with nnwatch.watch(model, opt, name="detailed", budget=1e-9, max_interval=4, layer_interval=1) as w:
+        norms = _train(model, opt, n, torch.Generator().manual_seed(1), w)
+    run = nnwatch.load_run(w.run_dir)
+    # per-layer statistics on every step, as asked
+    assert (run["layer_stats"] == 1.0).all()
+    assert run.layers["step"].tolist() == list(range(n))
+    assert np.isfinite(run.layers["act_zero"]).all() and np.isfinite(run.layers["act_std"]).all()
+    # layer sums and gradient norms follow the budget: every 4th step once it has settled
+    measured = run["layer_sums"] == 1.0
+    late = np.arange(n) >= WARMUP_STEPS + 2 * UPDATE_EVERY
+    assert 0 < measured[late].sum() <= late.sum() // 4 + 1
+    assert np.diff(np.flatnonzero(measured)).max() <= 4
+    assert np.allclose(run["grad_norm"][measured], norms[measured], rtol=1e-6)
+    assert np.isnan(run["grad_norm"][~measured]).all()
+    assert np.isnan(run.layers["act_sum"][~measured]).all()  # absent, not zero
+    assert np.isfinite(run.layers["act_sum"][measured]).all()
+    # a ReLU's zero fraction on an unmeasured step is the real one, not a stale copy
+    relu = list(run.meta.schema.layer_names).index("1")
+    zero = run.layers["act_zero"][:, relu]
+    assert 0.0 < zero.min() < zero.max() < 1.0
+    assert [f.kind for f in w.findings] == []  # unmeasured steps do not read as dead gradients
 
 
 def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:

@@ -38,34 +38,47 @@ class StatBlock:
 
     A hook only reduces its output to a sum, a sum of squares, a min, a max and a count of
     non-zeros (plus, when some value is not finite, how many are not). The divisions, the square
-    root and the rest run once per sampled step over all layers together, after one ``stack``: on a
-    CPU whose caches the step has just flushed, every PyTorch call costs tens of microseconds
-    whatever its size, so the number of calls per layer is what the cost is made of. On the CPU
-    that arithmetic runs in numpy on the stacked numbers, straight into the record.
+    root and the rest run once per sampled step over all layers together: on a CPU whose caches
+    the step has just flushed, every PyTorch call costs tens of microseconds whatever its size, so
+    the number of calls per layer is what the cost is made of.
+
+    On the CPU a hook makes five calls and allocates nothing: ``sign`` into a scratch buffer, then
+    ``dot(x, x)``, ``dot(x, 1)``, ``dot(s, s)`` (the non-zero count) and ``aminmax``, each with
+    ``out=`` the layer's row of one raw block, whose numpy view ``finish`` works on. Measured here
+    on a 64K-element capped output after a cache flush: 61 us, against 100 us for the same
+    reductions returning fresh tensors (``sum`` alone costs twice a ``dot`` with ones). On a GPU
+    the same numbers come from branch-free reductions, stacked once per step.
     """
 
     def __init__(self, num_layers: int, device: torch.device, cap: int) -> None:
-        self.cap = int(cap)
+        self.cap = max(1, int(cap))
         self.device = device
         self._on_cpu = device.type == "cpu"
-        # per layer slot, this step: (sum, sum of squares, min, max, non-zeros), non-finite, count
-        self.moments: list[tuple[torch.Tensor, ...] | None] = [None] * num_layers
+        # per layer slot, this step: how many elements were reduced (NaN: none) and non-finite
+        self.count = np.full(num_layers, math.nan)
         self.nonfinite: list[Any] = [0.0] * num_layers
-        self.count: list[float] = [math.nan] * num_layers
+        # GPU: (sum, sum of squares, min, max, non-zeros) per slot, stacked in finish()
+        self.moments: list[tuple[torch.Tensor, ...] | None] = [None] * num_layers
         self._const: dict[tuple[float, ...], torch.Tensor] = {}
-        self._scratch: torch.Tensor | None = None  # sign(x), reused (CPU: no 256 KB allocation)
+        if self._on_cpu:
+            # per slot: sum of squares, sum, non-zeros, min, max (the raw columns, in that order)
+            self._raw = torch.full((num_layers, 5), math.nan)
+            self._raw_np = self._raw.numpy()
+            self._outs = [(r[0], r[1], r[2], (r[3], r[4])) for r in self._raw]
+            self._work: torch.Tensor | None = None  # row 0: signs, row 1: ones
+            self._views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def reset(self) -> None:
+        self.count.fill(math.nan)
         for i in range(len(self.moments)):
             self.moments[i] = None
             self.nonfinite[i] = 0.0
-            self.count[i] = math.nan
 
     def add(self, x: torch.Tensor, slot: int, total: torch.Tensor | None = None) -> None:
         """Reduce one layer output (its first ``cap`` elements); a second call replaces the first.
 
         ``total`` is the whole output's float32 sum when the caller has it already: for an output
-        within the cap it is the sum the statistics need, one reduction fewer.
+        within the cap on a GPU it is the sum the statistics need, one reduction fewer.
         """
         n = x.numel()
         if n > self.cap:
@@ -77,58 +90,87 @@ class StatBlock:
             flat = x.reshape(-1)
         if n == 0:
             return
+        if self._on_cpu:
+            self._add_cpu(flat, n, slot)
+            return
         if flat.dtype != torch.float32:
             flat = flat.float()
         sq = torch.dot(flat, flat)
         lo, hi = torch.aminmax(flat)
         if total is None:
             total = flat.sum()
-        # non-zeros as dot(sign x, sign x): three times faster here than count_nonzero, which
-        # only a non-finite value (sign NaN is NaN) sends us back to
-        if self._on_cpu:
-            # reading a CPU scalar is not a device sync: count non-finite values only when some
-            # exist (a finite sum of squares that overflows just costs the exact count)
-            if math.isfinite(sq.item()):
-                sign = torch.sign(flat, out=self._sign_buffer(n))
-                nonzero = torch.dot(sign, sign)
-                self.nonfinite[slot] = 0.0
-            else:
-                nonzero = torch.count_nonzero(flat).float()
-                self.nonfinite[slot] = _nonfinite_count(flat).item()
-        else:  # branch-free on a GPU
-            sign = torch.sign(flat).nan_to_num_(nan=1.0)
-            nonzero = torch.dot(sign, sign)
-            self.nonfinite[slot] = _nonfinite_count(flat)
-        self.moments[slot] = (total, sq, lo, hi, nonzero)
-        self.count[slot] = float(n)
+        sign = torch.sign(flat).nan_to_num_(nan=1.0)  # branch-free: a NaN counts as non-zero
+        self.moments[slot] = (total, sq, lo, hi, torch.dot(sign, sign))
+        self.nonfinite[slot] = _nonfinite_count(flat)
+        self.count[slot] = n
 
-    def _sign_buffer(self, n: int) -> torch.Tensor:
-        buf = self._scratch
-        if buf is None or buf.numel() < n:
-            buf = self._scratch = torch.empty(max(n, 1024), dtype=torch.float32)
-        return buf[:n]
-
-    def finish(self, out: torch.Tensor) -> None:
-        """Write mean, std, zero fraction, non-finite count and max |x| into ``out`` (5, L)."""
-        present = [i for i, m in enumerate(self.moments) if m is not None]
-        if not present:
-            return
-        raw = torch.stack([t for i in present for t in self.moments[i]])  # type: ignore[union-attr]
-        if self._on_cpu:
-            self._finish_numpy(raw.numpy(), present, out.numpy())
+    def _add_cpu(self, flat: torch.Tensor, n: int, slot: int) -> None:
+        if flat.dtype != torch.float32:
+            flat = flat.float()
+        signs, ones = self._rows(n)
+        sq, total, nonzero, extremes = self._outs[slot]
+        torch.sign(flat, out=signs)
+        torch.dot(flat, flat, out=sq)
+        torch.dot(flat, ones, out=total)
+        torch.dot(signs, signs, out=nonzero)
+        torch.aminmax(flat, out=extremes)
+        self.count[slot] = n
+        raw = self._raw_np[slot]
+        # reading a CPU scalar is not a device sync: count the non-finite values only when the sum
+        # of squares says some exist (one that merely overflows just costs the exact count)
+        if math.isfinite(raw[0]):
+            self.nonfinite[slot] = 0.0
         else:
-            self._finish_torch(raw.view(-1, 5), present, out)
-        self.reset()
+            raw[2] = float(torch.count_nonzero(flat))  # sign(NaN) is NaN: count directly
+            self.nonfinite[slot] = float(_nonfinite_count(flat))
 
-    def _finish_numpy(self, raw: np.ndarray, present: list[int], out: np.ndarray) -> None:
-        total, sq, lo, hi, nonzero = raw.reshape(-1, 5).astype(np.float64).T
-        n = np.array([self.count[i] for i in present])
-        nonfinite = np.array([self.nonfinite[i] for i in present], dtype=np.float64)
+    def _rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sign scratch and the ones for ``n`` elements, as views of one work matrix.
+
+        Cached per size: a handful, one per distinct capped output size."""
+        v = self._views.get(n)
+        if v is None:
+            if self._work is None:
+                self._work = torch.empty(2, self.cap)
+                self._work[1].fill_(1.0)
+            if len(self._views) > 64:  # sizes that change every step (variable lengths)
+                self._views.clear()
+            v = self._views[n] = (self._work[0, :n], self._work[1, :n])
+        return v
+
+    def finish(self, out: torch.Tensor) -> bool:
+        """Write mean, std, zero fraction, non-finite count and max |x| into ``out`` (5, L).
+
+        Returns whether any layer had statistics this step.
+        """
+        count = self.count
+        every = not np.isnan(count).any()
+        present = np.arange(len(count)) if every else np.flatnonzero(~np.isnan(count))
+        if not len(present):
+            return False
+        if self._on_cpu:
+            raw = self._raw_np if every else self._raw_np[present]
+            self._finish_numpy(raw, count if every else count[present], present, out.numpy(), every)
+        else:
+            idx = present.tolist()
+            moments = torch.stack([t for i in idx for t in self.moments[i]])  # type: ignore[union-attr]
+            self._finish_torch(moments.view(-1, 5), idx, out)
+        self.reset()
+        return True
+
+    def _finish_numpy(
+        self, raw: np.ndarray, n: np.ndarray, present: np.ndarray, out: np.ndarray, every: bool
+    ) -> None:
+        sq, total, nonzero, lo, hi = raw.astype(np.float64).T
+        nonfinite = np.array(self.nonfinite, dtype=np.float64)
         mean = total / n
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             var = np.maximum(sq / n - mean * mean, 0.0) * (n / (n - 1))  # unbiased, like torch.std
-            stats = np.stack((mean, np.sqrt(var), 1.0 - nonzero / n, nonfinite, np.maximum(hi, -lo)))
-        if len(present) == out.shape[1]:
+            stats = np.stack((
+                mean, np.sqrt(var), 1.0 - nonzero / n,
+                nonfinite if every else nonfinite[present], np.maximum(hi, -lo),
+            ))  # fmt: skip
+        if every:
             out[:] = stats
         else:
             out[:, present] = stats
@@ -136,7 +178,7 @@ class StatBlock:
     def _finish_torch(self, raw: torch.Tensor, present: list[int], out: torch.Tensor) -> None:
         total, sq, lo, hi, nonzero = raw.to(torch.float32).unbind(1)
         nonfinite = torch.stack([self.nonfinite[i] for i in present]).to(torch.float32)
-        n = self._constant(tuple(self.count[i] for i in present))
+        n = self._constant(tuple(float(self.count[i]) for i in present))
         mean = total / n
         var = (sq / n - mean * mean).clamp_(min=0.0) * (n / (n - 1))  # unbiased, like torch.std
         stats = torch.stack((mean, var.sqrt_(), 1.0 - nonzero / n, nonfinite, torch.maximum(hi, lo.neg())))

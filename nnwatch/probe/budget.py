@@ -9,8 +9,13 @@ its average cost under ``fraction`` of the step time. Steps in between still rec
 LR, timings and memory, and the non-finite guard still checks a small gradient on them.
 
 Full per-layer statistics cost more again. With the default ``layer_interval`` they are taken
-every 10 steps, stretched to 20, 50 or 100 when even that does not fit the budget; an interval
-the user set explicitly is kept as it is.
+every 10 steps, stretched to 20, 50 or 100 when even that does not fit the budget. An interval
+the user set explicitly is kept as it is and paid for as asked: the budget then governs only
+what it can leave out, the measurements (with statistics every step, the "detailed" mode, layer
+sums and gradient norms still follow the budget).
+
+The budget aims at ``AIM`` of the fraction, not all of it: it steers by running averages of a
+noisy machine, and the cost it is held to is the measured median, not the average it predicted.
 
 The training thread only adds its timings to running sums (on a CPU whose caches the step has
 just flushed, every Python line costs about a microsecond); :meth:`CostBudget.update` turns them
@@ -28,10 +33,17 @@ UPDATE_EVERY = 16
 ALPHA = 0.3
 #: Per-layer statistics intervals tried, as multiples of the starting one (10 -> 20, 50, 100).
 STATS_STRETCH = (1, 2, 5, 10)
+#: Share of the budget the choice aims at, leaving room for the averages' error.
+AIM = 0.8
 
 
 class CostBudget:
-    """Picks the measurement intervals from the measured cost of nnwatch's own work per step."""
+    """Picks the measurement intervals from the measured cost of nnwatch's own work per step.
+
+    Steps come in four kinds: light, with per-layer statistics only, measured (layer sums and
+    gradient norms), and both. Their average costs give a base cost, what a measurement adds and
+    what statistics add, which is what the intervals are chosen from.
+    """
 
     def __init__(
         self, fraction: float | None = 0.01, max_interval: int = 16, layer_interval: int = 10,
@@ -47,23 +59,22 @@ class CostBudget:
         self.stretch_stats = stretch_stats
         self.interval = 1  # measure layer sums and gradient norms every `interval` steps
         self.layer_interval = self.base_layer_interval  # full per-layer stats every ... steps
-        # running averages, seconds per step of each kind
-        self.light_cost = math.nan  # own work on a step that records scalars only
-        self.full_cost = math.nan  # ... on a measured step
-        self.sampled_cost = math.nan  # ... on a step with full per-layer statistics
+        #: running averages, seconds of own work per step of each kind, indexed
+        #: ``2 * measured + sampled``: light, statistics only, measured, measured with statistics
+        self.cost = [math.nan] * 4
         self.step_time = math.nan  # wall time between two w.step() calls
-        # since the last update: [seconds, steps] per kind (light, measured, sampled), wall time
-        self.acc = [0.0, 0, 0.0, 0, 0.0, 0, 0.0, 0]
+        # since the last update: [seconds, steps] per kind, then wall time and steps
+        self.acc = [0.0, 0] * 5
 
     def add(self, own: float, step_time: float, measured: bool, sampled: bool) -> None:
         """One step's own seconds and wall time; decides every ``UPDATE_EVERY`` steps."""
         acc = self.acc
-        kind = (4 if sampled else 2) if measured else 0
+        kind = 4 * measured + 2 * sampled
         acc[kind] += own
         acc[kind + 1] += 1
-        acc[6] += step_time
-        acc[7] += 1
-        if acc[7] >= UPDATE_EVERY:
+        acc[8] += step_time
+        acc[9] += 1
+        if acc[9] >= UPDATE_EVERY:
             self.update()
 
     def set_layer_interval(self, n: int) -> None:
@@ -71,40 +82,77 @@ class CostBudget:
         self.base_layer_interval = self.layer_interval = max(1, int(n))
         self.stretch_stats = False
 
+    def measures_sampled_steps(self) -> bool:
+        """Whether a statistics step is measured in full too: when statistics are the rarer."""
+        return self.layer_interval >= self.interval
+
     def update(self) -> None:
         """Fold the accumulated timings into the averages and choose the intervals."""
         a = self.acc
-        self.acc = [0.0, 0, 0.0, 0, 0.0, 0, 0.0, 0]
+        self.acc = [0.0, 0] * 5
         if self.fraction is None:
             return
-        self.light_cost = _fold(self.light_cost, a[0], a[1])
-        self.full_cost = _fold(self.full_cost, a[2], a[3])
-        self.sampled_cost = _fold(self.sampled_cost, a[4], a[5])
-        self.step_time = _fold(self.step_time, a[6], a[7])
+        for kind in range(4):
+            self.cost[kind] = _fold(self.cost[kind], a[2 * kind], a[2 * kind + 1])
+        self.step_time = _fold(self.step_time, a[8], a[9])
         self.interval, self.layer_interval = self._pick()
+
+    def parts(self) -> tuple[float, float, float]:
+        """(base, measurement, statistics): own seconds of a light step, and what each adds.
+
+        Every kind of step seen so far informs them; a part never seen separately is charged in
+        full to the measurement (the costlier guess), so that the first choice errs towards
+        measuring less, and the light steps it then sees correct it.
+        """
+        light, stats, meas, both = self.cost
+        ok = math.isfinite
+        # what statistics add: a measured step with and without them, else a light one
+        if ok(both) and ok(meas):
+            d_stats = both - meas
+        elif ok(stats) and ok(light):
+            d_stats = stats - light
+        else:
+            d_stats = 0.0
+        # what a measurement adds, likewise (knowing it means a light or statistics step was seen)
+        if ok(meas) and ok(light):
+            d_meas, base = meas - light, light
+        elif ok(both) and ok(stats):
+            d_meas, base = both - stats, stats - d_stats
+        else:  # only measured steps so far (or only light ones: then nothing to decide from)
+            d_meas = meas if ok(meas) else both - d_stats
+            base = light if ok(light) else stats - d_stats if ok(stats) else 0.0
+        return max(base, 0.0), max(d_meas, 0.0), max(d_stats, 0.0)
 
     def average_cost(self, k: int, layer_interval: int) -> float:
         """Own seconds per step with layer sums every k steps and stats every ``layer_interval``."""
-        full = self.full_cost if math.isfinite(self.full_cost) else self.sampled_cost
-        light = self.light_cost if math.isfinite(self.light_cost) else full
-        sampled = self.sampled_cost if math.isfinite(self.sampled_cost) else full
-        return light + max(full - light, 0.0) / k + max(sampled - full, 0.0) / layer_interval
+        base, d_meas, d_stats = self.parts()
+        return base + d_meas / k + d_stats / layer_interval
 
     def _pick(self) -> tuple[int, int]:
         assert self.fraction is not None
-        if not (math.isfinite(self.step_time) and (math.isfinite(self.full_cost) or math.isfinite(self.sampled_cost))):
+        base, d_meas, d_stats = self.parts()
+        if not (math.isfinite(self.step_time) and math.isfinite(d_meas)):
             return self.interval, self.layer_interval
         own_now = self.average_cost(self.interval, self.layer_interval)
-        allowed = self.fraction * max(self.step_time - own_now, 1e-9)  # of the bare step
-        stretches = STATS_STRETCH if self.stretch_stats else (1,)
+        allowed = AIM * self.fraction * max(self.step_time - own_now, 1e-9)  # of the bare step
+        if not self.stretch_stats:
+            # statistics at the rate the user asked for are paid as asked; with them on every
+            # step no light step is ever seen, and the base is what the budget cannot tell apart
+            li = self.base_layer_interval
+            if math.isnan(self.cost[0]):
+                base = 0.0
+            for k in range(1, self.max_interval + 1):
+                if base + d_meas / k <= allowed:
+                    return k, li
+            return self.max_interval, li
         # gradient norms every few steps matter more than full statistics every few: the
         # statistics interval stretches first
         for k in range(1, self.max_interval + 1):
-            for s in stretches:
+            for s in STATS_STRETCH:
                 li = self.base_layer_interval * s
-                if self.average_cost(k, li) <= allowed:
+                if base + d_meas / k + d_stats / li <= allowed:
                     return k, li
-        return self.max_interval, self.base_layer_interval * stretches[-1]
+        return self.max_interval, self.base_layer_interval * STATS_STRETCH[-1]
 
 
 def _fold(avg: float, total: float, n: int) -> float:

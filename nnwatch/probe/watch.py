@@ -390,10 +390,14 @@ class Watch:
     def _make_layer_hook(self, i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             # the guard's re-run of a bad step's forward runs under no_grad and always measures
-            if not self._rerun and (
-                not self._measure or self.disabled or i in self._layers_off or not torch.is_grad_enabled()
-            ):
+            if self._rerun:
+                measure = True
+            elif self.disabled or i in self._layers_off or not torch.is_grad_enabled():
                 return
+            else:
+                measure = self._measure
+                if not (measure or self._sampled):
+                    return
             t0 = time.perf_counter()
             try:
                 x = first_tensor(output)
@@ -402,9 +406,11 @@ class Watch:
                         self._order.append(i)
                     x = x.detach()
                     slot = self._slots[i]
-                    total = layer_sum(x)
-                    earlier = self._sums[slot]
-                    self._sums[slot] = total if earlier is None else earlier + total
+                    total = None
+                    if measure:
+                        total = layer_sum(x)
+                        earlier = self._sums[slot]
+                        self._sums[slot] = total if earlier is None else earlier + total
                     if self._sampled:
                         self._stats.add(x, slot, total)
             except Exception as exc:  # noqa: BLE001 - never raise into the forward pass
@@ -565,8 +571,7 @@ class Watch:
         if measured:
             self._store_sums()
             measured = self._sums_stored  # a step whose forward ran no watched layer is not
-            if measured and self._sampled:
-                self._stats.finish(b.act_stats)
+        sampled = self._sampled and self._has_layers and self._stats.finish(b.act_stats)
         # the host block in schema order (asserted at import), written in one call: on a CPU whose
         # caches the step just flushed, every Python-level call costs tens of microseconds
         if b.on_cuda:
@@ -587,7 +592,7 @@ class Watch:
             dt,
             bs / dt if bs and dt > 0 else math.nan,
             self._clip_threshold,
-            1.0 if self._sampled and measured else 0.0,
+            1.0 if sampled else 0.0,
             *mem,
             sysmon.cpu_percent,
             sysmon.rss,
@@ -607,7 +612,7 @@ class Watch:
         if self._snapshot_reason is not None and self._snapshot_armed:
             self._write_snapshot(batch)  # a request that came mid-step waits for the next one
         # a light step wrote only the loss (and AMP fields), which the next step overwrites
-        b.commit(self._publish, reset=measured or self._norms_done or loss is None)
+        b.commit(self._publish, reset=measured or sampled or self._norms_done or loss is None)
         self._after_step(now, t0)
 
     def _record_loss(self, loss: Any) -> None:
@@ -697,18 +702,20 @@ class Watch:
         self._norms_done = False
         self._clip_threshold = math.nan
         self._snapshot_armed = False
-        self._sampled = self.step_index % self.budget.layer_interval == 0
+        budget = self.budget
+        self._sampled = self.step_index % budget.layer_interval == 0
         self._since_measured = 0 if measured else self._since_measured + 1
         self._measure = (
-            self._sampled
+            (self._sampled and budget.measures_sampled_steps())
             or self.step_index < self._measure_until
-            or self._since_measured + 1 >= self.budget.interval
+            or self._since_measured + 1 >= budget.interval
             or self._snapshot_reason is not None
         )
-        if self._measure != bool(self._layer_handles) and self._has_layers and not self.disabled:
-            self._arm_layer_hooks(self._measure)
+        hooks = self._measure or self._sampled
+        if hooks != bool(self._layer_handles) and self._has_layers and not self.disabled:
+            self._arm_layer_hooks(hooks)
         if not first:  # the whole of this step's own work, hook attaching included
-            self.budget.add(self._own + (time.perf_counter() - t0), step_time, measured, sampled)
+            budget.add(self._own + (time.perf_counter() - t0), step_time, measured, sampled)
         self._own = 0.0
         if self._anomaly_left > 0:
             self._anomaly_left -= 1
@@ -881,7 +888,7 @@ class Watch:
                 self._sums[i] = None
         finally:
             self._rerun = False
-            self._arm_layer_hooks(self._measure)
+            self._arm_layer_hooks(self._measure or self._sampled)
             torch.set_rng_state(rng)
             with torch.no_grad():
                 for buf, value in saved:
