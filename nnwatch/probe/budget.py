@@ -46,7 +46,7 @@ class CostBudget:
     """
 
     def __init__(
-        self, fraction: float | None = 0.01, max_interval: int = 16, layer_interval: int = 10,
+        self, fraction: float | None = 0.01, max_interval: int = 32, layer_interval: int = 10,
         stretch_stats: bool = True,
     ) -> None:
         if fraction is not None and not fraction > 0:

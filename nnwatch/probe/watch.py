@@ -179,7 +179,7 @@ class Watch:
         tensorboard: Any = None,
         consistency_every: int | None = None,
         budget: float | None = 0.01,
-        max_interval: int = 16,
+        max_interval: int = 32,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
@@ -1069,11 +1069,12 @@ def watch(
     ``channel`` (live monitoring, default on) and ``detectors`` (default on).
     ``budget`` (default 0.01) is the share of the step time nnwatch may spend on its own work: it
     times itself and measures layer output sums and gradient norms on every k-th step only
-    (k <= ``max_interval``, default 8) when measuring every step would cost more; ``None``
-    measures every step whatever it costs. Steps whose per-layer stats are sampled, the first
-    10 steps, steps with a pending snapshot and the 100 steps after non-finite gradients are
-    always measured; on the other steps the guard checks the smallest gradient at each end of the
-    network.
+    (k <= ``max_interval``, default 32) when measuring every step would cost more; ``None``
+    measures every step whatever it costs. The first 10 steps, steps with a pending snapshot and
+    the 100 steps after non-finite gradients are always measured, and so are the steps whose
+    per-layer stats are sampled unless stats are taken more often than k (``layer_interval=1``,
+    the detailed mode: stats every step, sums and gradient norms on the budget); on the other
+    steps the guard checks the smallest gradient near the input.
     ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
     the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
     compares a parameter checksum across ranks with one small async all-reduce every N steps.
