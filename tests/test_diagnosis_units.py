@@ -264,6 +264,19 @@ def test_zero_lr_for_five_steps_is_a_stall_with_its_cause():
     assert len(f) == 1 and f[0].step == 54 and "LR has been exactly 0" in f[0].summary
 
 
+@pytest.mark.parametrize(
+    ("level", "k", "stalled"),
+    [(2.30, 10, True), (0.9, None, True), (0.02, 10, False), (1e-5, None, False), (5e-4, None, True)],
+)
+def test_a_flat_loss_is_a_stall_unless_it_is_already_near_zero(level, k, stalled):
+    rng = np.random.default_rng(5)
+    loss = level * (1 + rng.normal(0, 0.01, 120))  # flat from the start: nothing learned
+    found = [f for f in run(records(120, loss=loss), num_classes=k) if f.kind == "loss_stalled"]
+    assert bool(found) == stalled
+    if stalled:
+        assert found[0].evidence["cause_code"] == 3 and "has not moved" in found[0].summary
+
+
 def test_noisy_but_improving_loss_raises_nothing():
     rng = np.random.default_rng(3)
     n = 600

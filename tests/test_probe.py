@@ -223,6 +223,32 @@ def test_write_stats_matches_reference_with_nan_inf_and_zeros() -> None:
     assert col.tolist() == pytest.approx(stats_reference(half), rel=1e-3, abs=1e-4)
 
 
+@pytest.mark.parametrize("branch_free", [False, True], ids=["cpu-path", "gpu-path-on-cpu"])
+def test_stat_block_over_several_layers_matches_reference(branch_free: bool) -> None:
+    """Both reduction paths (the CPU one, and the branch-free one GPUs run, here on CPU tensors),
+    over layers of mixed size, dtype and layout, with one layer not called this step."""
+    from nnwatch.probe.activation_stats import StatBlock
+
+    g = torch.Generator().manual_seed(0)
+    relu = torch.relu(torch.randn(64, 300, generator=g))  # within the cap, with exact zeros
+    wide = torch.randn(2, 50, 40, generator=g).transpose(1, 2)  # non-contiguous
+    bad = torch.randn(500, generator=g)
+    bad[[3, 30, 300]] = torch.tensor([math.nan, math.inf, -math.inf])
+    big = torch.randn(40_000, generator=g).bfloat16()  # past the cap: its first 30,000 values
+    block = StatBlock(5, torch.device("cpu"), cap=30_000)
+    if branch_free:
+        block._on_cpu = False
+    for slot, x in ((0, relu), (1, wide), (3, bad), (4, big)):  # slot 2: a layer not called
+        block.add(x, slot)
+    out = torch.full((5, 5), -7.0)
+    assert block.finish(out)
+    for slot, x in ((0, relu), (1, wide), (4, big.reshape(-1)[:30_000])):
+        assert out[:, slot].tolist() == pytest.approx(stats_reference(x), rel=2e-3, abs=1e-4), slot
+    assert out[3, 3].item() == 3.0 and out[2, 3].item() == pytest.approx(0.0)  # 3 non-finite, no zero
+    assert out[:, 2].tolist() == [-7.0] * 5  # an absent layer's column is left alone
+    assert not block.finish(out)  # nothing was added since: nothing written
+
+
 def test_stats_cap_bounds_the_elements_read() -> None:
     x = torch.cat([torch.zeros(100), torch.ones(100)])
     col = torch.zeros(5)

@@ -3,13 +3,13 @@
 Every measured forward takes each layer output's float32 sum (one cheap reduction: a NaN or Inf
 anywhere makes it non-finite, which is how the first bad layer is found on any measured step).
 On sampled steps five more numbers are derived from a handful of fused reductions over at most
-``cap`` leading elements, because cost grows with bytes read, not with the number of statistics:
+``cap`` leading elements, because cost grows with bytes read and calls made, not with the number
+of statistics:
 
-    mean = sum / n,  std from dot(x, x),  zero fraction from dot(sign x, sign x),
+    mean = x.1 / n,  std from x.x,  zero fraction from s.s with s = sign(x),
     max |x| from aminmax,  non-finite count from (x * 0) with NaN mapped to 1, summed.
 
-Measured on this 2-core CPU for a 131K-element activation: about 135 us for all five against
-about 450 us for the textbook ``std`` + ``(x == 0).float().mean()`` + ``isfinite`` calls.
+sign(NaN) is 0, so a layer whose sum of squares is not finite has its non-zeros counted directly.
 """
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class StatBlock:
         lo, hi = torch.aminmax(flat)
         if total is None:
             total = flat.sum()
-        sign = torch.sign(flat).nan_to_num_(nan=1.0)  # branch-free: a NaN counts as non-zero
-        self.moments[slot] = (total, sq, lo, hi, torch.dot(sign, sign))
+        # branch-free; count_nonzero rather than the CPU's sign trick, since sign(NaN) is 0
+        self.moments[slot] = (total, sq, lo, hi, torch.count_nonzero(flat).to(torch.float32))
         self.nonfinite[slot] = _nonfinite_count(flat)
         self.count[slot] = n
 
@@ -121,7 +121,7 @@ class StatBlock:
         if math.isfinite(raw[0]):
             self.nonfinite[slot] = 0.0
         else:
-            raw[2] = float(torch.count_nonzero(flat))  # sign(NaN) is NaN: count directly
+            raw[2] = float(torch.count_nonzero(flat))  # sign(NaN) is 0, yet NaN is not zero
             self.nonfinite[slot] = float(_nonfinite_count(flat))
 
     def _rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,9 @@ A flat loss is also what a converged run looks like, so a stall needs more than 
 * or, with no specific cause, a run that has not learned anything yet: its loss never got 10% below
   where it started (nor rose 10% above it: that is divergence, which other detectors report), and
   the trend fitted over the last 40 steps projects less than a 2% drop. A run that once got 10%
-  below its start and came back up has learned something: it is regressing or oscillating.
+  below its start and came back up has learned something: it is regressing or oscillating. Nor is
+  a loss that is already near zero stalled, only converged (a run watched from a trained
+  checkpoint): within 1e-4 of zero, or under 1% of ln(K) for a K-class model.
 
 Levels are medians and trends are least-squares fits, so a noisy loss does not look like a moving one.
 """
@@ -36,6 +38,8 @@ WINDOW = 40
 MIN_PROGRESS = 0.02
 MAX_REGRESSION = 0.10  # a loss that rose more than this is diverging, not stalled
 LEARNED = 0.10  # a run whose loss ever got 10% below its start has learned something
+CONVERGED_ABS = 1e-4  # a flat loss this close to zero has nothing left to learn
+CONVERGED_LN_K = 0.01  # ... nor one under 1% of chance level for a classifier
 RELEASE = 50
 
 
@@ -79,6 +83,7 @@ class LossStalledDetector(Detector):
             and not hist.learned(LEARNED)
             and prog > -MAX_REGRESSION
             and self._flat(hist)
+            and not self._converged(hist)
         ):
             cause = "flat"
         if not self.episode.update(cause is not None, row.step):
@@ -98,6 +103,14 @@ class LossStalledDetector(Detector):
         if not math.isfinite(g):
             return math.nan
         return lr * g / ctx.param_norm
+
+    def _converged(self, hist: RunHistory) -> bool:
+        """The loss level is already near zero: flat because there is nothing left to learn."""
+        level = abs(median(hist.loss.values(WINDOW).tolist()))
+        k = self.ctx.num_classes
+        if k and k > 1 and level <= CONVERGED_LN_K * math.log(k):
+            return True
+        return level <= CONVERGED_ABS
 
     @staticmethod
     def _flat(hist: RunHistory) -> bool:
