@@ -35,18 +35,18 @@ def test_budget_picks_the_smallest_interval_that_fits() -> None:
     b = CostBudget(0.01, max_interval=16, layer_interval=10)
     # bare step ~50 ms: 1% is ~0.5 ms; a measurement costs 1 ms more than a light step (0.1 ms)
     _feed(b, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
-    # it aims at AIM of the budget: 0.8% of the ~48.9 ms bare step is 0.39 ms
-    assert b.interval == 4  # 0.1 + 1.0 / 4 = 0.35 ms fits; 1.0 / 3 would not
+    # it aims at AIM of the budget: 0.7% of the ~48.9 ms bare step is 0.34 ms
+    assert b.interval == 5  # 0.1 + 1.0 / 5 = 0.30 ms fits; 1.0 / 4 would not
     assert b.layer_interval == 10  # statistics cost nothing extra here: not stretched
     assert b.average_cost(b.interval, b.layer_interval) <= AIM * 0.01 * 50e-3
 
 
 def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
-    b = CostBudget(0.01, max_interval=16, layer_interval=10)
+    b = CostBudget(0.01, max_interval=32, layer_interval=10)
     # full statistics cost 20 ms a time: every 10 steps alone would be 4% of a 50 ms step
     _feed(b, light=100e-6, full=600e-6, sampled=20.6e-3, step=50e-3)
     assert b.layer_interval == 100
-    assert b.interval == 7  # 0.1 + 0.5 / 7 + 20 / 100 = 0.37 ms of ~0.38 allowed
+    assert b.interval == 16  # 0.1 + 0.5 / 16 + 20 / 100 = 0.331 ms of 0.332 allowed
     assert b.average_cost(b.interval, b.layer_interval) <= AIM * 0.01 * 50e-3
 
 
@@ -72,12 +72,12 @@ def test_detailed_mode_pays_for_statistics_and_budgets_the_measurements() -> Non
     # the warm-up measures every step with statistics: all of it is charged to measuring
     _feed(b, light=math.nan, full=math.nan, sampled=2.5e-3, step=30e-3)
     assert b.layer_interval == 1
-    assert b.interval == 12  # 2.5 / 12 = 0.21 ms of 0.8% of the 27.5 ms bare step (0.22 ms)
+    assert b.interval == 13  # 2.5 / 13 = 0.192 ms of 0.7% of the 27.5 ms bare step (0.1925 ms)
     assert not b.measures_sampled_steps()  # statistics steps no longer imply a measurement
     # then unmeasured statistics steps show what a measurement really adds: 1 ms
     _feed(b, light=math.nan, full=math.nan, sampled=2.5e-3, step=30e-3, stats_only=1.5e-3)
     assert b.parts()[1] == pytest.approx(1e-3)
-    assert b.interval == 5  # 1.0 / 5 = 0.2 ms of ~0.23 ms
+    assert b.interval == 6  # 1.0 / 6 = 0.17 ms of ~0.2 ms; 1.0 / 5 would not fit
     assert b.layer_interval == 1
 
 

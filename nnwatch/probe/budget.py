@@ -14,7 +14,7 @@ the user set explicitly is kept as it is and paid for as asked: the budget then 
 what it can leave out, the measurements (with statistics every step, the "detailed" mode, layer
 sums and gradient norms still follow the budget).
 
-The budget aims at ``AIM`` of the fraction, not all of it: it steers by running averages of a
+The budget aims at ``AIM`` (70%) of the fraction, not all of it: it steers by running averages of a
 noisy machine, and the cost it is held to is the measured median, not the average it predicted.
 
 The training thread only adds its timings to running sums (on a CPU whose caches the step has
@@ -34,7 +34,7 @@ ALPHA = 0.3
 #: Per-layer statistics intervals tried, as multiples of the starting one (10 -> 20, 50, 100).
 STATS_STRETCH = (1, 2, 5, 10)
 #: Share of the budget the choice aims at, leaving room for the averages' error.
-AIM = 0.8
+AIM = 0.7
 
 
 class CostBudget:
