@@ -1,11 +1,14 @@
 """What nnwatch costs a training loop, side by side with what users would otherwise write.
 
-Variants run interleaved in one process (bare, nnwatch, ..., bare, nnwatch, ...) so that the
-machine's drift hits them all alike; each round times ``--steps`` steps per variant and the
-report gives each variant's step time as a ratio to the bare loop of the same round: median and
-min-max over the rounds. Because end-to-end ratios on a shared 2-core machine swing by a few
-percent between identical loops, nnwatch's *direct* cost is also timed in place: the time spent
-inside its hooks and ``step()``, as a share of the median bare step.
+Variants run interleaved in one process, each paired with a bare block right next to it (bare,
+nnwatch, bare, detailed, ...; the pair's order flips every round), so that the machine's drift
+hits both halves of a pair alike. Each block times ``--steps`` steps; a variant's ratio in a round
+is its median step over the median step of its paired bare block, and the report gives the
+median and min-max of those ratios over the rounds. The ``bare`` row compares consecutive bare
+blocks of a round: the noise floor of every other row. Because end-to-end ratios on a shared
+2-core machine swing by several percent between identical loops, nnwatch's *direct* cost is also
+timed in place: the time spent inside its hooks and ``step()``, as a share of the median bare
+step.
 
     python bench/overhead.py                 # all models, 12 rounds
     python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
@@ -93,6 +96,7 @@ def naive_hooks(model: nn.Module) -> Callable[[], None]:
 class Variant:
     name: str
     times: list[list[float]] = field(default_factory=list)  # per round, per step seconds
+    paired: list[float] = field(default_factory=list)  # per round, the paired bare block's median
     direct: list[float] = field(default_factory=list)  # per step seconds inside nnwatch
     intervals: list[int] = field(default_factory=list)  # the probe's measurement interval
     layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
@@ -170,20 +174,31 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
             for n, f in saved.items():
                 setattr(cls, n, f)
 
-    for r in range(rounds):
-        # bare
+    bare = variants["bare"]
+
+    def bare_block() -> float:
         train_steps(warmup, None)
-        variants["bare"].times.append(train_steps(steps, None))
-        run_nnwatch(variants["nnwatch"])
-        run_nnwatch(variants["nnwatch_detailed"], layer_interval=1)
-        run_nnwatch(variants["nnwatch_noguard"], guard=False)
-        # naive hooks + a .item() global norm, as in the textbook loop
+        times = train_steps(steps, None)
+        bare.times.append(times)
+        return statistics.median(times)
+
+    def paired(v: Variant, run: Callable[[], None], r: int) -> None:
+        """One bare block next to one block of ``v``; which goes first flips every round."""
+        if r % 2 == 0:
+            v.paired.append(bare_block())
+            run()
+        else:
+            run()
+            v.paired.append(bare_block())
+
+    def run_naive() -> None:  # per-layer hooks + a .item() global norm, as in the textbook loop
         remove = naive_hooks(model)
         clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item()  # noqa: E731
         train_steps(warmup, None, clip)
         variants["naive_item_hooks"].times.append(train_steps(steps, None, clip))
         remove()
-        # TensorBoard: scalars every step, histograms of every gradient every 10 steps
+
+    def run_tensorboard() -> None:  # scalars every step, histograms of every gradient every 10
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(tempfile.mkdtemp(dir=tmp))
@@ -204,6 +219,14 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         train_steps(warmup, tb_step, tb_clip)
         variants["tensorboard"].times.append(train_steps(steps, tb_step, tb_clip))
         writer.close()
+
+    for r in range(rounds):
+        bare_block()  # the noise floor: consecutive bare blocks
+        paired(variants["nnwatch"], lambda: run_nnwatch(variants["nnwatch"]), r)
+        paired(variants["nnwatch_detailed"], lambda: run_nnwatch(variants["nnwatch_detailed"], layer_interval=1), r)
+        paired(variants["nnwatch_noguard"], lambda: run_nnwatch(variants["nnwatch_noguard"], guard=False), r)
+        paired(variants["naive_item_hooks"], run_naive, r)
+        paired(variants["tensorboard"], run_tensorboard, r)
         print(f"  {name}: round {r + 1}/{rounds} done", flush=True)
     return variants
 
@@ -211,13 +234,18 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
 def report(name: str, variants: dict[str, Variant]) -> list[str]:
     bare = variants["bare"]
     bare_med = [statistics.median(t) for t in bare.times]
+    per_round = len(bare_med) // max(len(variants["nnwatch"].paired), 1)
+    rounds = len(bare_med) // per_round
     lines = [f"\n{name}: bare step median {statistics.median(bare_med) * 1e3:.1f} ms "
-             f"({len(bare.times)} rounds x {len(bare.times[0])} steps)"]
+             f"({rounds} rounds x {len(bare.times[0])} steps per block)"]
     lines.append(
         f"  {'variant':<20} {'ratio median':>12} {'min':>7} {'max':>7} {'direct cost':>12} {'k/stats':>9}"
     )
     for v in variants.values():
-        ratios = [statistics.median(t) / b for t, b in zip(v.times, bare_med, strict=True)]
+        if v is bare:  # each bare block against the one before it in the same round
+            ratios = [bare_med[i + 1] / bare_med[i] for i in range(len(bare_med) - 1) if (i + 1) % per_round]
+        else:
+            ratios = [statistics.median(t) / b for t, b in zip(v.times, v.paired, strict=True)]
         direct = ""
         if v.direct:
             direct = f"{statistics.median(v.direct) / statistics.median(bare_med) * 100:10.2f} %"
@@ -247,7 +275,8 @@ def main() -> int:
     for name in args.models:
         out += report(name, run_model(name, args.rounds, args.steps, args.warmup))
     print("\n".join(out))
-    print("\nratio = variant step time / bare step time in the same round; direct cost = time inside "
+    print("\nratio = variant median step / median step of the bare block paired with it (bare: one bare "
+          "block against the previous one, the noise floor); direct cost = time inside "
           "nnwatch's hooks and step() / median bare step. nnwatch_noguard drops the one non-finite "
           "check before optimizer.step().")
     return 0
