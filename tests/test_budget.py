@@ -11,7 +11,7 @@ from torch import nn
 
 import nnwatch
 from nnwatch.probe.budget import AIM, UPDATE_EVERY, CostBudget
-from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS
+from nnwatch.probe.watch import AFTER_JUMP, AFTER_TROUBLE, WARMUP_STEPS
 from nnwatch.schema import RunMeta, RunSchema, sums_measured
 
 
@@ -200,6 +200,30 @@ def test_detailed_mode_takes_statistics_every_step_and_measures_on_the_budget() 
     zero = run.layers["act_zero"][:, relu]
     assert 0.0 < zero.min() < zero.max() < 1.0
     assert [f.kind for f in w.findings] == []  # unmeasured steps do not read as dead gradients
+
+
+def test_a_loss_that_jumps_is_followed_by_full_measurement() -> None:
+    """A loss 4x its running average switches the budget off for the next AFTER_JUMP steps, so
+    that the detectors see the gradients of a blow-up the budget would otherwise sample."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    jump_at = 70
+    with nnwatch.watch(model, opt, name="jump", budget=1e-9, max_interval=8) as w:
+        for step in range(140):
+            x = torch.randn(16, 12, generator=g)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), x[:, :3].argmax(dim=1))
+            if step == jump_at:
+                loss = loss * 50  # the kind of jump an LR spike makes
+            loss.backward()
+            opt.step()
+            w.step(loss, batch=(x, None))
+    measured = nnwatch.load_run(w.run_dir)["layer_sums"] == 1.0
+    before = measured[WARMUP_STEPS + 2 * UPDATE_EVERY : jump_at + 1]
+    assert before.mean() < 0.5  # the budget was thinning measurements out
+    assert measured[jump_at + 1 : jump_at + 1 + AFTER_JUMP].all()
+    assert measured[jump_at + 1 + AFTER_JUMP :].mean() < 0.5  # and goes back to it after
 
 
 def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:

@@ -63,6 +63,12 @@ RECENT_STEPS = 500  # records kept in memory for snapshots
 WARMUP_STEPS = 10  # steps measured in full at the start, whatever the budget says
 DEFAULT_LAYER_INTERVAL = 10  # full per-layer stats every 10 steps, stretched if over budget
 AFTER_TROUBLE = 100  # steps measured in full after non-finite gradients were seen
+#: A loss this many times its running average (read on the CPU anyway) is a run blowing up:
+#: the next ``AFTER_JUMP`` steps are measured in full, so that the detectors see the gradients
+#: of an explosion that the cost budget would otherwise sample every k-th step only.
+LOSS_JUMP = 4.0
+AFTER_JUMP = 50
+LOSS_EMA = 0.1
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,7 @@ class Watch:
         self._measure = True  # this step's layer sums and gradient norms are measured
         self._since_measured = 0
         self._measure_until = WARMUP_STEPS
+        self._loss_avg = math.nan  # running average of the loss, CPU only (see LOSS_JUMP)
         self._own = 0.0  # seconds spent in nnwatch's own code during this step
         self._sums: list[torch.Tensor | None] = []  # this step's layer output sums, by slot
         self._layers_off: set[int] = set()  # layers whose hook failed once
@@ -624,7 +631,8 @@ class Watch:
             if loss.dim() == 0:
                 host = self._buf.dev_np
                 if host is not None and loss.is_cpu:
-                    host[_LOSS] = loss.item()  # a CPU scalar: no sync, and cheaper than copy_
+                    value = host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
+                    self._watch_loss(value)
                 else:
                     slot.copy_(loss.detach())  # the usual case on a GPU, in two calls
                 return
@@ -645,6 +653,15 @@ class Watch:
                     "loss-type",
                     f"w.step() got a loss of type {type(loss).__name__}; pass the loss tensor",
                 )
+
+    def _watch_loss(self, value: float) -> None:
+        """Measure in full from the next step on when the loss jumps far above its average."""
+        avg = self._loss_avg
+        if not math.isfinite(value):
+            return  # the guard and the detectors deal with a non-finite loss
+        if avg > 0 and value > LOSS_JUMP * avg:
+            self._measure_until = max(self._measure_until, self.step_index + 1 + AFTER_JUMP)
+        self._loss_avg = value if math.isnan(avg) else avg + LOSS_EMA * (value - avg)
 
     def _record_amp(self) -> None:
         sc = self.scaler
