@@ -1088,7 +1088,8 @@ def watch(
     times itself and measures layer output sums and gradient norms on every k-th step only
     (k <= ``max_interval``, default 32) when measuring every step would cost more; ``None``
     measures every step whatever it costs. The first 10 steps, steps with a pending snapshot and
-    the 100 steps after non-finite gradients are always measured, and so are the steps whose
+    the 100 steps after non-finite gradients (on the CPU also the 50 after a loss 4x its running
+    average) are always measured, and so are the steps whose
     per-layer stats are sampled unless stats are taken more often than k (``layer_interval=1``,
     the detailed mode: stats every step, sums and gradient norms on the budget); on the other
     steps the guard checks the smallest gradient near the input.
