@@ -93,16 +93,18 @@ class RunLogWriter:
     """Appends step records from a background thread so the training thread only enqueues.
 
     The training thread appends each record to a deque (no lock, no wake-up); the writer thread
-    drains it every ``interval`` seconds (0.1 by default) and writes the batch with vectorized numpy. Waking the
-    writer per record measured as GIL contention in the training thread, so durability against
-    ``kill -9`` comes from the ring file instead: it lives in the same directory, and
-    :func:`load_run` appends the ring's newer records to what the log holds. A full disk or any
-    write error is reported once through ``on_error`` and turns the writer into a counter of lost
-    records: training goes on.
+    drains it every ``interval`` seconds (0.25 by default) and writes the batch with vectorized
+    numpy. Waking the writer per record measured as GIL contention in the training thread, and each
+    drain has a fixed cost (about 0.5 ms of CPU here, taken from the training's cores), so the
+    batches are made long: with 0.1 s the writer cost 0.7% of a 50 ms CNN step, with 0.25 s 0.4%.
+    Durability against ``kill -9`` comes from the ring file instead: it lives in the same
+    directory, and :func:`load_run` appends the ring's newer records to what the log holds. A full
+    disk or any write error is reported once through ``on_error`` and turns the writer into a
+    counter of lost records: training goes on.
     """
 
     def __init__(
-        self, run_dir: Path, meta: RunMeta, *, interval: float = 0.1, max_pending: int = 65536
+        self, run_dir: Path, meta: RunMeta, *, interval: float = 0.25, max_pending: int = 65536
     ) -> None:
         self.run_dir = Path(run_dir)
         self.meta = meta

@@ -12,6 +12,7 @@ The layout is described in ``meta.json`` so that any reader can rebuild it witho
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -108,20 +109,20 @@ class RunSchema:
         """One row of ``layers.bin``: the step index, then the per-layer block."""
         return _concat(np.dtype([("step", "<i8")]), self.layer_dtype())
 
-    @property
+    @functools.cached_property
     def host_size(self) -> int:
         return self.host_dtype().itemsize
 
-    @property
+    @functools.cached_property
     def dev_size(self) -> int:
         """Bytes of the device-computed tail (dev scalars + layers), all float32."""
         return self.dev_scalar_dtype().itemsize + self.layer_dtype().itemsize
 
-    @property
+    @functools.cached_property
     def record_size(self) -> int:
         return self.host_size + self.dev_size
 
-    @property
+    @functools.cached_property
     def scalar_size(self) -> int:
         return self.host_size + self.dev_scalar_dtype().itemsize
 
