@@ -54,6 +54,8 @@ class RunContext:
     num_classes: int | None = None
     optimizer: str | None = None
     """Optimizer class name, or None."""
+    resumed: bool = False
+    """The optimizer held state when the watch began: the model has trained already."""
     param_norm: float = math.nan
     """L2 norm of all trainable parameters when diagnosis started (NaN when unknown)."""
     total_numel: int = 0
@@ -99,6 +101,7 @@ class RunContext:
             param_order=forward_order(s.layer_names, s.param_layer_names),
             param_numel=None,
             num_classes=meta.num_classes,
+            resumed=bool(meta.extra.get("resumed", False)),
         )
 
     @classmethod
@@ -137,6 +140,7 @@ class RunContext:
             param_numel=numel,
             num_classes=getattr(w, "num_classes", None) or base.num_classes,
             optimizer=type(opt).__name__ if opt is not None else None,
+            resumed=bool(getattr(w, "resumed", False)),
             param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
             total_numel=int(numel.sum()),
             unwatched_before=_unwatched_before(w.model, base.layer_names),

@@ -193,6 +193,9 @@ class Watch:
         self.optimizer = optimizer
         self.scaler = scaler
         self.num_classes = num_classes
+        #: the optimizer already holds state (a resumed run, or a second watch of one loop): the
+        #: model has trained, so "the first loss should be ln K" does not apply
+        self.resumed = _optimizer_has_state(optimizer)
         self.name = name or type(model).__name__
         self.findings: list[Any] = []
         self.should_stop = False
@@ -784,6 +787,7 @@ class Watch:
                 "argv": list(sys.argv),
                 "cwd": os.getcwd(),
                 "layer_interval": self.layer_interval,
+                "resumed": self.resumed,
                 "gpu_uuids": _gpu_uuids(self.device),
                 **job_extra(),
             },
@@ -1053,6 +1057,17 @@ def _make_diagnosis(w: Watch) -> Any:
     if w._log is not None:
         w._log.observers.append(diag.observe)
     return diag
+
+
+def _optimizer_has_state(optimizer: Any) -> bool:
+    """Whether an optimizer has stepped before (Adam's moments, SGD's momentum buffers).
+
+    Plain SGD keeps no state, so a resumed plain-SGD run is not recognised: a hint, not a proof.
+    """
+    try:
+        return any(bool(v) for v in optimizer.state.values()) if optimizer is not None else False
+    except Exception:  # noqa: BLE001 - an optimizer-like object without the usual state dict
+        return False
 
 
 def _make_channel(w: Watch) -> Any:

@@ -1,7 +1,8 @@
 """Bad initial loss: before training, a K-class classifier should score about ln(K).
 
 A fresh classifier is unsure of everything, so its cross-entropy starts near -ln(1/K) = ln(K). The
-first recorded loss is compared with it once (skipped when ``num_classes`` was not given). A
+first recorded loss is compared with it once (skipped when ``num_classes`` was not given, and
+when the optimizer already held state at ``watch()`` time: a resumed run has trained). A
 healthy init lands within a few tenths; the rule allows ``max(0.75, 0.5 ln K)`` above (default
 inits give logits with some spread) and half of ln K below. The evidence then points at the most
 likely cause: a loss that is ~batch-size x ln K sums instead of averaging, a huge first-layer output
@@ -33,7 +34,8 @@ class BadInitialLossDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.done = not (ctx.num_classes and ctx.num_classes > 1)
+        # a model that has trained already (the optimizer held state at watch time) is past it
+        self.done = not (ctx.num_classes and ctx.num_classes > 1) or ctx.resumed
         self.first_std: np.ndarray | None = None
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
@@ -106,7 +108,8 @@ class BadInitialLossDetector(Detector):
             causes.append(
                 "a loss this far below chance before training means a leak or a scaling error: "
                 "check that labels are not part of the inputs, that the loss is not divided twice "
-                f"and that num_classes={k} is right"
+                f"and that num_classes={k} is right (a model loaded from trained weights starts "
+                "below chance by design: leave num_classes out when watching one)"
             )
         summary = (
             f"the first loss is {fmt(loss)}, but a fresh {k}-class classifier should start near "
