@@ -10,8 +10,8 @@ the median-step ratio is shown beside it. The ``bare`` row compares consecutive 
 a round: the noise floor of every other row. Because end-to-end ratios on a shared 2-core
 machine swing by several percent between identical loops, nnwatch's *direct* cost is also timed
 in place: the time spent inside its hooks and ``step()``, as a share of the bare step (the
-median of the bare blocks' mean steps). The naive hooks and the TensorBoard calls are timed in place the same way, so the direct
-costs compare at a resolution the end-to-end ratios do not have.
+median of the bare blocks' mean steps). The naive hooks and the TensorBoard calls are timed in
+place the same way, so the direct costs compare at a resolution the end-to-end ratios lack.
 
     python bench/overhead.py                 # all models, 12 rounds
     python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
@@ -76,7 +76,7 @@ MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 # ------------------------------------------------------------------------------------------------
 # what users would otherwise write
 class DirectTimer:
-    """Accumulates time spent inside nnwatch's hooks and step(), by wrapping them in place."""
+    """Accumulates the time spent inside a monitor's own code (hooks, step calls), wrapped in place."""
 
     def __init__(self) -> None:
         self.total = 0.0
@@ -117,7 +117,7 @@ class Variant:
     name: str
     times: list[list[float]] = field(default_factory=list)  # per round, per step seconds
     paired: list[list[float]] = field(default_factory=list)  # per round, the paired bare block
-    direct: list[float] = field(default_factory=list)  # per step seconds inside nnwatch
+    direct: list[float] = field(default_factory=list)  # per round, seconds per step in its own code
     intervals: list[int] = field(default_factory=list)  # the probe's measurement interval
     layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
 
