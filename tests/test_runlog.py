@@ -150,3 +150,25 @@ def test_full_disk_is_reported_and_training_goes_on(subprocess_env: dict[str, st
     assert "trained 400" in out.stdout
     assert "cannot append to the run log" in out.stderr
     assert out.stderr.count("cannot append to the run log") == 1
+
+
+def test_a_fast_loop_wakes_the_writer_before_its_interval(tmp_path: Path) -> None:
+    """The log may lag the ring by less than the ring holds: ``wake_at`` records drain at once."""
+    from nnwatch.channel.synthetic import make_meta
+    from nnwatch.runlog import RunLogWriter
+
+    meta = make_meta("fast", 2)
+    writer = RunLogWriter(tmp_path, meta, interval=60.0)  # the timer alone would wait a minute
+    writer.wake_at = 8
+    record = bytes(meta.schema.record_size)
+    for _ in range(7):
+        writer.put(record)
+    time.sleep(0.3)
+    assert writer.written == 0  # below the mark: the records wait for the interval
+    writer.put(record)
+    deadline = time.monotonic() + 10
+    while writer.written < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.written == 8
+    writer.close()
+    assert len(nnwatch.load_run(tmp_path)) == 8
