@@ -27,7 +27,8 @@ def _feed(
     acc = []
     for value in (light, stats_only, full, sampled):  # the order of CostBudget.cost
         acc += [0.0, 0] if math.isnan(value) else [value * n, n]
-    b.acc = [*acc, step * n, n]
+    b.acc = acc
+    b.times = [step] * n
     b.update()
 
 
@@ -97,6 +98,19 @@ def test_each_step_lands_in_its_own_kind() -> None:
     assert b.cost[2] == pytest.approx(1e-3) and b.cost[1] == pytest.approx(2e-3)
     assert math.isnan(b.cost[0]) and math.isnan(b.cost[3])
     assert b.step_time == pytest.approx(50e-3)
+
+
+def test_a_long_gap_between_steps_does_not_buy_more_measuring() -> None:
+    """A validation pass or a checkpoint between two w.step() calls is not a slow step."""
+    steady, gapped = CostBudget(0.01, max_interval=32), CostBudget(0.01, max_interval=32)
+    for b, gap in ((steady, 50e-3), (gapped, 60.0)):
+        for update in range(3):
+            for i in range(UPDATE_EVERY):
+                measured = i % 4 == 0
+                step = gap if (update, i) == (1, 5) else 50e-3  # one minute-long pause
+                b.add(1.1e-3 if measured else 100e-6, step, measured=measured, sampled=False)
+    assert gapped.step_time == pytest.approx(50e-3)
+    assert gapped.interval == steady.interval == 5  # 0.1 + 1.0 / 5 ms fits 0.7% of ~50 ms
 
 
 # ------------------------------------------------------------------------------------------------

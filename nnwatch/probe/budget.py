@@ -20,12 +20,16 @@ noisy machine, and the cost it is held to is the measured median, not the averag
 The training thread only adds its timings to running sums (on a CPU whose caches the step has
 just flushed, every Python line costs about a microsecond); :meth:`CostBudget.update` turns them
 into intervals every ``UPDATE_EVERY`` steps, with exponential averages so that one slow step on
-a shared machine does not swing the choice.
+a shared machine does not swing the choice. The step time it budgets against is the median of
+those steps, not their mean: the wall time between two ``w.step()`` calls also holds whatever
+the loop did in between (a validation pass, a checkpoint, a pause from the monitor), and one such
+gap of a minute would otherwise let measurement cost 1% of a minute per step.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 #: Steps between two decisions.
 UPDATE_EVERY = 16
@@ -62,9 +66,10 @@ class CostBudget:
         #: running averages, seconds of own work per step of each kind, indexed
         #: ``2 * measured + sampled``: light, statistics only, measured, measured with statistics
         self.cost = [math.nan] * 4
-        self.step_time = math.nan  # wall time between two w.step() calls
-        # since the last update: [seconds, steps] per kind, then wall time and steps
-        self.acc = [0.0, 0] * 5
+        self.step_time = math.nan  # wall time between two w.step() calls (folded medians)
+        # since the last update: [seconds, steps] per kind, and each step's wall time
+        self.acc = [0.0, 0] * 4
+        self.times: list[float] = []
 
     def add(self, own: float, step_time: float, measured: bool, sampled: bool) -> None:
         """One step's own seconds and wall time; decides every ``UPDATE_EVERY`` steps."""
@@ -72,9 +77,9 @@ class CostBudget:
         kind = 4 * measured + 2 * sampled
         acc[kind] += own
         acc[kind + 1] += 1
-        acc[8] += step_time
-        acc[9] += 1
-        if acc[9] >= UPDATE_EVERY:
+        times = self.times
+        times.append(step_time)
+        if len(times) >= UPDATE_EVERY:
             self.update()
 
     def set_layer_interval(self, n: int) -> None:
@@ -88,13 +93,15 @@ class CostBudget:
 
     def update(self) -> None:
         """Fold the accumulated timings into the averages and choose the intervals."""
-        a = self.acc
-        self.acc = [0.0, 0] * 5
+        a, times = self.acc, self.times
+        self.acc = [0.0, 0] * 4
+        self.times = []
         if self.fraction is None:
             return
         for kind in range(4):
             self.cost[kind] = _fold(self.cost[kind], a[2 * kind], a[2 * kind + 1])
-        self.step_time = _fold(self.step_time, a[8], a[9])
+        if times:
+            self.step_time = _fold(self.step_time, statistics.median(times), 1)
         self.interval, self.layer_interval = self._pick()
 
     def parts(self) -> tuple[float, float, float]:
