@@ -2,7 +2,9 @@
 
 Variants run interleaved in one process, each paired with a bare block right next to it (bare,
 nnwatch, bare, detailed, ...; the pair's order flips every round), so that the machine's drift
-hits both halves of a pair alike. Each block times ``--steps`` steps; a variant's time ratio in a
+hits both halves of a pair alike. Each nnwatch variant watches its own copy of the model for the
+whole benchmark, warmed up once, so nothing runs between a block and its bare partner (the
+probe's cost budget takes the median step time, so the pauses between its blocks do not move it). Each block times ``--steps`` steps; a variant's time ratio in a
 round is its block's total time over its paired bare block's, and the report gives the median and
 min-max of those ratios over the rounds. Totals, not median steps, because the median step leaves
 out whatever runs every few steps (TensorBoard's histograms every 10, nnwatch's measured steps);
@@ -20,6 +22,7 @@ place the same way, so the direct costs compare at a resolution the end-to-end r
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -126,19 +129,19 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
     torch.manual_seed(0)
     build = MODELS[name]
     model, batch = build()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loss_fn = nn.CrossEntropyLoss()
     data = [batch() for _ in range(4)]
     tmp = tempfile.mkdtemp(prefix="nnw-bench-")
 
     def train_steps(n: int, on_step: Callable[[torch.Tensor, Any, int], None] | None,
-                    clip: Callable[[], Any] | None = None) -> list[float]:
+                    clip: Callable[[], Any] | None = None, *, net: nn.Module,
+                    opt: torch.optim.Optimizer) -> list[float]:
         out = []
         for i in range(n):
             x, y = data[i % len(data)]
             t = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(net(x), y)
             loss.backward()
             if clip is not None:
                 clip()
@@ -148,40 +151,55 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
             out.append(time.perf_counter() - t)
         return out
 
+    bare_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     variants = {n: Variant(n) for n in ("bare", "nnwatch", "nnwatch_detailed", "nnwatch_noguard",
                                          "naive_item_hooks", "tensorboard")}
 
-    def run_nnwatch(v: Variant, **opts: Any) -> None:
-        # Time everything nnwatch runs on the training thread, in place: the forward pre-hook,
-        # the per-layer hooks (while attached), the optimizer pre-hook and step().
+    def start_watch(v: Variant, **opts: Any) -> Callable[[], None]:
+        """A watch on its own copy of the model, alive for the whole benchmark.
+
+        One watch per variant, warmed up once: its cost budget settles before the first timed
+        block, and each timed block then runs right next to its bare block, with no warm-up in
+        between. The copy does the same arithmetic as the bare model. Everything nnwatch runs on
+        the training thread is timed in place: the forward pre-hook, the per-layer hooks (while
+        attached) and the optimizer pre-hook, captured when the watch attaches them, and step().
+        """
+        net = copy.deepcopy(model)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
         timer = DirectTimer()
         cls = watch_mod.Watch
-        saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step", "step",
+        saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step",
                                                 "_make_layer_hook")}
-        for n in ("_on_forward_start", "_before_optimizer_step", "step"):
+        for n in ("_on_forward_start", "_before_optimizer_step"):
             setattr(cls, n, timer.wrap(saved[n]))
         cls._make_layer_hook = lambda self, i: timer.wrap(saved["_make_layer_hook"](self, i))  # type: ignore[method-assign]
         try:
-            w = nnwatch.watch(model, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
+            w = nnwatch.watch(net, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
                               channel=True, **opts)
-            # past the probe's own warm-up (every step measured) so that its cost budget has settled
-            train_steps(warmup + watch_mod.WARMUP_STEPS + 2 * UPDATE_EVERY,
-                        lambda loss, b, i: w.step(loss, batch=b))
-            timer.total = 0.0
-            v.times.append(train_steps(steps, lambda loss, b, i: w.step(loss, batch=b)))
-            v.direct.append(timer.total / steps)
-            v.intervals.append(w.budget.interval)
-            v.layer_intervals.append(w.layer_interval)
-            w.close()
         finally:
             for n, f in saved.items():
                 setattr(cls, n, f)
+        step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
+        # past the probe's own warm-up (every step measured) so that its cost budget has settled
+        train_steps(watch_mod.WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
 
+        def block() -> None:
+            train_steps(warmup, step, net=net, opt=opt)
+            timer.total = 0.0
+            v.times.append(train_steps(steps, step, net=net, opt=opt))
+            v.direct.append(timer.total / steps)
+            v.intervals.append(w.budget.interval)
+            v.layer_intervals.append(w.layer_interval)
+
+        watches.append(w)
+        return block
+
+    watches: list[Any] = []
     bare = variants["bare"]
 
     def bare_block() -> list[float]:
-        train_steps(warmup, None)
-        times = train_steps(steps, None)
+        train_steps(warmup, None, net=model, opt=bare_opt)
+        times = train_steps(steps, None, net=model, opt=bare_opt)
         bare.times.append(times)
         return times
 
@@ -198,10 +216,10 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         timer = DirectTimer()
         remove = naive_hooks(model, timer)
         clip = timer.wrap(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item())
-        train_steps(warmup, None, clip)
+        train_steps(warmup, None, clip, net=model, opt=bare_opt)
         timer.total = 0.0
         v = variants["naive_item_hooks"]
-        v.times.append(train_steps(steps, None, clip))
+        v.times.append(train_steps(steps, None, clip, net=model, opt=bare_opt))
         v.direct.append(timer.total / steps)
         remove()
 
@@ -225,21 +243,29 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
                         writer.add_histogram(f"grad/{pn}", p.grad, i)
 
         clip, step = timer.wrap(tb_clip), timer.wrap(tb_step)
-        train_steps(warmup, step, clip)
+        train_steps(warmup, step, clip, net=model, opt=bare_opt)
         timer.total = 0.0
         v = variants["tensorboard"]
-        v.times.append(train_steps(steps, step, clip))
+        v.times.append(train_steps(steps, step, clip, net=model, opt=bare_opt))
         v.direct.append(timer.total / steps)
         writer.close()
 
-    for r in range(rounds):
-        bare_block()  # the noise floor: consecutive bare blocks
-        paired(variants["nnwatch"], lambda: run_nnwatch(variants["nnwatch"]), r)
-        paired(variants["nnwatch_detailed"], lambda: run_nnwatch(variants["nnwatch_detailed"], layer_interval=1), r)
-        paired(variants["nnwatch_noguard"], lambda: run_nnwatch(variants["nnwatch_noguard"], guard=False), r)
-        paired(variants["naive_item_hooks"], run_naive, r)
-        paired(variants["tensorboard"], run_tensorboard, r)
-        print(f"  {name}: round {r + 1}/{rounds} done", flush=True)
+    nnwatch_blocks = [
+        (variants["nnwatch"], start_watch(variants["nnwatch"])),
+        (variants["nnwatch_detailed"], start_watch(variants["nnwatch_detailed"], layer_interval=1)),
+        (variants["nnwatch_noguard"], start_watch(variants["nnwatch_noguard"], guard=False)),
+    ]
+    try:
+        for r in range(rounds):
+            bare_block()  # the noise floor: consecutive bare blocks
+            for v, block in nnwatch_blocks:
+                paired(v, block, r)
+            paired(variants["naive_item_hooks"], run_naive, r)
+            paired(variants["tensorboard"], run_tensorboard, r)
+            print(f"  {name}: round {r + 1}/{rounds} done", flush=True)
+    finally:
+        for w in watches:
+            w.close()
     return variants
 
 
