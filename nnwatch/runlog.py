@@ -92,17 +92,17 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
 class RunLogWriter:
     """Appends step records from a background thread so the training thread only enqueues.
 
-    The training thread appends each record to a deque (no lock, no wake-up); the writer thread
-    drains it every ``interval`` seconds (0.25 by default) and writes the batch with vectorized
-    numpy. Waking the writer per record measured as GIL contention in the training thread, and each
-    drain has a fixed cost (about 0.5 ms of CPU here, taken from the training's cores), so the
-    batches are made long (writer CPU on a 50 ms CNN step with stats every step: 0.7% at 0.1 s,
-    0.4% at 0.25 s). Durability against ``kill -9`` comes from the ring file instead: it lives in
-    the same directory, and :func:`load_run` appends the ring's newer records to what the log
-    holds. That needs the log to lag the ring by less than the ring holds: a loop fast enough to
-    fill ``wake_at`` records (a quarter of the ring) within one interval wakes the writer early.
-    A full disk or any write error is reported once through ``on_error`` and turns the writer into
-    a counter of lost records: training goes on.
+    The training thread appends each record to a deque (no lock, no wake-up but the one below);
+    the writer thread drains it every ``interval`` seconds (0.25 by default) and writes the batch
+    with vectorized numpy. Waking the writer per record measured as GIL contention in the training
+    thread, and each drain has a fixed cost (about 0.5 ms of CPU here, taken from the training's
+    cores), so the batches are made long (writer CPU on a 50 ms CNN step with stats every step:
+    0.7% at 0.1 s, 0.4% at 0.25 s). Durability against ``kill -9`` comes from the ring file
+    instead: it lives in the same directory, and :func:`load_run` appends the ring's newer records
+    to what the log holds. That needs the log to lag the ring by less than the ring holds: a loop
+    fast enough to fill ``wake_at`` records (a quarter of the ring) within one interval wakes the
+    writer early. A full disk or any write error is reported once through ``on_error`` and turns
+    the writer into a counter of lost records: training goes on.
     """
 
     def __init__(
