@@ -17,11 +17,11 @@ sums and gradient norms still follow the budget).
 The budget aims at ``AIM`` (70%) of the fraction, not all of it: it steers by running averages of a
 noisy machine, and the cost it is held to is the measured median, not the average it predicted.
 
-The training thread only adds its timings to running sums and a short list (on a CPU whose
-caches the step has just flushed, every Python line costs about a microsecond);
-:meth:`CostBudget.update` turns them into intervals every ``UPDATE_EVERY`` steps, with
-exponential averages so that one slow step on a shared machine does not swing the choice. The
-step time it budgets against is the median of those steps, not their mean: the wall time between two ``w.step()`` calls also holds whatever
+The training thread only adds its timings to running sums and a short list (on a CPU whose caches
+the step has just flushed, every Python line costs about a microsecond); :meth:`CostBudget.update`
+turns them into intervals every ``UPDATE_EVERY`` steps, with exponential averages so that one slow
+step on a shared machine does not swing the choice. The step time it budgets against is the median
+of those steps, not their mean: the wall time between two ``w.step()`` calls also holds whatever
 the loop did in between (a validation pass, a checkpoint, a pause from the monitor), and one such
 gap of a minute would otherwise let measurement cost 1% of a minute per step.
 """
