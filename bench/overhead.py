@@ -77,7 +77,7 @@ MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 
 
 # ------------------------------------------------------------------------------------------------
-# what users would otherwise write
+# timing a monitor's own code in place
 class DirectTimer:
     """Accumulates the time spent inside a monitor's own code (hooks, step calls), wrapped in place."""
 
@@ -95,6 +95,8 @@ class DirectTimer:
         return timed
 
 
+# ------------------------------------------------------------------------------------------------
+# what users would otherwise write
 def naive_hooks(model: nn.Module, timer: DirectTimer) -> Callable[[], None]:
     """The blog-post monitor: .item() per layer per step."""
     stats: dict[str, tuple[float, float, float]] = {}
@@ -151,7 +153,17 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
             out.append(time.perf_counter() - t)
         return out
 
+    def timed_block(v: Variant, timer: DirectTimer, on_step: Callable[[torch.Tensor, Any, int], None] | None,
+                    clip: Callable[[], Any] | None = None, *, net: nn.Module,
+                    opt: torch.optim.Optimizer) -> None:
+        """Warm up, then time one block of ``v`` and what its own code took per step."""
+        train_steps(warmup, on_step, clip, net=net, opt=opt)
+        timer.total = 0.0
+        v.times.append(train_steps(steps, on_step, clip, net=net, opt=opt))
+        v.direct.append(timer.total / steps)
+
     bare_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    watches: list[Any] = []
     variants = {n: Variant(n) for n in ("bare", "nnwatch", "nnwatch_detailed", "nnwatch_noguard",
                                          "naive_item_hooks", "tensorboard")}
 
@@ -184,17 +196,13 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         train_steps(watch_mod.WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
 
         def block() -> None:
-            train_steps(warmup, step, net=net, opt=opt)
-            timer.total = 0.0
-            v.times.append(train_steps(steps, step, net=net, opt=opt))
-            v.direct.append(timer.total / steps)
+            timed_block(v, timer, step, net=net, opt=opt)
             v.intervals.append(w.budget.interval)
             v.layer_intervals.append(w.layer_interval)
 
         watches.append(w)
         return block
 
-    watches: list[Any] = []
     bare = variants["bare"]
 
     def bare_block() -> list[float]:
@@ -216,11 +224,7 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         timer = DirectTimer()
         remove = naive_hooks(model, timer)
         clip = timer.wrap(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9).item())
-        train_steps(warmup, None, clip, net=model, opt=bare_opt)
-        timer.total = 0.0
-        v = variants["naive_item_hooks"]
-        v.times.append(train_steps(steps, None, clip, net=model, opt=bare_opt))
-        v.direct.append(timer.total / steps)
+        timed_block(variants["naive_item_hooks"], timer, None, clip, net=model, opt=bare_opt)
         remove()
 
     def run_tensorboard() -> None:  # scalars every step, histograms of every gradient every 10
@@ -242,12 +246,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
                     if p.grad is not None:
                         writer.add_histogram(f"grad/{pn}", p.grad, i)
 
-        clip, step = timer.wrap(tb_clip), timer.wrap(tb_step)
-        train_steps(warmup, step, clip, net=model, opt=bare_opt)
-        timer.total = 0.0
-        v = variants["tensorboard"]
-        v.times.append(train_steps(steps, step, clip, net=model, opt=bare_opt))
-        v.direct.append(timer.total / steps)
+        timed_block(variants["tensorboard"], timer, timer.wrap(tb_step), timer.wrap(tb_clip),
+                    net=model, opt=bare_opt)
         writer.close()
 
     nnwatch_blocks = [

@@ -155,6 +155,10 @@ class RunLogWriter:
         if n + 1 == self.wake_at:
             self._wake.set()
 
+    def keep_within(self, ring_slots: int) -> None:
+        """Wake early enough that the log never lags the ring beside it by a whole ring."""
+        self.wake_at = max(1, ring_slots // 4)
+
     # -- any thread ------------------------------------------------------------------------------
     def event(self, event: dict[str, Any]) -> None:
         """Append one event line; events are rare, so this writes synchronously."""

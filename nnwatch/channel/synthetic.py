@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "meta.json").write_text(meta.to_json())
     end = RunEndpoint(meta, run_dir, slots=args.slots or None, subscribe_mode=args.subscribe_mode)
     if log is not None:
-        log.wake_at = max(1, end.ring.slots // 4)  # the log must not lag the ring by a whole ring
+        log.keep_within(end.ring.slots)
     record = np.zeros(1, meta.schema.record_dtype())
     view = memoryview(record.view(np.uint8))
     print(json.dumps({

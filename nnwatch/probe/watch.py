@@ -801,8 +801,8 @@ class Watch:
             return
         if self._want_channel:  # before the detectors, so that a step-0 finding reaches monitors
             self._channel = _make_channel(self)
-            if self._channel is not None:  # the log must not lag the ring by a whole ring
-                self._log.wake_at = max(1, self._channel.ring.slots // 4)
+            if self._channel is not None:
+                self._log.keep_within(self._channel.ring.slots)
         if self._want_detectors:
             self._diagnosis = _make_diagnosis(self)
         if self._tensorboard is not None:
