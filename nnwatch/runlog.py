@@ -172,7 +172,9 @@ class RunLogWriter:
             except OSError as exc:
                 self._fail(f"cannot append to {EVENTS_FILE}: {exc.strerror or exc}")
 
-    def close(self, status: str = "finished", steps: int | None = None) -> None:
+    def close(
+        self, status: str = "finished", steps: int | None = None, details: dict[str, Any] | None = None
+    ) -> None:
         """Flush every queued record, then write ``end.json``. Safe to call twice."""
         if self._fd_s < 0:
             return
@@ -192,7 +194,10 @@ class RunLogWriter:
                 except OSError:
                     pass
             self._fd_s = self._fd_l = self._fd_e = -1
-        end = {"status": status, "steps": steps, "ended": time.time(), "lost_records": self.lost}
+        end = {
+            **(details or {}), "status": status, "steps": steps, "ended": time.time(),
+            "lost_records": self.lost,
+        }
         try:
             from nnwatch.paths import write_private_file
 

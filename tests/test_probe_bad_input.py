@@ -29,7 +29,10 @@ def _step(w: nnwatch.Watch, model: nn.Module, x: torch.Tensor, opt=None) -> torc
     return loss
 
 
-def test_model_with_no_hookable_layers_warns_and_still_records(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_module_that_owns_parameters_is_a_layer_row_of_its_own() -> None:
+    """A hand-written module (``x @ self.w``) is neither Linear nor Conv, but it owns what it
+    learns: it gets a row with activation statistics and its gradient norm."""
+
     class Bare(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -39,14 +42,34 @@ def test_model_with_no_hookable_layers_warns_and_still_records(caplog: pytest.Lo
             return x @ self.w
 
     model = Bare()
-    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="bare") as w:
+    with nnwatch.watch(model, name="bare", budget=None) as w:
         for _ in range(3):
             _step(w, model, torch.randn(4, 3))
-    assert "found no layers to watch in Bare" in caplog.text
     run = nnwatch.load_run(w.run_dir)
-    assert len(run) == 3 and run.layer_names == ()
+    assert len(run) == 3 and run.layer_names == ("Bare",)
     assert np.all(np.isfinite(run["grad_norm"]))
     assert run.meta.schema.param_layer_names == ("Bare",)
+    assert np.isfinite(run.layer_stat("act_std", "Bare")).all()
+
+
+def test_model_with_no_hookable_layers_warns_and_still_records(caplog: pytest.LogCaptureFixture) -> None:
+    class Scaled(nn.Module):
+        """Learns nothing itself: it scales its input by a weight it is handed."""
+
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return x * w
+
+    model = Scaled()
+    weight = torch.ones(3, requires_grad=True)
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, name="bare") as w:
+        for _ in range(3):
+            loss = model(torch.randn(4, 3), weight).pow(2).mean()
+            loss.backward()
+            w.step(loss)
+    assert "found no layers to watch in Scaled" in caplog.text
+    run = nnwatch.load_run(w.run_dir)
+    assert len(run) == 3 and run.layer_names == ()
+    assert np.isfinite(run["loss"]).all()
 
 
 def test_non_scalar_loss_is_recorded_as_its_mean_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -66,8 +66,8 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
         b.slot("grad_norm_clipped").copy_(post)
         limits = [x for x in (max_norm, w.clip_override) if x is not None and math.isfinite(x)]
         if limits:
-            w._clip_threshold = float(min(limits))
-            b.slot("clipped").copy_(pre > w._clip_threshold)
+            w.grads.threshold = float(min(limits))
+            b.slot("clipped").copy_(pre > w.grads.threshold)
         else:
             b.slot("clipped").copy_(post < pre)
     except Exception as exc:  # noqa: BLE001
@@ -92,10 +92,10 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
         if max_norm is not None and math.isfinite(max_norm):
             if w.clip_override is None:
                 b.slot("grad_norm_clipped").copy_(measured)
-                w._clip_threshold = float(max_norm)
+                w.grads.threshold = float(max_norm)
             else:
-                w._clip_threshold = float(min(max_norm, w.clip_override))
-            b.slot("clipped").copy_(pre > w._clip_threshold)
+                w.grads.threshold = float(min(max_norm, w.clip_override))
+            b.slot("clipped").copy_(pre > w.grads.threshold)
     except Exception as exc:  # noqa: BLE001
         w._warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
 

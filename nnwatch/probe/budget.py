@@ -138,7 +138,11 @@ class CostBudget:
     def _pick(self) -> tuple[int, int]:
         assert self.fraction is not None
         base, d_meas, d_stats = self.parts()
-        if not (math.isfinite(self.step_time) and math.isfinite(d_meas)):
+        if not (math.isfinite(self.step_time) and math.isfinite(d_meas)) or (
+            d_meas <= 0.0 and math.isnan(self.cost[0])
+        ):
+            # no light step seen and measured steps timed no dearer than the others: that is
+            # the noise of a shared machine, not a free measurement; keep the current choice
             return self.interval, self.layer_interval
         own_now = self.average_cost(self.interval, self.layer_interval)
         allowed = AIM * self.fraction * max(self.step_time - own_now, 1e-9)  # of the bare step

@@ -16,6 +16,8 @@ _STAT_TYPES: tuple[type[nn.Module], ...] = (
     nn.GroupNorm,
     nn.MultiheadAttention,
     nn.Embedding,
+    nn.RNNBase,  # RNN, LSTM, GRU: the output sequence (the first of ``(output, hidden)``)
+    nn.RNNCellBase,
 )
 if hasattr(nn, "RMSNorm"):
     _STAT_TYPES = (*_STAT_TYPES, nn.RMSNorm)
@@ -29,8 +31,20 @@ _ACTIVATION_TYPES: tuple[type[nn.Module], ...] = tuple(
 
 
 def is_stat_layer(module: nn.Module) -> bool:
-    """Activation modules (ReLU, GELU, ...) and Linear, Conv, Norm, Embedding and attention outputs."""
-    return isinstance(module, _STAT_TYPES + _ACTIVATION_TYPES)
+    """Activation modules (ReLU, GELU, ...) and Linear, Conv, Norm, Embedding, RNN and attention
+    outputs, and any other module that owns parameters itself (a hand-written LayerNorm)."""
+    if isinstance(module, _STAT_TYPES + _ACTIVATION_TYPES):
+        return True
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def sequence_first(model: nn.Module) -> bool:
+    """Whether the model's recurrent layers take ``(T, B, ...)`` input (PyTorch's RNN default).
+
+    Then the batch dimension of its input is the second one, which samples/s must count.
+    """
+    rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    return bool(rnns) and not any(getattr(m, "batch_first", False) for m in rnns)
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,10 @@ class LayerPlan:
     param_layer_names: tuple[str, ...]
     params: tuple[torch.nn.Parameter, ...]  # trainable parameters, in model.parameters() order
     param_layer_index: tuple[int, ...]  # for each of ``params``, its index in param_layer_names
+    #: layers whose parameters all belong to an earlier layer (tied weights: a language model's
+    #: output head sharing the embedding), by name -> the layer that owns them; their gradient is
+    #: the owner's row
+    tied: dict[str, str]
 
 
 def plan_layers(model: nn.Module) -> LayerPlan:
@@ -52,6 +70,7 @@ def plan_layers(model: nn.Module) -> LayerPlan:
     stat_modules: list[nn.Module] = []
     param_layers: list[str] = []
     owner: dict[int, int] = {}
+    tied: dict[str, str] = {}
     seen: set[int] = set()
     for name, module in model.named_modules():
         if id(module) in seen:
@@ -63,7 +82,9 @@ def plan_layers(model: nn.Module) -> LayerPlan:
             stat_kinds.append(type(module).__name__)
             stat_modules.append(module)
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if own:
+        if own and all(id(p) in owner for p in own):
+            tied[label] = param_layers[owner[id(own[0])]]
+        elif own:
             idx = len(param_layers)
             param_layers.append(label)
             for p in own:
@@ -76,6 +97,7 @@ def plan_layers(model: nn.Module) -> LayerPlan:
         param_layer_names=tuple(param_layers),
         params=params,
         param_layer_index=tuple(owner[id(p)] for p in params),
+        tied=tied,
     )
 
 

@@ -32,18 +32,17 @@ from nnwatch import grad as gradmath
 from nnwatch._version import __version__
 from nnwatch.distributed import job_extra
 from nnwatch.paths import RunDirError, default_root, ensure_private_dir
+from nnwatch.probe import clip_intercept
 from nnwatch.probe.activation_stats import StatBlock, layer_sum
 from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.consistency import ConsistencyCheck
-from nnwatch.probe.grad_norms import (
-    LayerReducer,
-    sentinel_params,
-    sentinels_finite,
-    squared_norms,
-    total_norm,
-)
-from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers
+from nnwatch.probe.exit_status import OBSERVER, Ending, from_exception
+from nnwatch.probe.grad_norms import LayerReducer, sentinel_params, sentinels_finite
+from nnwatch.probe.grad_recorder import GradientRecorder
+from nnwatch.probe.hook_hiding import ProbeHook, hide_hooks, release_hooks
+from nnwatch.probe.layers import LayerPlan, first_tensor, plan_layers, sequence_first
+from nnwatch.probe.loss_trend import HOLD, LossTrend
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.runlog import RunLogWriter
 from nnwatch.schema import HOST_FIELDS, RunMeta, RunSchema
@@ -53,9 +52,11 @@ log = logging.getLogger("nnwatch")
 _N_HOST = len(HOST_FIELDS)
 _HOST_PACK = struct.Struct(f"<{_N_HOST}d")
 _NO_CUDA = (math.nan, math.nan, math.nan)
-_GRAD_NORM = DEV_INDEX["grad_norm"]
-_NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]
 _LOSS = DEV_INDEX["loss"]
+_STEP_FIELD = struct.Struct("<d")  # the first host field
+_LOSS_FIELD = struct.Struct("<f")  # the first device field
+assert HOST_FIELDS[0] == "step" and _LOSS == 0, "Watch._publish reads these two by offset"
+_ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
 assert HOST_FIELDS[5:12] == (
     "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
 ), "Watch._step writes the host block in this order"
@@ -63,12 +64,6 @@ RECENT_STEPS = 500  # records kept in memory for snapshots
 WARMUP_STEPS = 10  # steps measured in full at the start, whatever the budget says
 DEFAULT_LAYER_INTERVAL = 10  # full per-layer stats every 10 steps, stretched if over budget
 AFTER_TROUBLE = 100  # steps measured in full after non-finite gradients were seen
-#: A loss this many times its running average (read on the CPU anyway) is a run blowing up:
-#: the next ``AFTER_JUMP`` steps are measured in full, so that the detectors see the gradients
-#: of an explosion that the cost budget would otherwise sample every k-th step only.
-LOSS_JUMP = 4.0
-AFTER_JUMP = 50
-LOSS_EMA = 0.1
 
 
 @dataclass(frozen=True)
@@ -146,22 +141,23 @@ def _draws_random_numbers(model: nn.Module) -> bool:
     return any(isinstance(m, random_types) or "dropout" in type(m).__name__.lower() for m in model.modules())
 
 
-def _batch_size(batch: Any) -> int | None:
-    """Leading dimension of the batch's first tensor: (x, y) tuples, dicts of token ids, a tensor."""
-    if type(batch) is tuple and batch and type(batch[0]) is torch.Tensor and batch[0].dim():
-        return int(batch[0].shape[0])  # the usual (x, y), without building a list
+def _batch_size(batch: Any, seq_first: bool = False) -> int | None:
+    """Samples in the batch: (x, y) tuples, dicts of token ids, a tensor.
+
+    The batch dimension is the first tensor's leading one, or its second for a model whose
+    recurrent layers take sequence-first input (``(T, B, ...)``, PyTorch's RNN default).
+    """
+    dim = 1 if seq_first else 0
+    if type(batch) is tuple and batch and type(batch[0]) is torch.Tensor and batch[0].dim() > dim:
+        return int(batch[0].shape[dim])  # the usual (x, y), without building a list
     if isinstance(batch, dict):
         items: Any = list(batch.values())
     elif isinstance(batch, (tuple, list)):
         items = list(batch)
     else:
         items = [batch]
-    t = next((b for b in items if isinstance(b, torch.Tensor) and b.dim() > 0), None)
-    return int(t.shape[0]) if t is not None else None
-
-
-def _finite(total: torch.Tensor | float) -> bool:
-    return math.isfinite(total) if isinstance(total, float) else bool(torch.isfinite(total))
+    t = next((b for b in items if isinstance(b, torch.Tensor) and b.dim() > dim), None)
+    return int(t.shape[dim]) if t is not None else None
 
 
 class Watch:
@@ -186,6 +182,7 @@ class Watch:
         consistency_every: int | None = None,
         budget: float | None = 0.01,
         max_interval: int = 32,
+        batch_size: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
@@ -219,9 +216,9 @@ class Watch:
         self._last_time = math.nan
         self._step_open = False
         self._backward_seen = False
-        self._norms_done = False
-        self._clip_override: float | None = None
-        self._clip_threshold = math.nan
+        self._end_queued = False  # a callback waits for the end of the running backward pass
+        self.batch_size = batch_size
+        self._ending: Ending | None = None  # how the training code ended, when it told us
         self._anomaly_left = 0
         self._anomaly_prev: bool | None = None
         self._paused = False
@@ -241,7 +238,7 @@ class Watch:
         self._measure = True  # this step's layer sums and gradient norms are measured
         self._since_measured = 0
         self._measure_until = WARMUP_STEPS
-        self._loss_avg = math.nan  # running average of the loss, CPU only (see LOSS_JUMP)
+        self._loss_trend = LossTrend()  # measures every step while the loss goes wrong
         self._own = 0.0  # seconds spent in nnwatch's own code during this step
         self._sums: list[torch.Tensor | None] = []  # this step's layer output sums, by slot
         self._layers_off: set[int] = set()  # layers whose hook failed once
@@ -264,6 +261,7 @@ class Watch:
         self._has_layers = bool(self.plan.stat_modules)
         self._first_param = self.plan.params[0] if self.plan.params else None
         self._random_forward = _draws_random_numbers(model)
+        self._seq_first = sequence_first(model)
         self._slots = list(range(len(self.plan.stat_modules)))
         self._sums = [None] * len(self._slots)
         num_lr = len(optimizer.param_groups) if optimizer is not None else 0
@@ -271,12 +269,20 @@ class Watch:
             self.plan.stat_names, self.plan.stat_kinds, self.plan.param_layer_names, num_lr
         )
         self._buf = StepBuffers(self.schema, self.device)
+        self.grads = GradientRecorder(
+            self.plan, self._buf, self._reducer, scaler,
+            on_nonfinite=self._on_guard_hit if optimizer is None and self.guard else None,
+        )
         self._refresh_views()
         self._sampled = True  # step 0 always samples per-layer stats
         self._sysmon = SystemSampler()
         self._tensorboard, self._exporter = tensorboard, None  # live TensorBoard export
         self._consistency = ConsistencyCheck.create(self, consistency_every)  # ranks, every N steps
 
+        if os.environ.get("NNWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+            self.disabled = "NNWATCH_DISABLE is set"  # an inert watch: no hooks, no files
+            log.info("nnwatch: NNWATCH_DISABLE is set; %s is not watched", self.name)
+            return
         try:
             self.run_dir = self._make_run_dir(run_dir)
         except (OSError, RunDirError) as exc:
@@ -284,7 +290,7 @@ class Watch:
             return
         self._attach_hooks()
         self._sysmon.start()
-        self._atexit = weakref.WeakMethod(self.close)
+        self._atexit = weakref.WeakMethod(self._close_at_exit)
         atexit.register(_close_at_exit, self._atexit)
         print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
 
@@ -332,15 +338,23 @@ class Watch:
         raise RunDirError(f"could not create a fresh run directory under {runs}")
 
     def _attach_hooks(self) -> None:
+        """Hooks on the model (marked, so a saved or copied model leaves them out), on the
+        parameters at both ends (one of them gets a gradient in any backward that reaches the
+        model), on torch's clip functions and on the optimizer."""
+        hide_hooks()
+        self._hooks_hidden = True
         self._handles.append(
-            self.model.register_forward_pre_hook(self._on_forward_start, with_kwargs=True)
+            self.model.register_forward_pre_hook(ProbeHook(self._on_forward_start), with_kwargs=True)
         )
-        self._layer_hooks = [self._make_layer_hook(i) for i in range(len(self.plan.stat_modules))]
+        self._layer_hooks = [ProbeHook(self._make_layer_hook(i)) for i in range(len(self.plan.stat_modules))]
         self._arm_layer_hooks(True)
-        if self.plan.params:
-            first = self.plan.params[0]
-            self._hooked_param = (first, first._post_accumulate_grad_hooks is None)
-            self._handles.append(first.register_post_accumulate_grad_hook(self._on_backward))
+        params = self.plan.params
+        self._hooked_params = []
+        for p in dict.fromkeys((params[0], params[-1]) if params else ()):
+            self._hooked_params.append((p, p._post_accumulate_grad_hooks is None))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_backward))
+        clip_intercept.listen(self.grads)
+        OBSERVER.install()
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self._before_optimizer_step))
 
@@ -431,73 +445,43 @@ class Watch:
 
     def _on_backward(self, param: torch.Tensor) -> None:
         self._backward_seen = True
+        if not self._end_queued and not self.disabled:
+            self._end_queued = True  # the first of the hooked parameters in this backward
+            try:
+                _ENGINE.queue_callback(self._on_backward_end)
+            except Exception:  # noqa: BLE001 - then the norm is taken at the update instead
+                self._end_queued = False
+
+    def _on_backward_end(self) -> None:
+        """Autograd finished the backward pass: the gradients are complete and not yet clipped."""
+        self._end_queued = False
+        if self.disabled:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.grads.measure = self._measure
+            self.grads.on_backward_end()
+        except Exception as exc:  # noqa: BLE001
+            self._disable(f"internal error after backward: {exc!r}")
+        self._own += time.perf_counter() - t0
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled:
             return
         t0 = time.perf_counter()
         try:
-            total = None
-            if self._norms_done:
-                total = self._buf.slot("grad_norm")
-            elif self._measure or self._clip_override is not None:
-                total = self._measure_grads(self._clip_override)
-            elif self.guard and not sentinels_finite(self._sentinels):
-                total = self._measure_grads(None)  # a bad step: look at every gradient after all
+            rec = self.grads
+            rec.measure = self._measure
+            total = rec.at_update()
+            if total is None and self.guard and not sentinels_finite(self._sentinels):
+                total = rec.measure_now()  # a bad step: look at every gradient after all
             if self._snapshot_armed and self._pre_state is None:
                 self._pre_state = self._capture_state()
-            if self.guard and total is not None and not _finite(total):
+            if self.guard and total is not None and not rec.finite(total):
                 self._on_guard_hit()
         except Exception as exc:  # noqa: BLE001
             self._disable(f"internal error before optimizer.step(): {exc!r}")
         self._own += time.perf_counter() - t0
-
-    # ------------------------------------------------------------------------------------------
-    # gradients
-    def _grads(self) -> tuple[list[int], list[torch.Tensor]]:
-        present, grads = [], []
-        for i, p in enumerate(self.plan.params):
-            if p.grad is not None:
-                present.append(i)
-                grads.append(p.grad)
-        return present, grads
-
-    def _measure_grads(self, clip: float | None) -> torch.Tensor | float | None:
-        """Global and per-layer norms of the current gradients; clips when a monitor asked to."""
-        present, grads = self._grads()
-        self._norms_done = True
-        if not grads:
-            return None
-        b = self._buf
-        sq = squared_norms(grads, b.dev.device)
-        total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
-        host, host_layers = b.dev_np, b.grad_layer_np
-        if host is not None and host_layers is not None:  # CPU: numpy, straight into the record
-            assert isinstance(total, float)
-            self._reducer.write_host(sq.numpy(), present, host_layers)
-            host[_GRAD_NORM] = total
-            host[_NONFINITE_GRADS] = 0.0 if math.isfinite(total) else 1.0
-            if clip is None:
-                return total
-            total = torch.tensor(total, dtype=torch.float32)
-        else:
-            assert isinstance(total, torch.Tensor)
-            self._reducer.write(sq, present, b.grad_layer, squared=True)
-            b.slot("grad_norm").copy_(total)
-            b.slot("nonfinite_grads").copy_(~torch.isfinite(total))
-        if clip is not None:
-            self._record_clip(total, clip)
-            coef = (clip / (total + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_(grads, coef.to(grads[0].device))
-        return total
-
-    def _record_clip(self, total: torch.Tensor, max_norm: float) -> None:
-        b = self._buf
-        total = total.to(device=b.dev.device, dtype=torch.float32)
-        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        b.slot("grad_norm_clipped").copy_(total * coef)
-        b.slot("clipped").copy_(total > max_norm)
-        self._clip_threshold = float(max_norm)
 
     def clip_grad_norm_(
         self,
@@ -513,7 +497,7 @@ class Watch:
         With ``max_norm=None`` gradients are only measured, unless the monitor set a threshold.
         """
         params = list(self.plan.params if parameters is None else parameters)
-        limit = self._clip_override if self._clip_override is not None else max_norm
+        limit = self.grads.override if self.grads.override is not None else max_norm
         if self.disabled:
             if limit is None:
                 return gradmath.global_norm(params, norm_type)
@@ -528,32 +512,36 @@ class Watch:
         if limit is not None:
             gradmath.clip_grads_with_norm_(params, limit, total, foreach)
         try:
-            b = self._buf
+            b, rec = self._buf, self.grads
             tot32 = total.to(device=b.dev.device, dtype=torch.float32)
             b.slot("grad_norm").copy_(tot32)
             b.slot("nonfinite_grads").copy_(~torch.isfinite(tot32))
             if parameters is None and norms:
                 self._reducer.write(torch.stack([n.float() for n in norms]), present, b.grad_layer, norm_type)
             if limit is not None:
-                self._record_clip(tot32, float(limit))
-            self._norms_done = True
+                rec.record_clip(tot32, float(limit))
+            rec.done, rec.total = True, tot32
         except Exception as exc:  # noqa: BLE001 - clipping happened; recording must not raise
             self._warn_once("clip-record", f"could not record the clip: {exc!r}")
         return total
 
     # ------------------------------------------------------------------------------------------
     # the step
-    def step(self, loss: Any = None, batch: Any = None) -> None:
-        """Record one training step. Call it once per optimizer step, after ``optimizer.step()``."""
+    def step(self, loss: Any = None, batch: Any = None, batch_size: int | None = None) -> None:
+        """Record one training step. Call it once per optimizer step, after ``optimizer.step()``.
+
+        ``batch`` (kept for snapshots) also gives the samples/s; ``batch_size`` overrides the
+        size found in it (for batches whose layout nnwatch cannot guess).
+        """
         if self.disabled or self.closed:
             return
         t0 = time.perf_counter()
         try:
-            self._step(loss, batch, t0)
+            self._step(loss, batch, batch_size, t0)
         except Exception as exc:  # noqa: BLE001 - training must never crash because of nnwatch
             self._disable(f"internal error in step(): {exc!r}")
 
-    def _step(self, loss: Any, batch: Any, t0: float) -> None:
+    def _step(self, loss: Any, batch: Any, batch_size: int | None, t0: float) -> None:
         now = time.time()
         if not self._step_open and not self._backward_seen and self.step_index > 0:
             self._warn_once(
@@ -562,11 +550,14 @@ class Watch:
                 "the extra call is ignored (call it once per optimizer step)",
             )
             return
-        b = self._buf
+        b, rec = self._buf, self.grads
         self._record_loss(loss)
-        if not self._norms_done and self._measure:
+        rec.measure = self._measure
+        if self.optimizer is None and self._backward_seen:
+            rec.at_update()  # without an optimizer, w.step() is the update boundary
+        elif not rec.done and self._measure:
             if self._backward_seen or not self.plan.params:
-                self._measure_grads(None)
+                rec.measure_now()
             elif self.plan.params:
                 self._warn_once(
                     "no-backward",
@@ -576,7 +567,9 @@ class Watch:
         if self.scaler is not None:
             self._record_amp()
         dt = now - self._last_time
-        bs = _batch_size(batch) if batch is not None else None
+        bs = batch_size or self.batch_size
+        if bs is None and batch is not None:
+            bs = _batch_size(batch, self._seq_first)
         measured = self._measure and self._has_layers
         if measured:
             self._store_sums()
@@ -601,7 +594,7 @@ class Watch:
             now,
             dt,
             bs / dt if bs and dt > 0 else math.nan,
-            self._clip_threshold,
+            rec.threshold,
             1.0 if sampled else 0.0,
             *mem,
             sysmon.cpu_percent,
@@ -622,7 +615,7 @@ class Watch:
         if self._snapshot_reason is not None and self._snapshot_armed:
             self._write_snapshot(batch)  # a request that came mid-step waits for the next one
         # a light step wrote only the loss (and AMP fields), which the next step overwrites
-        b.commit(self._publish, reset=measured or sampled or self._norms_done or loss is None)
+        b.commit(self._publish, reset=measured or sampled or rec.done or rec.clip_seen or loss is None)
         self._after_step(now, t0)
 
     def _record_loss(self, loss: Any) -> None:
@@ -634,8 +627,7 @@ class Watch:
             if loss.dim() == 0:
                 host = self._buf.dev_np
                 if host is not None and loss.is_cpu:
-                    value = host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
-                    self._watch_loss(value)
+                    host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
                 else:
                     slot.copy_(loss.detach())  # the usual case on a GPU, in two calls
                 return
@@ -656,15 +648,6 @@ class Watch:
                     "loss-type",
                     f"w.step() got a loss of type {type(loss).__name__}; pass the loss tensor",
                 )
-
-    def _watch_loss(self, value: float) -> None:
-        """Measure in full from the next step on when the loss jumps far above its average."""
-        avg = self._loss_avg
-        if not math.isfinite(value):
-            return  # the guard and the detectors deal with a non-finite loss
-        if avg > 0 and value > LOSS_JUMP * avg:
-            self._measure_until = max(self._measure_until, self.step_index + 1 + AFTER_JUMP)
-        self._loss_avg = value if math.isnan(avg) else avg + LOSS_EMA * (value - avg)
 
     def _record_amp(self) -> None:
         sc = self.scaler
@@ -719,8 +702,6 @@ class Watch:
         self.step_index += 1
         self._step_open = False
         self._backward_seen = False
-        self._norms_done = False
-        self._clip_threshold = math.nan
         self._snapshot_armed = False
         budget = self.budget
         self._sampled = self.step_index % budget.layer_interval == 0
@@ -731,6 +712,7 @@ class Watch:
             or self._since_measured + 1 >= budget.interval
             or self._snapshot_reason is not None
         )
+        self.grads.end_step(self._measure)
         hooks = self._measure or self._sampled
         if hooks != bool(self._layer_handles) and self._has_layers and not self.disabled:
             self._arm_layer_hooks(hooks)
@@ -747,6 +729,11 @@ class Watch:
 
     def _publish(self, record: memoryview) -> None:
         data = bytes(record)
+        # the loss as published (on a GPU one step late, so reading it costs no sync): while it
+        # spikes or climbs, every step is measured, so an explosion is never between two samples
+        step = _STEP_FIELD.unpack_from(data, 0)[0]
+        if self._loss_trend.add(int(step), _LOSS_FIELD.unpack_from(data, self.schema.host_size)[0]):
+            self._measure_until = max(self._measure_until, int(step) + 2 + HOLD)
         if self._recent is not None:
             self._recent.append(data)
         if self._log is not None:
@@ -788,6 +775,7 @@ class Watch:
                 "cwd": os.getcwd(),
                 "layer_interval": self.layer_interval,
                 "resumed": self.resumed,
+                "tied": dict(self.plan.tied),
                 "gpu_uuids": _gpu_uuids(self.device),
                 **job_extra(),
             },
@@ -817,7 +805,7 @@ class Watch:
         at = self.step_index
         if name == "set_clip":
             value = args.get("max_norm")
-            self._clip_override = None if value is None else float(value)
+            self.grads.override = None if value is None else float(value)
         elif name == "set_layer_interval":
             self.budget.set_layer_interval(int(args["n"]))
         elif name == "anomaly":
@@ -841,7 +829,7 @@ class Watch:
 
     @property
     def clip_override(self) -> float | None:
-        return self._clip_override
+        return self.grads.override
 
     @property
     def paused(self) -> bool:
@@ -991,19 +979,30 @@ class Watch:
                 pass
         self._handles.clear()
 
-        hooked = getattr(self, "_hooked_param", None)
-        if hooked is not None:
-            param, was_none = hooked
+        for param, was_none in getattr(self, "_hooked_params", ()):
             if was_none and not param._post_accumulate_grad_hooks:
                 param._post_accumulate_grad_hooks = None  # leave the tensor exactly as it was
-            self._hooked_param = None
+        self._hooked_params = []
+        if getattr(self, "grads", None) is not None:
+            clip_intercept.unlisten(self.grads)
+        if getattr(self, "_hooks_hidden", False):
+            self._hooks_hidden = False
+            release_hooks()
 
     # ------------------------------------------------------------------------------------------
-    def close(self, status: str = "finished") -> None:
-        """End the run: remove every hook, flush the log, write ``end.json``. Safe to call twice."""
+    def close(self, status: str | Ending = "finished") -> None:
+        """End the run: remove every hook, flush the log, write ``end.json``. Safe to call twice.
+
+        ``status`` is "finished" (a clean end), "crashed" or "interrupted"; the ``with`` block and
+        the exit handler pass what they saw of the program's end, with its reason.
+        """
         if self.closed:
             return
+        ending = status if isinstance(status, Ending) else Ending(str(status))
+        status = ending.status
         self.closed = True
+        if status != "finished":
+            self.log_event({"type": "run_ended", "step": self.step_index, **ending.to_dict()})
         self._remove_hooks()
         if self._consistency is not None:
             self._consistency.close()  # reads a check still in flight while the log is open
@@ -1018,23 +1017,29 @@ class Watch:
         if self._diagnosis is not None:
             self._diagnosis.close()
         if self._log is not None:
-            self._log.close(status, self.step_index)
+            self._log.close(status, self.step_index, ending.to_dict())
         if self._exporter is not None:
             self._exporter.close()  # after the log's last drain reached it
         if self._channel is not None:
             # Once the log holds every record the ring is only a 16 MiB copy in RAM (/dev/shm):
             # remove it. Keep it when the log failed, since it may hold steps the log lacks.
-            self._channel.close(status, remove_ring=self._log is not None and self._log.error is None)
+            self._channel.close(
+                "stopped" if status == "interrupted" else status,
+                remove_ring=self._log is not None and self._log.error is None,
+            )
 
     def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None or issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-            self.close("finished" if exc_type is None else "stopped")
-        else:
+        ending = from_exception(exc_type, exc)
+        if ending.status == "crashed" and exc_type is not None and not issubclass(exc_type, SystemExit):
             self.log_event({"type": "error", "step": self.step_index, "error": repr(exc)})
-            self.close("crashed")
+        self.close(ending)
+
+    def _close_at_exit(self) -> None:
+        """The interpreter is exiting with the run still open: end it as the program ended."""
+        self.close(OBSERVER.final())
 
 
 def _close_at_exit(ref: weakref.WeakMethod[Any]) -> None:
@@ -1091,27 +1096,50 @@ def watch(
     *,
     num_classes: int | None = None,
     name: str | None = None,
-    **options: Any,
+    run_dir: str | os.PathLike[str] | None = None,
+    layer_interval: int | None = None,
+    stat_cap: int = 65536,
+    guard: bool | None = None,
+    skip_nonfinite: bool = False,
+    channel: bool = True,
+    detectors: bool = True,
+    tensorboard: Any = None,
+    consistency_every: int | None = None,
+    budget: float | None = 0.01,
+    max_interval: int = 32,
+    batch_size: int | None = None,
 ) -> Watch:
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
-    Use it as a context manager, or call ``close()`` at the end. Options: ``run_dir``,
-    ``layer_interval`` (full per-layer activation stats every N steps; by default every 10,
-    stretched to at most 100 when the cost budget needs it; an explicit N is kept),
-    ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite check
-    before ``optimizer.step()``: on by default on the CPU, where it is free), ``skip_nonfinite``,
-    ``channel`` (live monitoring, default on) and ``detectors`` (default on).
+    Use it as a context manager, or call ``close()`` at the end. ``optimizer`` may be None (a
+    hand-written update): ``w.step()`` is then the step boundary. Gradient norms before and after
+    clipping are recorded whoever clips: torch's ``clip_grad_norm_`` is seen directly (every
+    step, torch's own value), other clipping from the gradients measured when backward ends.
+
+    Options: ``run_dir``, ``layer_interval`` (full per-layer activation stats every N steps; by
+    default every 10, stretched to at most 100 when the cost budget needs it; an explicit N is
+    kept), ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite
+    check before ``optimizer.step()``: on by default on the CPU, where it is free),
+    ``skip_nonfinite``, ``channel`` (live monitoring, default on) and ``detectors`` (default on).
     ``budget`` (default 0.01) is the share of the step time nnwatch may spend on its own work: it
     times itself and measures layer output sums and gradient norms on every k-th step only
     (k <= ``max_interval``, default 32) when measuring every step would cost more; ``None``
-    measures every step whatever it costs. The first 10 steps, steps with a pending snapshot and
-    the 100 steps after non-finite gradients (on the CPU also the 50 after a loss 4x its running
-    average) are always measured, and so are the steps whose
-    per-layer stats are sampled unless stats are taken more often than k (``layer_interval=1``,
-    the detailed mode: stats every step, sums and gradient norms on the budget); on the other
+    measures every step whatever it costs. The first 10 steps, steps with a pending snapshot, the
+    100 steps after non-finite gradients and every step while the loss spikes or climbs (and 50
+    after) are always measured, and so are the steps whose per-layer stats are sampled unless
+    stats are taken more often than k (``layer_interval=1``, the detailed mode); on the other
     steps the guard checks the smallest gradient near the input.
+    ``batch_size`` fixes the samples per step when the batch's layout is unusual (by default the
+    first tensor's leading dimension, or its second for sequence-first RNN input).
     ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
     the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
     compares a parameter checksum across ranks with one small async all-reduce every N steps.
+    The environment variable ``NNWATCH_DISABLE=1`` makes this an inert watch (no hooks, no files).
     """
-    return Watch(model, optimizer, scaler, num_classes=num_classes, name=name, **options)
+    return Watch(
+        model, optimizer, scaler, num_classes=num_classes, name=name, run_dir=run_dir,
+        layer_interval=layer_interval, stat_cap=stat_cap, guard=guard,
+        skip_nonfinite=skip_nonfinite, channel=channel, detectors=detectors,
+        tensorboard=tensorboard, consistency_every=consistency_every, budget=budget,
+        max_interval=max_interval, batch_size=batch_size,
+    )

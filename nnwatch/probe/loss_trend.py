@@ -1,0 +1,68 @@
+"""Is the loss going wrong right now? Decides when the probe stops thinning its measurements.
+
+The cost budget measures gradients on every k-th step only. That is fine while a run is healthy
+and a blind spot when it blows up: the explosion happens between two measurements. So the probe
+watches the one number it reads on every step anyway, the loss, from the published record (on a
+GPU one step late, which costs no sync), and measures every step while the loss is
+
+- far above its running level (a spike: more than ``SPIKE`` robust deviations above it, or more
+  than twice the level), or
+- rising: its fast average has climbed ``RISE`` deviations above the slow one,
+
+and for ``HOLD`` steps after it looks normal again. The level is a slow exponential average with
+an average absolute deviation beside it; it follows a falling loss quickly enough that a healthy
+run (falling, or flat and noisy) never triggers.
+"""
+
+from __future__ import annotations
+
+import math
+
+SLOW = 0.05  # weight of a new loss in the running level
+FAST = 0.3  # weight of a new loss in the fast average
+SPIKE = 8.0  # deviations above the level that make a single loss a spike
+RISE = 4.0  # deviations the fast average must climb above the level to count as rising
+HOLD = 50  # steps still measured in full after the loss looks normal again
+WARMUP = 20  # losses seen before anything is judged
+
+
+class LossTrend:
+    """Fed one loss per step; says whether the next steps must all be measured."""
+
+    def __init__(self) -> None:
+        self.level = math.nan
+        self.fast = math.nan
+        self.dev = 0.0
+        self.seen = 0
+        self.bad_since: int | None = None  # first step of the current bad stretch
+
+    def add(self, step: int, loss: float) -> bool:
+        """Take the loss of ``step``; True while the loss is spiking or rising."""
+        if not math.isfinite(loss):
+            return True  # the guard and the detectors name it; keep measuring meanwhile
+        if self.seen == 0:
+            self.level = self.fast = loss
+            self.seen = 1
+            return False
+        self.seen += 1
+        level, dev = self.level, self.dev
+        scale = max(dev, 1e-3 * abs(level), 1e-12)
+        bad = self.seen > WARMUP and (
+            loss > level + SPIKE * scale
+            or (level > 0 and loss > 2.0 * level and loss - level > 2.0 * scale)
+            or self.fast > level + RISE * scale
+        )
+        # a lone spike must not hold the fast average up for the steps after it: it is fed at
+        # most the spike line, so only a run of high losses makes it climb
+        self.fast += FAST * (min(loss, level + SPIKE * scale) - self.fast)
+        if not bad or loss < level:  # a spike does not drag the level (or its noise) with it
+            self.dev += SLOW * (abs(loss - level) - dev)
+            self.level += SLOW * (loss - level)
+        else:
+            # a sustained rise moves the level slowly, so that a new, higher plateau ends the alarm
+            self.level += 0.2 * SLOW * (loss - level)
+        if bad and self.bad_since is None:
+            self.bad_since = step
+        elif not bad:
+            self.bad_since = None
+        return bad
