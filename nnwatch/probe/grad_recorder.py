@@ -39,6 +39,11 @@ _CLIP_EPS = 1e-6  # torch's epsilon in the clip coefficient
 FORGET_CLIP = 3
 
 
+def _fingerprint(g: torch.Tensor) -> torch.Tensor:
+    flat = g.detach().reshape(-1).float()
+    return torch.dot(flat, flat)
+
+
 class GradientRecorder:
     """Owns the gradient fields of the step record and the clip threshold."""
 
@@ -135,12 +140,17 @@ class GradientRecorder:
         return total_norm(squared_norms(grads, self.buf.dev.device))
 
     def _remember_sentinel(self) -> None:
-        """A cheap fingerprint of one gradient, to see later whether anything changed them."""
+        """A cheap fingerprint of one gradient, to see later whether anything changed them.
+
+        The squared norm of a small gradient on the output side: the input side's can be all
+        zero (dead units upstream), and a sum can be zero by symmetry (an output bias under
+        softmax), but a rescale or a clamp changes a non-zero squared norm.
+        """
         self._sentinel = None
-        for p in self.plan.params:
+        for p in reversed(self.plan.params):
             g = p.grad
             if g is not None and g.numel() <= 65536:
-                self._sentinel = (p, g.sum() if g.is_cuda else float(g.sum()))
+                self._sentinel = (p, _fingerprint(g) if g.is_cuda else float(_fingerprint(g)))
                 return
 
     def on_backward_end(self) -> None:
@@ -231,7 +241,7 @@ class GradientRecorder:
             return
         b = self.buf
         if isinstance(before, float):
-            now = float(g.sum())
+            now = float(_fingerprint(g))
             if now == before or (math.isnan(now) and math.isnan(before)):
                 return
             post = self._norm_of_now()
@@ -243,7 +253,7 @@ class GradientRecorder:
         post = self._norm_of_now()
         if post is None:
             return
-        changed = g.sum() != before
+        changed = _fingerprint(g) != before
         post_t = torch.as_tensor(post).to(b.dev.device, torch.float32)
         nan = torch.full((), math.nan, device=b.dev.device)
         b.slot("grad_norm_clipped").copy_(torch.where(changed, post_t, nan))

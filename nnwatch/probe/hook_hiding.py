@@ -3,10 +3,16 @@
 PyTorch keeps a module's forward hooks in its ``__dict__``, so ``torch.save(model)``,
 ``pickle.dumps(model)`` and ``copy.deepcopy(model)`` carry them along: a closure cannot be
 pickled (the save fails), and a deep copy (an EMA model, a copy kept for evaluation) would keep
-reporting into the watch that hooked the original. Both go through ``nn.Module.__getstate__``.
-While a watch is open, that method is wrapped to leave out the hooks nnwatch registered (they are
-:class:`ProbeHook` objects), so a saved or copied model is exactly what it would have been without
-nnwatch. The wrap is removed when the last watch closes, unless someone wrapped it after us.
+reporting into the watch that hooked the original. Both go through the module's ``__getstate__``:
+``nn.Module``'s, or a class's own (``nn.LSTM`` and user modules may define one). While a watch is
+open, each of those methods in the watched model is wrapped to leave out the hooks nnwatch
+registered (they are :class:`ProbeHook` objects), so a saved or copied model is exactly what it
+would have been without nnwatch. A wrap is removed when the last watch that needs it closes,
+unless someone wrapped the method after us.
+
+Under ``torch.compile`` the hooks do nothing while dynamo traces (they would break the graph);
+the compiled region then has no per-layer statistics, and the loss and gradient norms are still
+recorded, since they are taken outside the forward pass.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 #: ``nn.Module`` attributes that hold hooks (dicts keyed by handle id), and the dicts of flags
@@ -33,13 +40,21 @@ class ProbeHook:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():
+            return None
         return self.fn(*args, **kwargs)
 
 
+def _compiling() -> bool:
+    try:
+        return bool(torch.compiler.is_compiling())
+    except Exception:  # noqa: BLE001 - a torch without torch.compiler never compiles
+        return False
+
+
 _lock = threading.Lock()
-_users = 0
-_original: Callable[[nn.Module], dict[str, Any]] | None = None
-_wrapper: Callable[[nn.Module], dict[str, Any]] | None = None
+#: class -> (its own __getstate__, our wrapper, number of watches that need it)
+_wrapped: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Any], int]] = {}
 
 
 def _without_probe_hooks(state: dict[str, Any]) -> dict[str, Any]:
@@ -62,33 +77,65 @@ def _without_probe_hooks(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def hide_hooks() -> None:
-    """Leave nnwatch's hooks out of pickled and copied modules from now on (counted per watch)."""
-    global _users, _original, _wrapper
+def _classes_to_wrap(model: nn.Module) -> set[type]:
+    """``nn.Module`` and every class in the model that defines ``__getstate__`` itself
+    (``nn.LSTM`` does, and so may a user's module): each of them builds the pickled state."""
+    found: set[type] = {nn.Module}
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            if isinstance(cls, type) and issubclass(cls, nn.Module) and "__getstate__" in vars(cls):
+                found.add(cls)
+    return found
+
+
+def _wrap(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def __getstate__(self: nn.Module) -> Any:
+        state = original(self)
+        if not isinstance(state, dict):
+            return state
+        if state is self.__dict__:
+            state = dict(state)
+        return _without_probe_hooks(state)
+
+    __getstate__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __getstate__
+
+
+def hide_hooks(model: nn.Module) -> list[type]:
+    """Leave nnwatch's hooks out of pickled and copied modules of ``model`` from now on.
+
+    Returns the classes wrapped for it, to hand back to :func:`release_hooks` at close.
+    """
     with _lock:
-        _users += 1
-        if _wrapper is not None:
-            return
-        original = nn.Module.__getstate__
-
-        def __getstate__(self: nn.Module) -> dict[str, Any]:
-            state = original(self)
-            if state is self.__dict__:
-                state = dict(state)
-            return _without_probe_hooks(state)
-
-        __getstate__.__wrapped__ = original  # type: ignore[attr-defined]
-        _original, _wrapper = original, __getstate__
-        nn.Module.__getstate__ = __getstate__  # type: ignore[method-assign]
+        classes = sorted(_classes_to_wrap(model), key=lambda c: c.__qualname__)
+        for cls in classes:
+            entry = _wrapped.get(cls)
+            if entry is not None:
+                _wrapped[cls] = (entry[0], entry[1], entry[2] + 1)
+                continue
+            original = vars(cls)["__getstate__"]
+            wrapper = _wrap(original)
+            _wrapped[cls] = (original, wrapper, 1)
+            cls.__getstate__ = wrapper  # type: ignore[method-assign]
+        return classes
 
 
-def release_hooks() -> None:
-    """One watch fewer; the last one puts ``nn.Module.__getstate__`` back."""
-    global _users, _original, _wrapper
+def release_hooks(classes: list[type]) -> None:
+    """One watch fewer; a class that no watch needs any more gets its own method back."""
     with _lock:
-        _users = max(0, _users - 1)
-        if _users or _wrapper is None:
-            return
-        if nn.Module.__dict__.get("__getstate__") is _wrapper:
-            nn.Module.__getstate__ = _original  # type: ignore[method-assign,assignment]
-        _original = _wrapper = None
+        for cls in classes:
+            entry = _wrapped.get(cls)
+            if entry is None:
+                continue
+            original, wrapper, users = entry
+            if users > 1:
+                _wrapped[cls] = (original, wrapper, users - 1)
+                continue
+            del _wrapped[cls]
+            if vars(cls).get("__getstate__") is wrapper:  # nobody wrapped it after us
+                cls.__getstate__ = original  # type: ignore[method-assign]
+
+
+def wrapped_classes() -> list[type]:
+    """Classes whose ``__getstate__`` is wrapped right now (for tests and diagnostics)."""
+    return list(_wrapped)

@@ -57,9 +57,9 @@ class LayerPlan:
     param_layer_names: tuple[str, ...]
     params: tuple[torch.nn.Parameter, ...]  # trainable parameters, in model.parameters() order
     param_layer_index: tuple[int, ...]  # for each of ``params``, its index in param_layer_names
-    #: layers whose parameters all belong to an earlier layer (tied weights: a language model's
-    #: output head sharing the embedding), by name -> the layer that owns them; their gradient is
-    #: the owner's row
+    #: layers that share parameters with an earlier layer (tied weights: a language model's output
+    #: head sharing the embedding), by name -> the layer whose row holds the shared gradient; a
+    #: tied layer has a row of its own only for what it owns alone (its bias, say)
     tied: dict[str, str]
 
 
@@ -82,13 +82,15 @@ def plan_layers(model: nn.Module) -> LayerPlan:
             stat_kinds.append(type(module).__name__)
             stat_modules.append(module)
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        if own and all(id(p) in owner for p in own):
-            tied[label] = param_layers[owner[id(own[0])]]
-        elif own:
+        shared = [p for p in own if id(p) in owner]
+        if shared:
+            tied[label] = param_layers[owner[id(shared[0])]]
+        fresh = [p for p in own if id(p) not in owner]
+        if fresh:  # a row for what the module owns alone (a tied head's own bias)
             idx = len(param_layers)
             param_layers.append(label)
-            for p in own:
-                owner.setdefault(id(p), idx)
+            for p in fresh:
+                owner[id(p)] = idx
     params = tuple(p for p in model.parameters() if p.requires_grad)
     return LayerPlan(
         stat_names=tuple(stat_names),

@@ -39,7 +39,9 @@ class LossTrend:
     def add(self, step: int, loss: float) -> bool:
         """Take the loss of ``step``; True while the loss is spiking or rising."""
         if not math.isfinite(loss):
-            return True  # the guard and the detectors name it; keep measuring meanwhile
+            # no loss given to w.step() (NaN), or a real NaN/Inf, which the guard and the
+            # detectors deal with: neither says anything about the trend
+            return False
         if self.seen == 0:
             self.level = self.fast = loss
             self.seen = 1

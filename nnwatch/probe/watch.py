@@ -341,8 +341,7 @@ class Watch:
         """Hooks on the model (marked, so a saved or copied model leaves them out), on the
         parameters at both ends (one of them gets a gradient in any backward that reaches the
         model), on torch's clip functions and on the optimizer."""
-        hide_hooks()
-        self._hooks_hidden = True
+        self._hidden_classes = hide_hooks(self.model)
         self._handles.append(
             self.model.register_forward_pre_hook(ProbeHook(self._on_forward_start), with_kwargs=True)
         )
@@ -985,9 +984,10 @@ class Watch:
         self._hooked_params = []
         if getattr(self, "grads", None) is not None:
             clip_intercept.unlisten(self.grads)
-        if getattr(self, "_hooks_hidden", False):
-            self._hooks_hidden = False
-            release_hooks()
+        hidden = getattr(self, "_hidden_classes", None)
+        if hidden:
+            self._hidden_classes = []
+            release_hooks(hidden)
 
     # ------------------------------------------------------------------------------------------
     def close(self, status: str | Ending = "finished") -> None:

@@ -1,0 +1,195 @@
+"""Gradient norms before and after clipping, whoever clips: torch, a monitor, the user by hand.
+
+Every loop here is written the way training scripts are, with torch's functions, and checked
+against what those functions returned or against norms computed in the test from the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import clip_grad_norm_  # bound before any watch exists, as scripts do
+
+import nnwatch
+from nnwatch.grad import global_norm
+from nnwatch.probe import clip_intercept
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _batch(g: torch.Generator, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(n, 12, generator=g)
+    return x, x[:, :4].argmax(dim=1)
+
+
+def _layer_norms(model: nn.Module) -> dict[str, float]:
+    """Per-layer L2 norms of the current gradients, by module name."""
+    out: dict[str, float] = {}
+    for name, module in model.named_modules():
+        grads = [p.grad for p in module.parameters(recurse=False) if p.grad is not None]
+        if grads:
+            out[name] = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    return out
+
+
+def test_torch_clip_with_accumulation_is_recorded_bitwise_on_every_step() -> None:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    g = torch.Generator().manual_seed(1)
+    returned, pre_layers = [], []
+    with nnwatch.watch(model, opt, name="accum-clip", budget=1e-9, max_interval=8) as w:
+        for _ in range(120):
+            for _micro in range(3):
+                x, y = _batch(g)
+                (nn.functional.cross_entropy(model(x), y) / 3).backward()
+            pre_layers.append(_layer_norms(model))
+            returned.append(clip_grad_norm_(model.parameters(), 0.5))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    norms = torch.stack(returned).numpy()
+    # every step, measured by the budget or not: torch's own value, bit for bit
+    assert np.array_equal(run["grad_norm"], norms)
+    assert (run["clip_threshold"] == 0.5).all()
+    assert np.array_equal(run["clipped"] == 1.0, norms > 0.5)
+    assert (norms > 0.5).any() and (norms <= 0.5).any()  # both branches were exercised
+    coef = np.minimum(np.float32(0.5) / (norms + np.float32(1e-6)), np.float32(1.0))
+    np.testing.assert_allclose(run["grad_norm_clipped"], norms * coef, rtol=1e-6)
+    # per-layer norms on measured steps come from the gradients before they were scaled
+    measured = np.flatnonzero(run["layer_sums"] == 1.0)
+    assert 10 <= len(measured) < 120  # the budget thinned the per-layer work, not the global norm
+    names = run.meta.schema.param_layer_names
+    rows = {int(s): r for s, r in zip(run.layers["step"], run.layers["grad_layer"], strict=True)}
+    checked = [int(s) for s in measured if int(s) in rows]
+    assert checked  # layers.bin holds the measured steps' per-layer norms
+    for step in checked:
+        for j, name in enumerate(names):
+            assert rows[step][j] == pytest.approx(pre_layers[step][name], rel=1e-5)
+
+
+def test_a_monitor_threshold_replaces_the_scripts_own_in_torchs_clip() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    with nnwatch.watch(model, opt, name="override") as w:
+        for step in range(30):
+            if step == 10:
+                ok, err, at = w.apply_command("set_clip", {"max_norm": 0.01})
+                assert ok, err
+            x, y = _batch(g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            total = torch.nn.utils.clip_grad_norm_(model.parameters(), 100.0)
+            after = float(global_norm(list(model.parameters())))
+            if step >= 10:
+                assert after <= 0.01 * (1 + 1e-4)  # the gradients really were clipped at 0.01
+                assert float(total) > 0.01
+            opt.step()
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    assert (run["clip_threshold"][:10] == 100.0).all()
+    assert (run["clip_threshold"][10:] == 0.01).all()
+    assert (run["clipped"][10:] == 1.0).all()
+
+
+def test_manual_rescale_records_the_norm_before_and_the_norm_the_update_used() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    pre, post = [], []
+    with nnwatch.watch(model, opt, name="by-hand", budget=None) as w:
+        for step in range(40):
+            limit = 0.3 if step % 2 else 1e3  # every other step rescaled, the others left alone
+            x, y = _batch(g)
+            opt.zero_grad()
+            (nn.functional.cross_entropy(model(x), y) * 5).backward()
+            params = [p for p in model.parameters() if p.grad is not None]
+            total = torch.sqrt(sum(p.grad.pow(2).sum() for p in params))
+            coef = limit / (total + 1e-6)
+            if coef < 1:
+                for p in params:
+                    p.grad.mul_(coef)
+            pre.append(float(total))
+            post.append(float(global_norm(params)))
+            opt.step()
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    np.testing.assert_allclose(run["grad_norm"], pre, rtol=1e-5)
+    rescaled = (np.arange(40) % 2 == 1) & (np.asarray(pre) > 0.3)
+    assert rescaled.sum() >= 10
+    np.testing.assert_allclose(run["grad_norm_clipped"][rescaled], np.asarray(post)[rescaled], rtol=1e-5)
+    assert (run["clipped"][rescaled] == 1.0).all()
+    assert np.isnan(run["clipped"][~rescaled]).all()  # nothing changed the gradients: no clip seen
+    assert np.isnan(run["clip_threshold"]).all()  # a rule of the script's own has no threshold we know
+
+
+def test_clip_by_value_without_an_optimizer_records_the_norm_before_it() -> None:
+    """A hand-written SGD update, ``clip_grad_value_``: the norm is the accumulated one."""
+    model = _model()
+    g = torch.Generator().manual_seed(4)
+    pre = []
+    with nnwatch.watch(model, None, name="by-value", budget=None) as w:
+        for _ in range(25):
+            x, y = _batch(g)
+            model.zero_grad()
+            (nn.functional.cross_entropy(model(x), y) * 50).backward()
+            pre.append(float(global_norm(list(model.parameters()))))
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.01)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    np.testing.assert_allclose(run["grad_norm"], pre, rtol=1e-5)
+    assert (run["clipped"] == 1.0).all()  # the clamp changed the gradients on every step
+    assert (run["grad_norm_clipped"] < run["grad_norm"]).all()
+    assert run.meta.schema.num_lr == 0
+
+
+def test_wrappers_leave_torchs_results_untouched_and_go_away_at_close() -> None:
+    model = _model()
+    twin = _model()
+    g = torch.Generator().manual_seed(5)
+    x, y = _batch(g)
+    for m in (model, twin):
+        nn.functional.cross_entropy(m(x), y).backward()
+    original = torch.nn.utils.clip_grad._get_total_norm
+    w = nnwatch.watch(model, None, name="wrap")
+    assert clip_intercept.installed()
+    a = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, foreach=False)
+    w.close()
+    assert not clip_intercept.installed()
+    assert torch.nn.utils.clip_grad._get_total_norm is original
+    b = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.1, foreach=False)
+    assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+
+
+def test_a_clip_of_another_models_parameters_is_not_taken_for_this_ones() -> None:
+    """A GAN: the generator is watched, the discriminator is clipped; nothing of D is recorded."""
+    gen, disc = _model(0), _model(1)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(6)
+    with nnwatch.watch(gen, opt_g, name="gan", budget=None) as w:
+        for _ in range(10):
+            x, y = _batch(g)
+            disc.zero_grad()
+            nn.functional.cross_entropy(disc(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(disc.parameters(), 0.01)
+            opt_g.zero_grad()
+            nn.functional.cross_entropy(gen(x), y).backward()
+            expected = float(global_norm(list(gen.parameters())))
+            opt_g.step()
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    assert run["grad_norm"][-1] == pytest.approx(expected, rel=1e-5)
+    assert np.isnan(run["clip_threshold"]).all()
