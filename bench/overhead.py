@@ -127,12 +127,14 @@ class Variant:
     layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
 
 
-def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Variant]:
+def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Variant]:
     torch.manual_seed(0)
     build = MODELS[name]
     model, batch = build()
+    model.to(device)
     loss_fn = nn.CrossEntropyLoss()
-    data = [batch() for _ in range(4)]
+    data = [tuple(t.to(device) for t in batch()) for _ in range(4)]
+    on_gpu = device.startswith("cuda")
     tmp = tempfile.mkdtemp(prefix="nnw-bench-")
 
     def train_steps(n: int, on_step: Callable[[torch.Tensor, Any, int], None] | None,
@@ -150,6 +152,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
             opt.step()
             if on_step is not None:
                 on_step(loss, (x, y), i)
+            if on_gpu and i == n - 1:
+                torch.cuda.synchronize()  # the block's total is the GPU's, not the launches'
             out.append(time.perf_counter() - t)
         return out
 
@@ -181,8 +185,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         timer = DirectTimer()
         cls = watch_mod.Watch
         saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step",
-                                                "_make_layer_hook")}
-        for n in ("_on_forward_start", "_before_optimizer_step"):
+                                                "_on_backward", "_make_layer_hook")}
+        for n in ("_on_forward_start", "_before_optimizer_step", "_on_backward"):
             setattr(cls, n, timer.wrap(saved[n]))
         cls._make_layer_hook = lambda self, i: timer.wrap(saved["_make_layer_hook"](self, i))  # type: ignore[method-assign]
         try:
@@ -191,6 +195,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int) -> dict[str, Vari
         finally:
             for n, f in saved.items():
                 setattr(cls, n, f)
+        # queued at the end of each backward through the instance: time it there too
+        w._on_backward_end = timer.wrap(w._on_backward_end)  # type: ignore[method-assign]
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(watch_mod.WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
@@ -312,13 +318,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (each block ends with a sync)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device cpu")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {where}")
     out: list[str] = []
     for name in args.models:
-        out += report(name, run_model(name, args.rounds, args.steps, args.warmup))
+        out += report(name, run_model(name, args.rounds, args.steps, args.warmup, args.device))
     print("\n".join(out))
     print("\ntime ratio = a variant block's total time / that of the bare block paired with it, "
           "median (min-max) over the rounds: the end-to-end cost, periodic work included (bare: one "

@@ -123,3 +123,84 @@ def test_light_and_measured_steps_under_the_cost_budget_make_no_sync() -> None:
     assert (late == 1.0).any() and (late == 0.0).any()
     assert np.isnan(run["grad_norm"][40:][late == 0.0]).all()
     assert np.isfinite(run["grad_norm"][40:][late == 1.0]).all()
+
+
+def test_torchs_own_clip_under_amp_is_seen_bitwise_and_makes_no_sync() -> None:
+    """The usual AMP script: unscale_, torch's clip_grad_norm_, scaler.step. nnwatch takes the
+    norm torch returned (every step, bit for bit) without a sync of its own."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.LayerNorm(128), nn.Linear(128, 10)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda")
+    returned = []
+    with nnwatch.watch(model, opt, scaler, name="gpu-torch-clip", channel=False, budget=1e-9, max_interval=4) as w:
+        for i in range(40):
+            x = torch.randn(32, 64, device="cuda")
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            checked = i >= 30
+            if checked:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                returned.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            scaler.step(opt)
+            scaler.update()
+            if checked:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                w.step(loss, batch=(x,))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    run = nnwatch.load_run(w.run_dir)
+    norms = torch.stack(returned).float().cpu().numpy()
+    assert np.array_equal(run["grad_norm"], norms)
+    assert (run["clip_threshold"] == 0.05).all()
+    assert np.array_equal(run["clipped"] == 1.0, norms > 0.05)
+
+
+def test_norm_at_the_end_of_backward_is_unscaled_and_a_manual_rescale_makes_no_sync() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    unscaled = []
+    with nnwatch.watch(model, opt, scaler, name="gpu-unscale", channel=False, budget=None) as w:
+        for _ in range(8):
+            x = torch.randn(32, 64, device="cuda")
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()  # nnwatch measures here: scaled gradients
+            scaler.unscale_(opt)
+            grads = [p.grad for p in model.parameters()]
+            unscaled.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+            scaler.step(opt)
+            scaler.update()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    np.testing.assert_allclose(run["grad_norm"], unscaled, rtol=1e-4)
+    # fp32, a rescale by hand between backward and the update, checked for syncs
+    model2 = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()
+    opt2 = torch.optim.SGD(model2.parameters(), lr=1e-3)
+    with nnwatch.watch(model2, opt2, name="gpu-rescale", channel=False, guard=False, budget=None) as w2:
+        for i in range(10):
+            if i == 4:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            x = torch.randn(32, 64, device="cuda")
+            opt2.zero_grad(set_to_none=True)
+            model2(x).pow(2).mean().backward()
+            for p in model2.parameters():
+                p.grad.mul_(0.5)
+            opt2.step()
+            w2.step()
+        torch.cuda.set_sync_debug_mode(0)
+    run2 = nnwatch.load_run(w2.run_dir)
+    np.testing.assert_allclose(run2["grad_norm_clipped"], run2["grad_norm"] * 0.5, rtol=1e-5)
+    assert (run2["clipped"] == 1.0).all()
