@@ -28,9 +28,9 @@ HOST_FIELDS: tuple[str, ...] = (
     "samples_per_sec",  # batch size / step_time, when the batch size is known
     "clip_threshold",  # max_norm of the last clip, NaN when the step was not clipped
     "layer_stats",  # 1.0 when per-layer activation stats were sampled on this step
-    "cuda_allocated",  # torch.cuda.memory_allocated() in bytes
-    "cuda_reserved",  # torch.cuda.memory_reserved() in bytes
-    "cuda_peak",  # torch.cuda.max_memory_allocated() in bytes
+    "cuda_allocated",  # torch.cuda.memory_allocated() in bytes (read at most every 0.2 s)
+    "cuda_reserved",  # torch.cuda.memory_reserved() in bytes (likewise)
+    "cuda_peak",  # torch.cuda.max_memory_allocated() in bytes (likewise)
     "cpu_percent",  # process CPU use in percent of one core, sampled at ~1 Hz
     "rss",  # process resident memory in bytes, sampled at ~1 Hz
     "layer_sums",  # 1.0 when layer output sums and gradient norms were measured, 0.0 when the

@@ -217,10 +217,8 @@ def test_cuda_and_cross_device_bitwise(norm_type):
     cpu = _params(DTYPE_SETS["mixed"], seed=4)
     ours = []
     for i, p in enumerate(cpu):  # alternate devices: grouping must handle both
-        q = copy.deepcopy(p)
-        if i % 2 == 0:
-            q = torch.nn.Parameter(q.detach().cuda())
-            q.grad = p.grad.cuda()
+        q = torch.nn.Parameter(p.detach().clone().cuda() if i % 2 == 0 else p.detach().clone())
+        q.grad = p.grad.cuda() if i % 2 == 0 else p.grad.clone()  # deepcopy leaves .grad behind
         ours.append(q)
     theirs = _twin(ours)
     n1 = ngrad.clip_grad_norm_(ours, 1.0, norm_type)
