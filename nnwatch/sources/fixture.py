@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.schema import RunMeta, RunSchema, sums_measured
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
@@ -49,6 +49,10 @@ class FixtureSource(RunSource):
     an int delivers that many steps per poll; ``rate`` (steps per second) follows the wall clock.
     After the last step the state becomes ``end_state`` ("finished", "crashed", "hung", "lost").
     ``fail_on_poll=n`` makes the n-th poll raise ``SourceError``, as an unreachable run would.
+    ``num_lr=0`` is a run watched with ``optimizer=None`` (a hand-written update: no LR groups);
+    ``layers`` replaces the model's (name, kind) layers, ``()`` for a model with none watched;
+    ``grad_every=k`` measures gradient norms (and layer output sums) on every k-th step only, as
+    the probe's cost budget does: NaN (not measured) on the others, with ``layer_sums`` 0.0.
     """
 
     def __init__(
@@ -66,6 +70,9 @@ class FixtureSource(RunSource):
         cuda: bool = True,
         spike_at: float = 0.45,
         fail_on_poll: int | None = None,
+        num_lr: int = 1,
+        layers: tuple[tuple[str, str], ...] = LAYERS,
+        grad_every: int = 1,
     ) -> None:
         self.steps = steps
         self.seed = seed
@@ -76,6 +83,7 @@ class FixtureSource(RunSource):
         self.amp = amp
         self.cuda = cuda
         self.fail_on_poll = fail_on_poll
+        self.grad_every = max(1, int(grad_every))
         self.horizon = steps if steps else 10_000
         self.spike_step = int(self.horizon * spike_at)
         self.halving_steps = tuple(
@@ -90,10 +98,10 @@ class FixtureSource(RunSource):
         self._t0 = time.time() if rate else FIXED_START
         self._wall0 = time.monotonic()
         schema = RunSchema(
-            layer_names=tuple(n for n, _ in LAYERS),
-            layer_kinds=tuple(k for _, k in LAYERS),
-            param_layer_names=tuple(n for n, k in LAYERS if k != "ReLU"),
-            num_lr=1,
+            layer_names=tuple(n for n, _ in layers),
+            layer_kinds=tuple(k for _, k in layers),
+            param_layer_names=tuple(n for n, k in layers if k != "ReLU"),
+            num_lr=max(0, int(num_lr)),
         )
         self._meta = RunMeta(
             name=name,
@@ -205,7 +213,8 @@ class FixtureSource(RunSource):
         out["samples_per_sec"] = 64.0 / out["step_time"]
         out["clip_threshold"] = self.clip
         out["layer_stats"] = (s.astype(np.int64) % self.layer_every == 0).astype(np.float64)
-        out["layer_sums"] = 1.0
+        measured = self._grad_measured(s)
+        out["layer_sums"] = measured.astype(np.float64)  # 0.0: sums not measured at this step
         if self.cuda:
             out["cuda_allocated"] = 3.1e9 + 0.2e9 * (np.sin(s / 7.0) > 0)
             out["cuda_reserved"] = 4.0e9
@@ -215,7 +224,9 @@ class FixtureSource(RunSource):
         out["cpu_percent"] = 97.0 + 2.0 * np.sin(s / 50.0)
         out["rss"] = 2.1e9 + 1e6 * frac
         warm = np.minimum(1.0, (s + 1) / (0.05 * self.horizon))
-        out["lr"][:, 0] = 3e-4 * warm * 0.5 * (1 + np.cos(np.pi * np.minimum(frac, 1.0)))
+        lr = 3e-4 * warm * 0.5 * (1 + np.cos(np.pi * np.minimum(frac, 1.0)))
+        for group in range(self.meta.schema.num_lr):  # none for a run without an optimizer
+            out["lr"][:, group] = lr * (0.1**group)
         out["loss"] = loss
         out["grad_norm"] = gnorm
         out["grad_norm_clipped"] = np.minimum(gnorm, self.clip)
@@ -230,7 +241,14 @@ class FixtureSource(RunSource):
             out["amp_scale"] = np.nan
             out["amp_skipped"] = np.nan
             out["nonfinite_grads"] = 0.0
+        if self.grad_every > 1:  # the cost budget skipped these steps: not measured, not zero
+            for name in ("grad_norm", "grad_norm_clipped", "clipped"):
+                out[name] = np.where(measured, out[name], np.nan)
         return out
+
+    def _grad_measured(self, s: np.ndarray) -> np.ndarray:
+        """Steps whose gradient norms were measured: every ``grad_every``-th, and the spike."""
+        return (s.astype(np.int64) % self.grad_every == 0) | (s == self.spike_step)
 
     def layer_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows of ``layer_row_dtype()`` for [start, stop), chosen as the run log chooses them:
@@ -240,7 +258,7 @@ class FixtureSource(RunSource):
         keep = (
             (scal["layer_stats"] == 1.0)
             | (scal["nonfinite_grads"] == 1.0)
-            | ~np.isfinite(block["act_sum"]).all(axis=1)
+            | (~np.isfinite(block["act_sum"]).all(axis=1) & sums_measured(scal))
         )
         out = np.zeros(int(keep.sum()), dtype=self.meta.schema.layer_row_dtype())
         for name in block.dtype.names or ():
@@ -269,9 +287,9 @@ class FixtureSource(RunSource):
         frac = (s / self.horizon)[:, None]
         z = self._noise(start, stop, 4)[:, None]
         depth = np.linspace(0.0, 1.0, L)[None, :]
-        kinds = np.array(schema.layer_kinds)
+        kinds = np.array(schema.layer_kinds, dtype=str)
         relu = (kinds == "ReLU")[None, :]
-        dying = (np.array(schema.layer_names) == DYING_LAYER)[None, :]
+        dying = (np.array(schema.layer_names, dtype=str) == DYING_LAYER)[None, :]
         zero = np.where(relu, 0.42 + 0.08 * depth + 0.01 * z, 0.0)
         die = 1.0 / (1.0 + np.exp(-(frac - self.dead_step / self.horizon + 0.08) * 25.0))
         zero = np.where(dying, 0.45 + 0.52 * die, zero)
@@ -288,7 +306,9 @@ class FixtureSource(RunSource):
         out["act_sum"] = np.where(spike & (depth > 0.85), np.inf, mean * 4096.0)
         gdepth = np.linspace(0.0, 1.0, P)[None, :]
         g = 0.05 * (1.0 + gdepth) * (1.0 + 0.1 * z) * np.where(spike, 60.0, 1.0)
-        out["grad_layer"] = g
+        measured = self._grad_measured(s)[:, None]
+        out["grad_layer"] = np.where(measured, g, nan)
+        out["act_sum"] = np.where(measured, out["act_sum"], nan)
         return out
 
     def _make_events(self) -> list[dict[str, Any]]:

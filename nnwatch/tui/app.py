@@ -33,6 +33,8 @@ from nnwatch.tui.collectors import HardwareSampler, RankCollector, SourceCollect
 from nnwatch.tui.messages import (
     CommandFinished,
     RanksUpdated,
+    ReaderFailed,
+    ReaderRecovered,
     Reconnected,
     RecordsArrived,
     RunStateChanged,
@@ -281,6 +283,28 @@ class NNWatchApp(App[int]):
         elif state == "live" and message.previous in ("lost", "hung", "paused"):
             self.notify("The run is live again.", title="live")
         self.refresh_bindings()
+
+    def on_reader_failed(self, message: ReaderFailed) -> None:
+        """A reader thread raised: say so in the header (it stays until the thread recovers) and
+        in a notification, with the error's own words, instead of waiting for ever."""
+        self.state.mark_reader_failed(message.what, message.message)
+        self.loading = False  # a load that broke off must not keep the panes from drawing
+        hint = (
+            " The monitor keeps retrying; please report this as an nnwatch bug."
+            if message.what == "reader"
+            else ""
+        )
+        self.notify(
+            f"{message.what} failed: {message.message}.{hint}",
+            title=f"{message.what} failed",
+            severity="error",
+            timeout=15,
+        )
+        self.refresh_panes()
+
+    def on_reader_recovered(self, message: ReaderRecovered) -> None:
+        self.state.clear_reader_failed(message.what)
+        self.refresh_panes()
 
     def on_ranks_updated(self, message: RanksUpdated) -> None:
         for pane in self._dashboard().query(RanksPane):

@@ -25,6 +25,8 @@ from nnwatch.tui.messages import (
     CommandFinished,
     HardwareSampled,
     RanksUpdated,
+    ReaderFailed,
+    ReaderRecovered,
     RecordsArrived,
     RunLost,
     RunStateChanged,
@@ -35,13 +37,32 @@ from nnwatch.tui.model import INGEST_CHUNK, RunState
 Post = Callable[[Message], Any]
 
 
+def describe(exc: BaseException) -> str:
+    """An exception as one line for the screen: ``IndexError: index 0 is out of bounds ...``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class _Loop:
-    """A daemon thread that calls ``tick`` every ``interval`` seconds until stopped."""
+    """A daemon thread that calls ``tick`` every ``interval`` seconds until stopped.
+
+    An exception from ``tick`` never ends the thread silently: it is posted as ``ReaderFailed``
+    (once per run of failures; ``ReaderRecovered`` after the next clean round), and the loop tries
+    again every ``retry_interval`` seconds. A reader thread that died would leave the screen on
+    its last picture, or on CONNECTING, with no word of why.
+    """
 
     name = "nnwatch-loop"
+    what = "reader"  # how the screen names this thread when it fails
 
-    def __init__(self, interval: float) -> None:
+    def __init__(
+        self, interval: float, post: Post | None = None, retry_interval: float = 1.0
+    ) -> None:
         self.interval = interval
+        self.retry_interval = retry_interval
+        self._post = post
+        self.broken = False  # the last round raised
+        self.failures = 0  # rounds that raised, for tests and the curious
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
@@ -61,9 +82,28 @@ class _Loop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            busy = self.tick()
+            try:
+                busy = self.tick()
+            except Exception as exc:  # noqa: BLE001 - shown on screen, never a silent death
+                self.failures += 1
+                if not self.broken:
+                    self.broken = True
+                    self._tell(ReaderFailed(self.what, describe(exc)))
+                self._stop.wait(self.retry_interval)
+                continue
+            if self.broken:
+                self.broken = False
+                self._tell(ReaderRecovered(self.what))
             if not busy:
                 self._stop.wait(self.interval)
+
+    def _tell(self, message: Message) -> None:
+        if self._post is None:
+            return
+        try:
+            self._post(message)
+        except Exception:  # noqa: BLE001 - the app is gone: nobody left to tell
+            pass
 
     def tick(self) -> bool:  # pragma: no cover - subclasses implement it
         """Do one round; return True to go again at once (more data is waiting)."""
@@ -75,6 +115,8 @@ class SourceCollector(_Loop):
 
     Any exception from the source (a ``SourceError`` or a bug in a source) marks the run lost
     and is retried every ``retry_interval``: the monitor keeps its history and stays responsive.
+    An exception while taking the data in (a reader bug) is posted as ``ReaderFailed`` (see
+    ``_Loop``), so the screen says "reader failed: ..." instead of waiting for ever.
     """
 
     name = "nnwatch-source"
@@ -87,11 +129,10 @@ class SourceCollector(_Loop):
         interval: float,
         retry_interval: float = 1.0,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval, post, retry_interval)
         self.source = source
         self.state = state
         self.post = post
-        self.retry_interval = retry_interval
         self.polls = 0
         self.failing = False
         self._source_lock = threading.Lock()  # poll, reconnect and commands never overlap
@@ -159,6 +200,7 @@ class HardwareSampler(_Loop):
     """Reads NVML and psutil about once a second; NVML is opened in this thread, not the UI's."""
 
     name = "nnwatch-hardware"
+    what = "hardware reader"
 
     def __init__(
         self,
@@ -168,7 +210,7 @@ class HardwareSampler(_Loop):
         reader: Callable[[], HardwareReading] | None = None,
         use_nvml: bool = True,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval, post)
         self.state = state
         self.post = post
         self.use_nvml = use_nvml
@@ -179,10 +221,7 @@ class HardwareSampler(_Loop):
         if self._reader is None:
             self._hardware = Hardware(use_nvml=self.use_nvml)
             self._reader = self._hardware.read
-        try:
-            reading = self._reader()
-        except Exception:  # noqa: BLE001 - Hardware.read never raises; a custom reader might
-            return False
+        reading = self._reader()  # Hardware.read never raises; a custom one might (see _Loop)
         self.state.set_hardware(reading)
         self.post(HardwareSampled(reading))
         return False
@@ -205,6 +244,7 @@ class RankCollector(_Loop):
     """
 
     name = "nnwatch-ranks"
+    what = "ranks reader"
 
     def __init__(
         self,
@@ -216,7 +256,7 @@ class RankCollector(_Loop):
         root: Path | None = None,
         regroup_every: int = 3,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval, post)
         self.run_dir = run_dir
         self.post = post
         self.job = job
@@ -254,10 +294,7 @@ class RankCollector(_Loop):
         self.polls += 1
         if self._monitor is None:
             return False
-        try:
-            view = self._monitor.poll()
-        except Exception:  # noqa: BLE001 - the rank view must never take the monitor down
-            return False
+        view = self._monitor.poll()  # an error is shown and retried (see _Loop), never fatal
         self.post(RanksUpdated(view))
         return False
 

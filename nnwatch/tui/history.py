@@ -44,6 +44,17 @@ TAIL_FIELDS: tuple[str, ...] = BUCKET_FIELDS + (
 NAN_IS_BAD = frozenset({"loss"})
 
 
+def first_column(col: np.ndarray) -> np.ndarray | None:
+    """A per-step field as one value per step: group 0 of a multi-column field (``lr`` holds one
+    column per optimizer param group), or None when it has no column at all (a run watched with
+    ``optimizer=None`` has 0 LR groups: "not measured", never an IndexError)."""
+    if col.ndim < 2:
+        return col
+    if col.shape[1] == 0:
+        return None
+    return col[:, 0]
+
+
 def extract(rows: np.ndarray, fields: tuple[str, ...]) -> np.ndarray:
     """A (len(fields), n) float64 matrix from structured rows; absent fields read as NaN."""
     n = len(rows)
@@ -51,8 +62,9 @@ def extract(rows: np.ndarray, fields: tuple[str, ...]) -> np.ndarray:
     names = rows.dtype.names or ()
     for i, f in enumerate(fields):
         if f in names:
-            col = rows[f]
-            out[i] = col[:, 0] if col.ndim == 2 else col  # ``lr`` holds one column per group
+            col = first_column(rows[f])
+            if col is not None:
+                out[i] = col
     return out
 
 
@@ -83,22 +95,34 @@ def reduce_columns(
     ncols: int,
     x0: float,
     x1: float,
+    x_last: np.ndarray | None = None,
 ) -> Columns:
-    """Reduce points (or buckets) at positions ``x`` into ``ncols`` equal columns over [x0, x1]."""
+    """Reduce points (or buckets) at positions ``x`` into ``ncols`` equal columns over [x0, x1].
+
+    A point stands for the steps ``x .. x_last`` (default: its own step only). When the columns
+    are narrower than that (a short run, or buckets of many steps), a column in which no point
+    starts takes the values of the point that covers it, so a measured series draws as a line and
+    not as dots with holes. A column whose points were all unmeasured (NaN) stays NaN: a gap, which
+    the chart leaves blank.
+    """
     ncols = max(1, int(ncols))
     out_lo = np.full(ncols, np.nan)
     out_hi = np.full(ncols, np.nan)
     out_sum = np.zeros(ncols)
     out_cnt = np.zeros(ncols)
     out_bad = np.zeros(ncols)
-    keep = (x >= x0) & (x <= x1)
+    last = x if x_last is None else x_last
+    keep = (last >= x0) & (x <= x1)
     if keep.any():
-        x, lo, hi, total, count, bad = (a[keep] for a in (x, lo, hi, total, count, bad))
+        x, last, lo, hi, total, count, bad = (a[keep] for a in (x, last, lo, hi, total, count, bad))
         span = max(x1 - x0 + 1.0, 1.0)
-        col = np.clip(((x - x0) * ncols / span).astype(np.int64), 0, ncols - 1)
+        scale = ncols / span
+        col = np.clip(np.floor((x - x0) * scale).astype(np.int64), 0, ncols - 1)
         if len(col) > 1 and np.any(np.diff(col) < 0):  # steps restarted: sort, stably
             order = np.argsort(col, kind="stable")
-            col, lo, hi, total, count, bad = (a[order] for a in (col, lo, hi, total, count, bad))
+            col, last, lo, hi, total, count, bad = (
+                a[order] for a in (col, last, lo, hi, total, count, bad)
+            )
         starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
         cols = col[starts]
         out_lo[cols] = np.fmin.reduceat(lo, starts)
@@ -106,15 +130,43 @@ def reduce_columns(
         out_sum[cols] = np.add.reduceat(total, starts)
         out_cnt[cols] = np.add.reduceat(count, starts)
         out_bad[cols] = np.add.reduceat(bad, starts)
+        # columns no point starts in, covered by the steps of the point before them
+        end = np.clip(np.ceil((last + 1.0 - x0) * scale).astype(np.int64) - 1, 0, ncols - 1)
+        if len(cols) < ncols and np.any(end > col):
+            empty = np.ones(ncols, dtype=bool)
+            empty[cols] = False
+            holes = np.flatnonzero(empty)
+            owner = np.searchsorted(col, holes, side="right") - 1  # the last point starting before
+            ok = owner >= 0
+            holes, owner = holes[ok], owner[ok]
+            reach = np.maximum.accumulate(end)  # a long bucket may reach past a shorter later one
+            cover = reach[owner] >= holes
+            # the value drawn is that of the last point starting at or before the hole
+            holes, owner = holes[cover], owner[cover]
+            out_lo[holes] = lo[owner]
+            out_hi[holes] = hi[owner]
+            fill = np.zeros(ncols, dtype=bool)
+            fill[holes] = True
+            with np.errstate(invalid="ignore", divide="ignore"):
+                pmean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+            filled_mean = np.full(ncols, np.nan)
+            filled_mean[holes] = pmean[owner]
+        else:
+            fill = np.zeros(ncols, dtype=bool)
+            filled_mean = np.full(ncols, np.nan)
+    else:
+        fill = np.zeros(ncols, dtype=bool)
+        filled_mean = np.full(ncols, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(out_cnt > 0, out_sum / np.maximum(out_cnt, 1), np.nan)
+    mean = np.where(fill, filled_mean, mean)
     return Columns(out_lo, out_hi, mean, out_bad, out_cnt, float(x0), float(x1))
 
 
 def raw_columns(
     steps: np.ndarray, values: np.ndarray, field: str, ncols: int, x0: float, x1: float
 ) -> Columns:
-    """``reduce_columns`` for raw values (each point its own bucket)."""
+    """``reduce_columns`` for raw values (each point its own bucket, one step wide)."""
     finite = np.isfinite(values)
     bad = np.isinf(values) | (np.isnan(values) if field in NAN_IS_BAD else False)
     v = np.where(finite, values, np.nan)
@@ -135,18 +187,17 @@ def columns_of(rows: np.ndarray, fields: tuple[str, ...], block: int = 16_384) -
     outs: list[np.ndarray] = []
     present: list[tuple[np.ndarray, str]] = []
     for f in fields:
-        if f in names:
-            base = rows.dtype.fields[f][0]  # type: ignore[index]
+        base = rows.dtype.fields[f][0] if f in names else None  # type: ignore[index]
+        if base is not None and (not base.shape or base.shape[0] > 0):
             out = np.empty(n, dtype=base.base if base.shape else base)
             present.append((out, f))
-        else:
+        else:  # absent, or a field with no column at all (0 LR groups): not measured
             out = np.full(n, np.nan)
         outs.append(out)
     for i in range(0, n, block):
         sub = rows[i : i + block]
         for out, f in present:
-            col = sub[f]
-            out[i : i + len(sub)] = col[:, 0] if col.ndim == 2 else col  # LR group 0 for ``lr``
+            out[i : i + len(sub)] = first_column(sub[f])  # LR group 0 for ``lr``
     return outs
 
 
@@ -364,7 +415,7 @@ class History:
         nb = self.nb
         return reduce_columns(
             self._lo[0, :nb], self._lo[i, :nb], self._hi[i, :nb], self._sum[i, :nb],
-            self._cnt[i, :nb], self._bad[i, :nb], ncols, x0, x1,
+            self._cnt[i, :nb], self._bad[i, :nb], ncols, x0, x1, x_last=self._hi[0, :nb],
         )  # fmt: skip
 
     @property

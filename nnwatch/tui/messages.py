@@ -57,6 +57,23 @@ class RunLost(Fact):
 
 
 @dataclass
+class ReaderFailed(Fact):
+    """A monitor-side thread (the run reader, the hardware sampler, the ranks reader) hit an
+    unexpected error. The app shows it on screen: a monitor that silently stops reading would
+    sit on its last picture (or on CONNECTING) for ever."""
+
+    what: str  # "reader", "hardware reader", "ranks reader"
+    message: str  # "IndexError: index 0 is out of bounds ..."
+
+
+@dataclass
+class ReaderRecovered(Fact):
+    """The thread that failed (``what``) has done a clean round again."""
+
+    what: str
+
+
+@dataclass
 class HardwareSampled(Fact):
     reading: HardwareReading
 

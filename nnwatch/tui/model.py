@@ -20,7 +20,7 @@ import numpy as np
 from nnwatch.hardware import HardwareReading
 from nnwatch.schema import RunMeta
 from nnwatch.sources.base import SourceStatus, SourceUpdate
-from nnwatch.tui.history import Columns, History, raw_columns
+from nnwatch.tui.history import Columns, History, first_column, raw_columns
 
 PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "amp", "gpu", "events")
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
@@ -81,6 +81,8 @@ class RunState:
         self.status = SourceStatus("connecting")
         self.hardware: HardwareReading | None = None
         self.lost_message = ""
+        #: monitor-side threads that failed and have not recovered: what -> "IndexError: ..."
+        self.reader_errors: dict[str, str] = {}
         self.versions: dict[str, int] = dict.fromkeys(PANES, 0)
         self._gpu_sig: tuple[float | None, ...] = ()
         self._amp_sig: tuple[float | None, ...] = ()
@@ -156,6 +158,24 @@ class RunState:
             self.versions["header"] += 1
             return before
 
+    def mark_reader_failed(self, what: str, message: str) -> None:
+        """A monitor-side thread failed (``what``: "reader", "hardware reader", ...)."""
+        with self.lock:
+            self.reader_errors[what] = message
+            self.versions["header"] += 1
+
+    def clear_reader_failed(self, what: str) -> None:
+        with self.lock:
+            if self.reader_errors.pop(what, None) is not None:
+                self.versions["header"] += 1
+
+    @property
+    def reader_failure(self) -> str:
+        """The failures for the header, source reader first: "reader failed: IndexError: ..."."""
+        with self.lock:
+            errors = sorted(self.reader_errors.items(), key=lambda kv: kv[0] != "reader")
+        return "; ".join(f"{what} failed: {message}" for what, message in errors)
+
     def set_hardware(self, reading: HardwareReading) -> None:
         with self.lock:
             self.hardware = reading
@@ -197,9 +217,8 @@ class RunState:
             if not in_tail and isinstance(source, Seekable) and x1 - x0 <= 4 * ZOOM_STEPS:
                 rows = source.scalars_between(x0, x1)
                 if len(rows):
-                    vals = rows[field].astype(np.float64)
-                    if vals.ndim == 2:
-                        vals = vals[:, 0]
+                    col = first_column(rows[field])
+                    vals = np.full(len(rows), np.nan) if col is None else col.astype(np.float64)
                     return raw_columns(rows["step"].astype(np.float64), vals, field, ncols, x0, x1)
             return h.columns(field, ncols, x0, x1)
 
@@ -230,7 +249,11 @@ class RunState:
                 return h.latest(field)
             steps = h.tail("step")
             if len(steps) and (cursor is None or cursor >= steps[0]):
-                i = len(steps) - 1 if cursor is None else int(np.searchsorted(steps, cursor, side="right")) - 1
+                i = (
+                    len(steps) - 1
+                    if cursor is None
+                    else int(np.searchsorted(steps, cursor, side="right")) - 1
+                )
                 vals = h.tail(field)[: max(i, 0) + 1]
                 if measured:
                     ok = np.flatnonzero(~np.isnan(vals))
@@ -240,9 +263,12 @@ class RunState:
                 return math.nan
         if isinstance(source, Seekable):
             rows = source.scalars_between(cursor - ZOOM_STEPS, cursor)
-            if len(rows):
-                v = rows[field][-1]
-                return float(v[0] if np.ndim(v) else v)
+            col = first_column(rows[field]) if len(rows) else None
+            if col is not None:
+                if measured:  # the last measured value, as from the tail above
+                    ok = np.flatnonzero(~np.isnan(col))
+                    return float(col[ok[-1]]) if len(ok) else math.nan
+                return float(col[-1])
         return math.nan
 
     def steps_per_second(self, window_s: float = 5.0) -> float:

@@ -127,6 +127,7 @@ class Pane(Widget):
         self.seen_version = -1
         self.redraws = 0  # how often the picture was rebuilt; tests check that idle panes stay idle
         self._picture: RenderResult = Text("")
+        self.draw_error = ""  # why the last redraw failed ("IndexError: ..."), shown in the pane
 
     def on_resize(self) -> None:
         self.redraw()
@@ -137,7 +138,16 @@ class Pane(Widget):
             return
         self.seen_version = self.ctx.state.versions.get(self.key, 0)
         self.redraws += 1
-        self._picture = self.build()
+        try:
+            self._picture = self.build()
+        except Exception as exc:  # noqa: BLE001 - one pane's bug must not take the monitor down
+            self.draw_error = f"{type(exc).__name__}: {exc}"
+            self.log.error(f"{type(self).__name__} could not draw: {self.draw_error}")
+            self._picture = Text(
+                f"this pane could not draw: {self.draw_error}", style=self.ctx.palette.error
+            )
+        else:
+            self.draw_error = ""
         self.refresh()
 
     def build(self) -> RenderResult:  # pragma: no cover - every pane overrides it

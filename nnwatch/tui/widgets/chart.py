@@ -64,17 +64,11 @@ class Plot:
 
 
 def trace_from(cols: Columns, style: Style, *, use_mean: bool = False) -> Trace:
-    """A trace from reduced columns; interior gaps are bridged, so sparse data still draws lines."""
+    """A trace from reduced columns. A column with no measured value stays NaN and draws nothing:
+    gradient norms are measured on some steps only (the probe's cost budget), and a line drawn
+    across the unmeasured ones would make a blow-up between two measurements look smooth."""
     lo = cols.mean.copy() if use_mean else cols.lo.copy()
     hi = cols.mean.copy() if use_mean else cols.hi.copy()
-    ok = np.isfinite(lo) & np.isfinite(hi)
-    idx = np.flatnonzero(ok)
-    if len(idx) >= 2:
-        gap = np.arange(idx[0], idx[-1] + 1)
-        gap = gap[~ok[gap]]
-        if len(gap):
-            mid = (lo[idx] + hi[idx]) / 2
-            lo[gap] = hi[gap] = np.interp(gap, idx, mid)
     return Trace(lo, hi, style)
 
 
@@ -84,12 +78,15 @@ def ema_columns(cols: Columns, steps_alpha: float, clamp: float = 10.0) -> np.nd
 
     Robust: each input is first clamped to within ``clamp`` times the EMA's own magnitude, so that
     one exploded step (a loss of 1e35) cannot poison the average for thousands of steps after.
+    Columns with nothing measured are NaN (drawn as a gap); the average carries on after them.
     """
     out = np.full(cols.n, np.nan)
     acc = math.nan
     for i in range(cols.n):
         m, w = cols.mean[i], cols.weight[i]
-        if not math.isfinite(m) or w <= 0:
+        if not math.isfinite(m):
+            continue  # nothing measured here: a gap in the average too, never a bridge
+        if w <= 0:  # a column the previous point's steps reach into: same average
             out[i] = acc
             continue
         a = 1.0 - (1.0 - steps_alpha) ** w
@@ -187,7 +184,8 @@ def render_plot(
         ok = np.isfinite(top) & np.isfinite(bot)
         top = np.where(ok, np.clip(top, 0, P - 1), 0)
         bot = np.where(ok, np.clip(bot, 0, P - 1), -1)
-        # connect each column to the one before it, so steep moves draw as lines, not dots
+        # connect each column to the one before it, so steep moves draw as lines, not dots; a
+        # column with nothing measured (NaN) is left blank and breaks the line: a gap, not a bridge
         pt, pb = np.r_[np.nan, top[:-1]], np.r_[np.nan, bot[:-1]]
         pok = np.r_[False, ok[:-1]] & ok
         top = np.where(pok & (top > pb), pb, top)

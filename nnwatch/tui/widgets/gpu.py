@@ -86,7 +86,7 @@ class GpuPane(Pane):
             frac = hr.cpu_percent / 100.0
             host.append("CPU ")
             host.append_text(bar(frac, barw, load_style(frac, pal), pal.bar_empty))
-            host.append(f" {hr.cpu_percent:3.0f}% ×{hr.cpu_count}")
+            host.append(f" {fmt.percent(hr.cpu_percent / 100.0):>4} ×{hr.cpu_count}")
             if narrow:
                 lines.append(host)
                 host = Text("      ")
@@ -125,7 +125,10 @@ class GpuPane(Pane):
         else:
             line.append("no GPU of this run here", style=pal.muted)
         hr = reading.host
-        line.append(f"  CPU {hr.cpu_percent:.0f}% RAM {fmt.nbytes(hr.ram_used)}", style=pal.muted)
+        line.append(
+            f"  CPU {fmt.percent(hr.cpu_percent / 100.0)} RAM {fmt.nbytes(hr.ram_used)}",
+            style=pal.muted,
+        )
         if math.isfinite(alloc):
             line.append(f"  torch {fmt.nbytes(alloc)}", style=pal.muted)
         return line

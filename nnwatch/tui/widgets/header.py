@@ -23,6 +23,7 @@ BADGES = {
     "recorded": "▣ RECORDED",
     "running": "● RUNNING",
     "connecting": "… CONNECTING",
+    "failed": "✖ READER FAILED",  # the monitor's own reader broke (the run itself may be fine)
 }
 
 
@@ -36,6 +37,7 @@ def badge_style(state: str, pal: Palette) -> Style:
         "recorded": pal.primary,
         "crashed": pal.error,
         "lost": pal.error,
+        "failed": pal.error,
     }.get(state, pal.muted).color
     return Style(
         bgcolor=color, color="#000000" if state in ("paused", "hung") else "#ffffff", bold=True
@@ -94,11 +96,18 @@ class RunHeader(Pane):
             )
         if math.isfinite(clip):
             right.append(f"clip {fmt.num(clip)}  ", style=pal.muted)
+        failure = st.reader_failure
+        state = "failed" if "reader" in st.reader_errors else status.state
+        badge = f" {BADGES.get(state, state.upper())} "
         note = view.outcome or status.message
-        if note:
+        if failure:  # a monitor-side thread failed: that outranks every other note
+            # cut to fit beside the badge (and a little of the run's name) on one line
+            room = max(w - right.cell_len - len(badge) - 2 - (0 if h >= 2 else 24), 12)
+            cut = failure if len(failure) <= room else failure[: room - 1] + "…"
+            right.append(cut + "  ", style=pal.error + Style(bold=True))
+        elif note:
             right.append(note + "  ", style=pal.error if view.outcome_error else pal.text)
-        badge = f" {BADGES.get(status.state, status.state.upper())} "
-        right.append(badge, style=badge_style(status.state, pal))
+        right.append(badge, style=badge_style(state, pal))
 
         if h >= 2:
             left.truncate(w, overflow="ellipsis")

@@ -298,7 +298,11 @@ class LayersPane(Pane):
         table = found.first()
         table.set_rows(rows, pal, self.size.width < 92, keep)
         at = "" if row is None else f" @ step {fmt.count(float(row['step']))}"
-        title = f"[b]Layers[/b]{at} · {schema.num_layers}"
+        title = (
+            f"[b]Layers[/b]{at} · {schema.num_layers}"
+            if schema.num_layers
+            else "[b]Layers[/b] · none of this model's modules is watched"
+        )
         if dying:
             title += f" · [$error]{dying} >{DEAD_RED:.0%} dead[/]"
         if nonfinite:
