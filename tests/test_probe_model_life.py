@@ -197,3 +197,15 @@ def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch, run_root: Path
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_layer_names_drop_the_wrappers_prefixes() -> None:
+    from nnwatch.probe.layers import plan_layers, strip_wrapper_prefixes
+
+    inner = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    compiled = torch.compile(inner, backend="eager")
+    assert plan_layers(compiled).stat_names == ("0", "1")  # not "_orig_mod.0"
+    dp = nn.DataParallel(inner)
+    assert plan_layers(dp).stat_names == ("0", "1")  # not "module.0"
+    assert strip_wrapper_prefixes("layers.0._fsdp_wrapped_module.attn") == "layers.0.attn"
+    assert strip_wrapper_prefixes("module.fc") == "module.fc"  # a layer of the model named module

@@ -63,6 +63,25 @@ class LayerPlan:
     tied: dict[str, str]
 
 
+#: Attribute names that wrappers put between a model and its layers: torch.compile's
+#: ``_orig_mod``, FSDP's and activation checkpointing's wrapped modules. DDP's and DataParallel's
+#: ``module`` is only stripped at the root, where those wrappers put it.
+_WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+_ROOT_WRAPPERS = ("DistributedDataParallel", "DataParallel")
+
+
+def strip_wrapper_prefixes(name: str, root: nn.Module | None = None) -> str:
+    """The layer's name as the model itself knows it (its ``state_dict`` keys without wrappers).
+
+    ``module.encoder.0`` under DDP becomes ``encoder.0``, ``_orig_mod.fc`` under torch.compile
+    becomes ``fc``, FSDP's ``_fsdp_wrapped_module.`` segments go.
+    """
+    parts = name.split(".")
+    if root is not None and type(root).__name__ in _ROOT_WRAPPERS and parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(p for p in parts if p not in _WRAPPER_SEGMENTS)
+
+
 def plan_layers(model: nn.Module) -> LayerPlan:
     root_name = type(model).__name__
     stat_names: list[str] = []
@@ -76,7 +95,7 @@ def plan_layers(model: nn.Module) -> LayerPlan:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        label = name or root_name
+        label = strip_wrapper_prefixes(name, model) or root_name
         if is_stat_layer(module):
             stat_names.append(label)
             stat_kinds.append(type(module).__name__)
