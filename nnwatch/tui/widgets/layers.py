@@ -55,6 +55,9 @@ class LayerRow:
     maxabs: float
     grad: float
     nonfinite: float
+    #: the layer whose weight this one shares (a language model's tied head): its gradient is
+    #: in that layer's row
+    tied_to: str = ""
 
     @property
     def bad(self) -> bool:
@@ -186,7 +189,9 @@ class LayerTable(Widget, can_focus=True):
             dead,
             Text(fmt.num(r.std)),
             Text(fmt.num(r.maxabs)),
-            Text(fmt.num(r.grad)),
+            Text(f"={r.tied_to}"[: widths[6]], style=pal.muted)
+            if r.tied_to and not math.isfinite(r.grad)
+            else Text(fmt.num(r.grad)),
             nf,
         ]
 
@@ -269,17 +274,29 @@ class LayersPane(Pane):
         problem: str | None = None  # the first non-finite layer, else the deadest above the line
         worst = DEAD_RED
         nan = math.nan
-        for i, (name, kind) in enumerate(zip(schema.layer_names, schema.layer_kinds, strict=False)):
+        tied = st.meta.extra.get("tied") or {}
+        if not isinstance(tied, dict):
+            tied = {}
+        # layers with activation statistics, then those that only own parameters (gradient rows)
+        grad_only = [n for n in schema.param_layer_names if n not in set(schema.layer_names)]
+        entries = list(zip(schema.layer_names, schema.layer_kinds, strict=False))
+        entries += [(n, "params") for n in grad_only]
+        n_stat = len(schema.layer_names)
+        for i, (name, kind) in enumerate(entries):
+            tied_to = str(tied.get(name, ""))
             if row is not None:
                 gi = grad_index.get(name)
-                r = LayerRow(
-                    i, name, kind,
-                    float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
-                    float(row["grad_layer"][gi]) if gi is not None else nan,
-                    float(row["act_nonfinite"][i]),
-                )  # fmt: skip
+                grad = float(row["grad_layer"][gi]) if gi is not None else nan
+                if i < n_stat:
+                    r = LayerRow(
+                        i, name, kind,
+                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
+                        grad, float(row["act_nonfinite"][i]), tied_to,
+                    )  # fmt: skip
+                else:
+                    r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)
             else:
-                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan)
+                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan, tied_to)
             dying += int(math.isfinite(r.dead) and r.dead > DEAD_RED)
             nonfinite += int(math.isfinite(r.nonfinite) and r.nonfinite > 0)
             if math.isfinite(r.nonfinite) and r.nonfinite > 0:
