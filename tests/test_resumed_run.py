@@ -64,3 +64,33 @@ def test_a_resumed_run_is_not_told_its_first_loss_is_below_chance() -> None:
     assert not fresh.resumed
     (f,) = _initial_loss_findings(fresh)
     assert f.evidence["initial_loss"] < 0.2 and "trained weights" in f.remedy
+
+
+def test_a_resumed_run_goes_on_with_the_optimizers_step_count() -> None:
+    """Loaded from a checkpoint: the optimizer's state says 60 steps were taken; the records of
+    the resumed run are steps 60, 61, ... and a start_step= given by the user wins."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, K))
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    _train(model, opt, 60)
+    checkpoint = {"model": model.state_dict(), "opt": opt.state_dict()}
+
+    model2 = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, K))
+    opt2 = torch.optim.Adam(model2.parameters(), lr=0.05)
+    model2.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["opt"])
+    resumed = _train(model2, opt2, 15)
+    run = nnwatch.load_run(resumed.run_dir)
+    assert run["step"].tolist() == list(range(60, 75))
+    assert run.meta.extra["start_step"] == 60
+    assert not [f for f in resumed.findings if f.kind == "bad_initial_loss"]
+
+    model3 = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, K))
+    x, y = _data()
+    with nnwatch.watch(model3, None, name="given", start_step=1000) as w:
+        for _ in range(3):
+            model3.zero_grad()
+            loss = nn.functional.cross_entropy(model3(x), y)
+            loss.backward()
+            w.step(loss)
+    assert nnwatch.load_run(w.run_dir)["step"].tolist() == [1000, 1001, 1002]

@@ -184,6 +184,7 @@ class Watch:
         budget: float | None = 0.01,
         max_interval: int = 32,
         batch_size: int | None = None,
+        start_step: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
@@ -197,7 +198,10 @@ class Watch:
         self.name = name or type(model).__name__
         self.findings: list[Any] = []
         self.should_stop = False
-        self.step_index = 0
+        #: the first step's number: 0, or where a resumed run left off (``start_step``, else the
+        #: step count of an optimizer that already holds state), so that the step numbers go on
+        self.start_step = int(start_step) if start_step is not None else _optimizer_step(optimizer)
+        self.step_index = self.start_step
         self.stat_cap = int(stat_cap)
         self.skip_nonfinite = skip_nonfinite
         self.disabled: str | None = None
@@ -238,7 +242,7 @@ class Watch:
         )
         self._measure = True  # this step's layer sums and gradient norms are measured
         self._since_measured = 0
-        self._measure_until = WARMUP_STEPS
+        self._measure_until = self.start_step + WARMUP_STEPS
         self._loss_trend = LossTrend()  # measures every step while the loss goes wrong
         self._memory_at = -math.inf  # when the CUDA memory gauges were last read
         self._memory = _NO_CUDA
@@ -545,7 +549,7 @@ class Watch:
 
     def _step(self, loss: Any, batch: Any, batch_size: int | None, t0: float) -> None:
         now = time.time()
-        if not self._step_open and not self._backward_seen and self.step_index > 0:
+        if not self._step_open and not self._backward_seen and self.step_index > self.start_step:
             self._warn_once(
                 "double-step",
                 "w.step() was called again with no forward or backward pass since the last call; "
@@ -710,7 +714,7 @@ class Watch:
         self._sums_stored = False
         self._inputs = None
         sampled = self._sampled
-        first = self.step_index == 0  # step 0 also sets up the run files: not a step's cost
+        first = self.step_index == self.start_step  # it also sets up the run files: not a step's cost
         step_time = now - self._last_time
         self._last_time = now
         self.step_index += 1
@@ -789,6 +793,7 @@ class Watch:
                 "cwd": os.getcwd(),
                 "layer_interval": self.layer_interval,
                 "resumed": self.resumed,
+                "start_step": self.start_step,
                 "tied": dict(self.plan.tied),
                 "gpu_uuids": _gpu_uuids(self.device),
                 **job_extra(),
@@ -1092,6 +1097,21 @@ def _optimizer_has_state(optimizer: Any) -> bool:
         return False
 
 
+def _optimizer_step(optimizer: Any) -> int:
+    """How many steps an optimizer has taken (Adam's and most others' per-parameter ``step``).
+
+    Read once, when the watch starts; 0 for a fresh optimizer or one that keeps no count.
+    """
+    try:
+        counts = [
+            int(state["step"]) for state in optimizer.state.values()
+            if isinstance(state, dict) and "step" in state
+        ] if optimizer is not None else []
+    except Exception:  # noqa: BLE001 - an optimizer-like object with its own bookkeeping
+        return 0
+    return max(counts, default=0)
+
+
 def _make_channel(w: Watch) -> Any:
     try:
         from nnwatch.probe.channel_link import ChannelLink
@@ -1123,6 +1143,7 @@ def watch(
     budget: float | None = 0.01,
     max_interval: int = 32,
     batch_size: int | None = None,
+    start_step: int | None = None,
 ) -> Watch:
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
@@ -1149,6 +1170,8 @@ def watch(
     ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
     the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
     compares a parameter checksum across ranks with one small async all-reduce every N steps.
+    ``start_step`` numbers the first recorded step (by default 0, or the step count of an
+    optimizer that already holds state: a resumed run goes on where it left off).
     The environment variable ``NNWATCH_DISABLE=1`` makes this an inert watch (no hooks, no files).
     """
     return Watch(
@@ -1156,5 +1179,5 @@ def watch(
         layer_interval=layer_interval, stat_cap=stat_cap, guard=guard,
         skip_nonfinite=skip_nonfinite, channel=channel, detectors=detectors,
         tensorboard=tensorboard, consistency_every=consistency_every, budget=budget,
-        max_interval=max_interval, batch_size=batch_size,
+        max_interval=max_interval, batch_size=batch_size, start_step=start_step,
     )
