@@ -342,3 +342,27 @@ def test_diverging_run_is_reported_exploding(corpus: dict[str, Outcome]) -> None
     assert "exploding_gradients" in kinds or '"exploding_gradients"' in events, (
         f"no exploding_gradients finding; findings: {sorted(k for k in kinds if k)}"
     )
+
+
+def test_every_corpus_run_opens_in_the_monitor(corpus: dict[str, Outcome]) -> None:
+    """``nnwatch open RUN_DIR`` on each program's run: its last step and loss on screen, no
+    reader error, no pane that failed to draw."""
+    import asyncio
+
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.tui.app import NNWatchApp
+    from nnwatch.tui.testing import fixed_hardware, settle
+    from nnwatch.tui.widgets.base import Pane
+
+    async def check(name: str) -> None:
+        run = corpus[name].run()
+        app = NNWatchApp(RecordedSource(run.run_dir), hardware=fixed_hardware, fps=10)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app, len(run))
+            assert app.state.history.rows == len(run), name
+            assert not app.state.reader_errors, (name, app.state.reader_errors)
+            assert [p.key for p in app.query(Pane) if p.draw_error] == [], name
+            assert app.state.status.state in ("finished", "crashed"), name
+
+    for name in PROGRAMS:
+        asyncio.run(check(name))
