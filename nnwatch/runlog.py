@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema, sums_measured
+from nnwatch.summary import RunSummary, last_finite
 
 log = logging.getLogger("nnwatch")
 
@@ -309,6 +310,52 @@ class Run:
 
     def __len__(self) -> int:
         return len(self.scalars)
+
+    def summary(self) -> RunSummary:
+        """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
+        findings = [
+            {k: e.get(k) for k in ("kind", "severity", "step", "summary", "remedy")}
+            for e in self.events if e.get("type") == "finding"
+        ]
+        return RunSummary(
+            name=self.meta.name, status=self.status, steps=len(self),
+            loss=last_finite(self.scalars["loss"]) if len(self) else None,
+            grad_norm=last_finite(self.scalars["grad_norm"]) if len(self) else None,
+            run_dir=str(self.run_dir), findings=findings,
+        )
+
+    def __repr__(self) -> str:
+        return self.summary().text()
+
+    def _repr_html_(self) -> str:
+        return self.summary().html()
+
+    def plot(self, metrics: tuple[str, ...] = ("loss", "grad_norm"), ax: Any = None) -> Any:
+        """The run's series with matplotlib (installed separately), one panel per metric.
+
+        Unmeasured steps (NaN) are gaps; the grad norm is on a log axis. Returns the figure.
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:
+            raise RuntimeError("run.plot() needs matplotlib: pip install matplotlib") from exc
+        if ax is None:
+            fig, axes = plt.subplots(len(metrics), 1, sharex=True, squeeze=False,
+                                     figsize=(8, 2.2 * len(metrics)))
+            axes = list(axes[:, 0])
+        else:
+            axes = list(ax) if isinstance(ax, (list, tuple)) else [ax]
+            fig = axes[0].figure
+        for a, name in zip(axes, metrics, strict=False):
+            values = self[name]
+            values = values[:, 0] if values.ndim == 2 else values
+            a.plot(self.steps, values, lw=0.8)
+            a.set_ylabel(name)
+            if name.startswith("grad_norm"):
+                a.set_yscale("log")
+        axes[-1].set_xlabel("step")
+        fig.suptitle(f"{self.meta.name} ({self.status})")
+        return fig
 
     @property
     def steps(self) -> np.ndarray:

@@ -46,6 +46,7 @@ from nnwatch.probe.loss_trend import HOLD, LossTrend
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.runlog import RunLogWriter
 from nnwatch.schema import HOST_FIELDS, RunMeta, RunSchema
+from nnwatch.summary import RunSummary, last_finite
 
 log = logging.getLogger("nnwatch")
 
@@ -188,6 +189,7 @@ class Watch:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
+        _take_over(model)
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -223,7 +225,7 @@ class Watch:
         self._backward_seen = False
         self._end_queued = False  # a callback waits for the end of the running backward pass
         self.batch_size = batch_size
-        self._ending: Ending | None = None  # how the training code ended, when it told us
+        self._ending_status: str | None = None  # how the run ended, once it has
         self._anomaly_left = 0
         self._anomaly_prev: bool | None = None
         self._paused = False
@@ -297,6 +299,7 @@ class Watch:
             return
         self._attach_hooks()
         self._sysmon.start()
+        _LIVE[model] = self
         self._atexit = weakref.WeakMethod(self._close_at_exit)
         atexit.register(_close_at_exit, self._atexit)
         print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
@@ -1020,6 +1023,7 @@ class Watch:
             return
         ending = status if isinstance(status, Ending) else Ending(str(status))
         status = ending.status
+        self._ending_status = status
         self.closed = True
         if status != "finished":
             self.log_event({"type": "run_ended", "step": self.step_index, **ending.to_dict()})
@@ -1051,6 +1055,29 @@ class Watch:
     def __enter__(self) -> Watch:
         return self
 
+    # ------------------------------------------------------------------------------------------
+    # notebooks and REPLs
+    def summary(self) -> RunSummary:
+        """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
+        rows = self.recent_records()
+        names = rows.dtype.names or () if len(rows) else ()
+        status = "running" if not self.closed else (self._ending_status or "finished")
+        if self.disabled and not self.closed:
+            status = f"off ({self.disabled})"
+        return RunSummary(
+            name=self.name, status=status, steps=self.step_index - self.start_step,
+            loss=last_finite(rows["loss"]) if "loss" in names else None,
+            grad_norm=last_finite(rows["grad_norm"]) if "grad_norm" in names else None,
+            run_dir=str(self.run_dir),
+            findings=[f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in self.findings],
+        )
+
+    def __repr__(self) -> str:
+        return self.summary().text()
+
+    def _repr_html_(self) -> str:
+        return self.summary().html()
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         ending = from_exception(exc_type, exc)
         if ending.status == "crashed" and exc_type is not None and not issubclass(exc_type, SystemExit):
@@ -1060,6 +1087,35 @@ class Watch:
     def _close_at_exit(self) -> None:
         """The interpreter is exiting with the run still open: end it as the program ended."""
         self.close(OBSERVER.final())
+
+
+#: The open watch of each model: watching a model again (a re-run notebook cell) ends the earlier
+#: watch first, so hooks never stack and each model reports into one run.
+_LIVE: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
+
+
+def _take_over(model: nn.Module) -> None:
+    """Close the earlier, still open watch of ``model``, saying so.
+
+    It ended as "interrupted" when Ctrl-C stopped it in the middle of a step (what a notebook's
+    interrupted cell leaves behind: IPython keeps that exception in ``sys.last_type``), else as
+    finished.
+    """
+    earlier = _LIVE.get(model)
+    if earlier is None or earlier.closed:
+        return
+    last = getattr(sys, "last_type", None)
+    mid_step = earlier._step_open or earlier._backward_seen
+    if mid_step and isinstance(last, type) and issubclass(last, KeyboardInterrupt):
+        ending = Ending("interrupted", "KeyboardInterrupt (Ctrl-C) in the middle of a step")
+    else:
+        ending = Ending("finished", "a new watch of the same model took over")
+    print(
+        f"nnwatch: {model.__class__.__name__} was already watched ({earlier.name} -> "
+        f"{earlier.run_dir}); that run ends as {ending.status}, the new watch takes over",
+        file=sys.stderr,
+    )
+    earlier.close(ending)
 
 
 def _close_at_exit(ref: weakref.WeakMethod[Any]) -> None:
