@@ -1,4 +1,5 @@
-"""``nnwatch check module:factory``: the pre-flight checklist as one command.
+"""``nnwatch check module:factory``: the pre-flight checklist as one command;
+``nnwatch check RUN_DIR``: the detectors over a recorded run (exit 1 on an error-level finding).
 
 The factory takes no arguments and returns ``{"model", "loss_fn", "batch"}`` plus, optionally,
 ``num_classes``, ``loader``, ``decode`` and ``optimizer`` (the user's, to reproduce its class,
@@ -33,8 +34,9 @@ class FactoryError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target",
-        metavar="MODULE:FACTORY",
-        help="a zero-argument function returning {'model', 'loss_fn', 'batch', ...}",
+        metavar="MODULE:FACTORY | RUN_DIR",
+        help="a zero-argument function returning {'model', 'loss_fn', 'batch', ...}, or the "
+        "directory of a recorded run to diagnose",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed for every check (default 0)")
@@ -154,8 +156,44 @@ def _validate(made: Any, target: str) -> dict[str, Any]:
     return made
 
 
+def diagnose_recorded(path: str, as_json: bool) -> int:
+    """Run every detector over a recorded run's log and print the findings."""
+    from nnwatch.diagnosis import diagnose_run
+    from nnwatch.runlog import load_run
+
+    try:
+        run = load_run(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable run is reported in plain words
+        print(
+            f"nnwatch check: error: {path} is not a readable nnwatch run ({exc}); pass the "
+            "directory `nnwatch ls` shows for the run",
+            file=sys.stderr,
+        )
+        return 2
+    findings = diagnose_run(run)
+    bad = [f for f in findings if f.severity in ("error", "critical")]
+    if as_json:
+        report = {
+            "run": str(path),
+            "steps": len(run.scalars),
+            "findings": [f.to_dict() for f in findings],
+            "errors": len(bad),
+        }
+        print(json.dumps(report, allow_nan=False))
+    elif not findings:
+        print(f"{path}: {len(run.scalars)} steps, no problem found")
+    else:
+        print(f"{path}: {len(run.scalars)} steps, {len(findings)} finding(s)")
+        for f in findings:
+            print(f"[{f.severity}] {f.message}")
+    return 1 if bad else 0
+
+
 def run(args: argparse.Namespace) -> int:
     from nnwatch.checks import CHECK_NAMES, run_all
+
+    if ":" not in args.target and os.path.isdir(args.target):
+        return diagnose_recorded(args.target, args.json)
 
     bad = [s for s in args.skip if s not in CHECK_NAMES]
     if bad:

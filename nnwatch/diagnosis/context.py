@@ -107,7 +107,9 @@ class RunContext:
     @classmethod
     def from_watch(cls, w: Any) -> RunContext:
         base = cls.from_meta(w.meta)
-        modules = dict(w.model.named_modules())
+        from nnwatch.probe.layers import strip_wrapper_prefixes  # the names the probe recorded
+
+        modules = {strip_wrapper_prefixes(n, w.model): m for n, m in w.model.named_modules()}
         root = type(w.model).__name__
         kinds = []
         for name in base.param_layer_names:
@@ -149,10 +151,13 @@ class RunContext:
 
 def _unwatched_before(model: Any, layer_names: tuple[str, ...]) -> dict[int, tuple[str, ...]]:
     """Leaf modules without hooks that sit (in registration order) just before each watched layer."""
+    from nnwatch.probe.layers import strip_wrapper_prefixes  # the names the probe recorded
+
     watched = {n: i for i, n in enumerate(layer_names)}
     out: dict[int, tuple[str, ...]] = {}
     pending: list[str] = []
-    for name, mod in model.named_modules():
+    for raw, mod in model.named_modules():
+        name = strip_wrapper_prefixes(raw, model)
         if not name:
             continue
         if name in watched:

@@ -24,6 +24,11 @@ KINDS: tuple[str, ...] = (
     "bad_initial_loss",
     "amp_scale_collapse",
     "oscillating_loss",
+    "loss_diverging",
+    "loss_spike",
+    "clipping_misuse",
+    "saturated_activation",
+    "zero_gradient_layer",
     "snapshot_failed",
 )
 

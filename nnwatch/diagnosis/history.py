@@ -202,3 +202,20 @@ class RunHistory:
         h = len(v) // 2
         a, b = median(v[:h]), median(v[h:])
         return (a - b) / abs(a) if a != 0 else math.nan
+
+
+def kendall_tau(values: list[float]) -> float:
+    """Kendall's tau of ``values`` against time: +1 always rising, -1 always falling, ~0 no trend.
+
+    A rank statistic: one huge spike moves it no more than a small one, which is what a robust
+    trend test needs. O(n^2), so only for the short windows detectors use (n <= ~24).
+    """
+    n = len(values)
+    if n < 3:
+        return math.nan
+    s = 0
+    for i in range(n - 1):
+        a = values[i]
+        for b in values[i + 1 :]:
+            s += (b > a) - (b < a)
+    return s / (n * (n - 1) / 2)

@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.detectors import ALL_DETECTORS, Detector, NanOrInfDetector
+from nnwatch.diagnosis.detectors import (
+    ALL_DETECTORS,
+    Detector,
+    LossDivergingDetector,
+    NanOrInfDetector,
+)
 from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
@@ -45,11 +50,17 @@ class Pipeline:
                 self.detectors.remove(det)
                 log.error("nnwatch: the %s detector failed and was switched off: %r", det.kind, exc)
                 continue
-            if f is not None:
+            if f is not None and not self._outranked(f):
                 out.append(f)
         self.history.push(row)
         self.last_step = row.step
         return out
+
+    def _outranked(self, f: Finding) -> bool:
+        """A loss that swings while it diverges is diverging: no oscillation finding on top."""
+        if f.kind != "oscillating_loss":
+            return False
+        return any(isinstance(d, LossDivergingDetector) and d.active for d in self.detectors)
 
     def nan_detector(self) -> NanOrInfDetector | None:
         return next((d for d in self.detectors if isinstance(d, NanOrInfDetector)), None)

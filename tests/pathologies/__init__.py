@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from . import (
     amp,
+    clipping,
     dead,
+    diverging,
     exploding,
     healthy,
+    healthy_more,
     initial_loss,
     nonfinite,
     oscillating,
+    spikes,
     stalled,
     vanishing,
+    zero_grad,
 )
 from .common import Case
 from .scoring import CaseOutcome, run_case, score
@@ -30,8 +35,12 @@ SICK_CASES: list[Case] = [
     *initial_loss.CASES,
     *amp.CASES,
     *oscillating.CASES,
+    *diverging.CASES,
+    *spikes.CASES,
+    *clipping.CASES,
+    *zero_grad.CASES,
 ]
-HEALTHY_CASES: list[Case] = list(healthy.CASES)
+HEALTHY_CASES: list[Case] = [*healthy.CASES, *healthy_more.CASES]
 CASES: list[Case] = [*SICK_CASES, *HEALTHY_CASES]
 
 __all__ = ["CASES", "HEALTHY_CASES", "SICK_CASES", "Case", "CaseOutcome", "run_case", "score"]

@@ -136,12 +136,4 @@ CASES = [
         adam_lr_jump,
         onset=SPIKE,
     ),
-    Case(
-        "dead_relu_functional",
-        "dead_relu",
-        "torch.relu in forward (unhookable), bias at -20",
-        functional_relu,
-        onset=0,
-        layer="fc1",
-    ),
 ]

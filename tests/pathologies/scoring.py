@@ -55,8 +55,8 @@ class CaseOutcome:
 
     @property
     def false_alarms(self) -> list[Finding]:
-        if self.case.expect is None:
-            return self.scored
+        if self.case.expect is None:  # info findings are notes, not alarms
+            return [f for f in self.scored if f.severity != "info"]
         if self.onset is None:
             return []
         return [f for f in self.scored if f.step < self.onset]

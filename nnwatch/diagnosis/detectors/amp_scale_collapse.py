@@ -14,7 +14,7 @@ import math
 from collections import deque
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory
@@ -83,8 +83,8 @@ class AmpScaleCollapseDetector(Detector):
         )
         remedy = (
             "find the op that overflows (`nnwatch replay SNAPSHOT --anomaly`) and run it in float32 "
-            "(torch.autocast(..., enabled=False) around softmax/exp/norms/the loss), lower the LR "
-            f"(now {lr_text(row)}), clip gradients after scaler.unscale_(optimizer), or train in bf16"
+            "(torch.autocast(..., enabled=False) around softmax/exp/norms/the loss), lower the LR"
+            f"{lr_now(row)}, clip gradients after scaler.unscale_(optimizer), or train in bf16"
         )
         return Finding(
             kind=self.kind,

@@ -7,6 +7,7 @@ data: a NaN means "not measured" and is skipped, not reported.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from nnwatch.diagnosis.context import RunContext
@@ -28,7 +29,9 @@ class Detector:
         raise NotImplementedError
 
 
-def lr_text(row: Row) -> str:
+def lr_now(row: Row) -> str:
+    """`` (now 0.1)`` when the run's LR is known, else nothing: a remedy never cites an unknown LR."""
     from nnwatch.diagnosis.finding import fmt
 
-    return fmt(row.lr0) if row.lr.size else "unknown"
+    lr = row.lr0
+    return f" (now {fmt(lr)})" if math.isfinite(lr) else ""

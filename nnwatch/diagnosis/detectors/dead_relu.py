@@ -7,8 +7,11 @@ outright. At 90% one sampled step is enough; the 70% rule needs two sampled step
 are sampled every few steps, so two cheaper signals cover the steps in between:
 
 * a rectifier's output sum is exactly 0.0 only when every output is zero (fully dead layer);
-* a parameter-owning layer whose gradient is exactly 0.0 while others still get gradients feeds
-  units that are all dead, even when the ReLU is a function call that nnwatch cannot hook.
+* a parameter-owning layer whose gradient is exactly 0.0 while others still get gradients, and
+  whose output goes straight into a ReLU-family module, feeds units that are all dead; the finding
+  names that ReLU. A finding of this kind only ever names a ReLU-family layer: a zero gradient
+  with no rectifier after it (an LSTM, a Linear, a functional relu nnwatch cannot see) is
+  ``zero_gradient_layer``'s, which names it for what it is.
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ FULLY_DEAD_STEPS = 3
 ZERO_GRAD_STEPS = 3
 RELEASE_SAMPLES = 2
 RELEASE_STEPS = 20
-SATURATING_KINDS = frozenset(
-    {"Tanh", "Sigmoid", "Hardtanh", "Hardsigmoid", "Softsign", "LogSigmoid"}
-)
 
 
 class DeadReluDetector(Detector):
@@ -54,10 +54,8 @@ class DeadReluDetector(Detector):
         self.sampled_ep = EpisodeArray(L, confirm=1, release=RELEASE_SAMPLES)
         self.sum_ep = EpisodeArray(L, confirm=FULLY_DEAD_STEPS, release=RELEASE_STEPS)
         self.grad_ep = EpisodeArray(P, confirm=ZERO_GRAD_STEPS, release=RELEASE_STEPS)
-        kinds_set = set(kinds)
-        # Saturated tanh/sigmoid units also pass exactly zero gradient; without rectifier modules
-        # in the model, a zero-gradient layer says "saturated", not "dead ReLU".
-        self.grad_rule = bool(kinds_set & RECTIFIER_KINDS) or not (kinds_set & SATURATING_KINDS)
+        self.feeds = feeds_rectifier(ctx)
+        self.grad_rule = bool((self.feeds >= 0).any())
         self.sparse_param = np.array(
             [k in ("Embedding", "EmbeddingBag") for k in ctx.param_layer_kinds], dtype=bool
         )
@@ -89,7 +87,7 @@ class DeadReluDetector(Detector):
         if self.grad_rule and gl.size and math.isfinite(row.grad_norm) and row.grad_norm > 0:
             zero = gl == 0.0
             if zero.any() or self.grad_ep._busy:
-                seen = np.isfinite(gl) & ~self.sparse_param
+                seen = np.isfinite(gl) & ~self.sparse_param & (self.feeds >= 0)
                 new_grad = self.grad_ep.update(zero & seen, row.step, observed=seen)
         if new_sampled is None and new_sum is None and new_grad is None and not self.reported.any():
             return None  # the usual step: nothing seen, nothing open
@@ -140,13 +138,20 @@ class DeadReluDetector(Detector):
             assert new_grad is not None
             j = int(next(k for k in ctx.param_order if new_grad[k]))
             fully = True
-            layer = ctx.param_layer_names[j]
+            i = int(self.feeds[j])
+            layer = ctx.layer_names[i]
             evidence.update(
-                {"param_layer_index": j, "grad_norm_of_layer": 0.0, "grad_norm": row.grad_norm}
+                {
+                    "param_layer_index": j,
+                    "layer_index": i,
+                    "grad_norm_of_layer": 0.0,
+                    "grad_norm": row.grad_norm,
+                }
             )
             summary = (
-                f"{ctx.param_label(j)} has received exactly zero gradient for {ZERO_GRAD_STEPS} steps "
-                "while other layers still learn: every unit it feeds is inactive (dead ReLU)."
+                f"{ctx.layer_label(i)} passes no gradient: {ctx.param_label(j)}, which feeds it, has "
+                f"received exactly zero gradient for {ZERO_GRAD_STEPS} steps while other layers "
+                "still learn, so every unit of the ReLU is inactive."
             )
         summary += " Dead units pass no gradient, so they never recover on their own."
         remedy = (
@@ -169,3 +174,22 @@ def _union(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
     if a is None:
         return b if b is not None else np.zeros(0, dtype=bool)
     return a if b is None else (a | b)
+
+
+def feeds_rectifier(ctx: RunContext) -> np.ndarray:
+    """For each parameter-owning layer: the watched ReLU-family layer its output goes into next
+    (only parameter-free layers such as Dropout in between), or -1."""
+    out = np.full(ctx.num_param_layers, -1, dtype=np.int64)
+    pos = {n: i for i, n in enumerate(ctx.layer_names)}
+    owners = set(ctx.param_layer_names)
+    for j, name in enumerate(ctx.param_layer_names):
+        i = pos.get(name)
+        if i is None:
+            continue
+        for k in range(i + 1, ctx.num_layers):
+            if ctx.layer_kinds[k] in RECTIFIER_KINDS:
+                out[j] = k
+                break
+            if ctx.layer_names[k] in owners or ctx.layer_names[k].startswith(name + "."):
+                break
+    return out

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import Ring, RunHistory, median, median_sigma
 from nnwatch.diagnosis.row import Row
@@ -207,13 +207,13 @@ class ExplodingGradientsDetector(Detector):
         if clipped:
             remedy = (
                 f"clipping at {fmt(row.clip_threshold)} bounds each update, but the gradients keep "
-                f"growing: lower the LR (now {lr_text(row)}) by 3-10x"
+                f"growing: lower the LR{lr_now(row)} by 3-10x"
             )
         else:
             remedy = (
                 f"clip gradients at {fmt(clip)} (about 2x this run's usual norm: "
-                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)})) and lower the LR "
-                f"(now {lr_text(row)}) by 3-10x"
+                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)})) and lower the LR"
+                f"{lr_now(row)} by 3-10x"
             )
         return Finding(
             kind=self.kind,

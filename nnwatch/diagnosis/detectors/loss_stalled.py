@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
-from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
@@ -153,16 +153,23 @@ class LossStalledDetector(Detector):
                 f"each update changes the weights by about {fmt(self.update_ratio)} of their norm "
                 f"(healthy is around 1e-3) and the loss has not moved from {fmt(start)}{chance}."
             )
-            remedy = f"raise the LR (now {lr_text(row)}) by 100x or more, or run an LR range test"
+            remedy = f"raise the LR{lr_now(row)} by 100x or more, or run an LR range test"
         else:
             summary = (
                 f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
                 f"{fmt(100 * prog)}% progress) and shows no downward trend."
             )
             remedy = (
-                f"raise the LR (now {lr_text(row)}); check that the optimizer was given "
+                f"raise the LR{lr_now(row)}; check that the optimizer was given "
                 "model.parameters(), that inputs and labels line up and that the inputs are normalized; "
                 "try to overfit one batch"
+            )
+        if row.clip_threshold == 0.0:
+            # the evidence says why before any other cause: the user's clip zeroes every gradient
+            evidence["clip_threshold"] = 0.0
+            remedy = (
+                "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
+                "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
             )
         evidence["cause_code"] = ("no_grad", "zero_lr", "tiny_update", "flat").index(cause)
         return Finding(

@@ -29,6 +29,8 @@ RELEASE_STEPS = 50
 #: A gradient norm this many times its usual value just before the NaN means the NaN came from
 #: an explosion, not from an invalid operation.
 EXPLOSION_FACTOR = 10.0
+#: A last finite loss this many times above where the run started: the NaN ends a divergence.
+DIVERGED_FACTOR = 10.0
 
 
 class NanOrInfDetector(Detector):
@@ -101,6 +103,12 @@ class NanOrInfDetector(Detector):
         last = hist.log_grad.last()
         growth = 10 ** (last - usual) if math.isfinite(last) and math.isfinite(usual) else math.nan
         exploded = math.isfinite(growth) and growth >= EXPLOSION_FACTOR
+        start, before = hist.start_loss, hist.loss.last()
+        diverged = (
+            math.isfinite(start)
+            and math.isfinite(before)
+            and before - start > DIVERGED_FACTOR * max(abs(start), 1e-12)
+        )
         evidence: dict[str, float] = {
             "loss": loss,
             "grad_norm": grad_norm,
@@ -109,6 +117,8 @@ class NanOrInfDetector(Detector):
             "nonfinite_grad_layers": n_bad_grad,
             "grad_norm_growth_before": growth,
             "from_guard": 1.0 if source == "guard" else 0.0,
+            "loss_at_start": start,
+            "last_finite_loss": before,
         }
         where: list[str] = []
         suspects = (ctx.unwatched_before or {}).get(fwd, ()) if fwd is not None else ()
@@ -135,7 +145,13 @@ class NanOrInfDetector(Detector):
             if fwd is not None
             else (ctx.param_layer_names[bwd] if bwd is not None else None)
         )
-        if exploded:
+        if diverged:
+            remedy = (
+                f"the loss had already climbed from {fmt(start)} to {fmt(before)} before the "
+                "NaN/Inf: the run diverged and the values overflowed; lower the LR by 10x and clip "
+                "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))"
+            )
+        elif exploded:
             remedy = (
                 f"the gradient norm was {fmt(growth)}x its usual value just before: clip gradients at "
                 f"{fmt(2 * 10**usual)} (about 2x the usual norm) and lower the LR"

@@ -17,6 +17,9 @@ needs all three of:
   stationary noise passes it about once in 10^4 windows). In the first steps of a run, before there is any
   history, the bar is a clear zig-zag instead: autocorrelation below -0.5 and swings of 15%.
 
+A loss that swings while it climbs (Kendall's tau of its last 48 values at least 0.3) is not
+oscillating but diverging, and is left to ``loss_diverging``.
+
 Two windows in a row must agree (confirmation), and the episode ends after 24 calm steps.
 """
 
@@ -28,10 +31,17 @@ from collections import deque
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.detectors.base import Detector, lr_text
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.finding import Finding, fmt
-from nnwatch.diagnosis.history import Ring, RunHistory, lag1_autocorr, median, quantile
+from nnwatch.diagnosis.history import (
+    Ring,
+    RunHistory,
+    kendall_tau,
+    lag1_autocorr,
+    median,
+    quantile,
+)
 from nnwatch.diagnosis.row import Row
 
 WINDOW = 24
@@ -49,6 +59,8 @@ BIG_CHANGES = 7  # of the last SWING_WINDOW changes, above the run's 90th percen
 LEVEL_FLOOR = 0.1  # the loss level counts as at least 10% of where the run started
 SWING_WINDOW = 12  # the swing is measured on the newest changes, to react within ~8 steps
 MONOTONE = 0.5  # net change above this share of the total up-and-down movement is a trend
+RISING_N = 48  # a loss whose last 48 values trend up (Kendall's tau) is diverging, not oscillating
+RISING_TAU = 0.3
 
 
 class OscillatingLossDetector(Detector):
@@ -115,6 +127,8 @@ class OscillatingLossDetector(Detector):
             big = sum(1 for x in newest if x > q90)
             worse = newer >= self.level_before  # an LR past the valley's walls loses ground
             hit = rel >= MIN_SWING and swing >= SWING_FACTOR * base and big >= BIG_CHANGES and worse
+            if hit and kendall_tau(self.losses.values(RISING_N).tolist()) >= RISING_TAU:
+                hit = False  # it swings while it climbs: that is loss_diverging's to report
         else:
             r1 = lag1_autocorr(np.asarray(win))
             hit = rel >= NEW_RUN_SWING and math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
@@ -146,7 +160,7 @@ class OscillatingLossDetector(Detector):
             f"({fmt(100 * rel)}% of its level {fmt(level)}), {how}, with no net progress."
         )
         remedy = (
-            f"lower the LR (now {lr_text(row)}) by 3-10x, or add LR decay/warmup; lower the momentum "
+            f"lower the LR{lr_now(row)} by 3-10x, or add LR decay/warmup; lower the momentum "
             "if it is high; gradient clipping also damps the swings"
         )
         return Finding(

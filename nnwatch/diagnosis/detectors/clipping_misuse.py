@@ -1,0 +1,99 @@
+"""Clipping misuse: a clip threshold that stops learning instead of guarding it.
+
+With torch's ``clip_grad_norm_`` nnwatch records the true (pre-clip) norm on every step and the
+user's ``max_norm``, so two mistakes are plain to see:
+
+* ``max_norm=0``: every gradient is scaled to zero and no weight ever moves (3 steps suffice);
+* a threshold orders of magnitude below the run's norm: the clip fires on at least 95% of the last
+  50 clipped steps and divides the gradient by 100x or more (median). Every update then has the
+  length LR x max_norm whatever the gradient says; the LR the user set is not the LR they get.
+
+The run's usual norm is what the remedy suggests as a threshold (about 2x its median).
+"""
+
+from __future__ import annotations
+
+import math
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.episode import Episode
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import Ring, RunHistory, median
+from nnwatch.diagnosis.row import Row
+
+ZERO_STEPS = 3
+WINDOW = 50
+FIRES = 0.95
+FACTOR = 100.0
+
+
+class ClippingMisuseDetector(Detector):
+    kind = "clipping_misuse"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.zero = Episode(confirm=ZERO_STEPS, release=20)
+        self.over = Episode(confirm=1, release=WINDOW)
+        self.ratio = Ring(WINDOW)
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        t, g = row.clip_threshold, row.grad_norm
+        if not math.isfinite(t):
+            return None  # no clip seen this step
+        if self.zero.update(t == 0.0, row.step):
+            return self._zero(row)
+        if t <= 0.0 or not (math.isfinite(g) and g > 0):
+            return None
+        self.ratio.push(g / t)
+        if len(self.ratio) < WINDOW:
+            return None
+        r = self.ratio.values().tolist()
+        fired = sum(1 for x in r if x > 1.0) / len(r)
+        factor = median(r)
+        if not self.over.update(fired >= FIRES and factor >= FACTOR, row.step):
+            return None
+        usual = factor * t
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=(
+                f"your clip at max_norm={fmt(t)} fired on {fmt(100 * fired)}% of the last {WINDOW} "
+                f"steps and divided the gradient by {fmt(factor)}x (median; the norm is usually "
+                f"{fmt(usual)}): every update has the same length whatever the gradient says, so the "
+                "LR you set is not the step you get."
+            ),
+            remedy=(
+                f"raise max_norm to about {fmt(2 * usual)} (2x the usual norm) so that it only "
+                f"catches spikes; if you wanted smaller steps, lower the LR{lr_now(row)} instead"
+            ),
+            evidence={
+                "clip_threshold": t,
+                "fired_fraction": fired,
+                "median_norm_over_threshold": factor,
+                "usual_grad_norm": usual,
+                "lr": row.lr0,
+            },
+            onset_step=self.over.first_hit,
+        )
+
+    def _zero(self, row: Row) -> Finding:
+        g = row.grad_norm
+        return Finding(
+            kind=self.kind,
+            severity="error",
+            step=row.step,
+            summary=(
+                f"you clip gradients at max_norm=0 for {ZERO_STEPS} steps: clip_grad_norm_ scales "
+                f"every gradient to zero (the true norm is {fmt(g)}), so no weight moves."
+            ),
+            remedy=(
+                "set max_norm to a positive value, about 1.0 or 2x the usual gradient norm"
+                + (f" ({fmt(2 * g)})" if math.isfinite(g) and g > 0 else "")
+                + "; check where the threshold comes from (a config value read as 0, an int "
+                "division)"
+            ),
+            evidence={"clip_threshold": 0.0, "grad_norm": g, "lr": row.lr0},
+            onset_step=self.zero.first_hit,
+        )

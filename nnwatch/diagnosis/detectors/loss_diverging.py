@@ -1,0 +1,227 @@
+"""Loss diverging: the loss rises, and stays up, far above the level this run had reached.
+
+A diverging run is the one failure every user can see on the loss curve, and often the first
+sign: the loss turns up steps before the gradient norm overflows or a NaN appears. The rule judges
+the run against its own past, never against a fixed number:
+
+* the *base* is the median of the losses just before the newest 16 (the 48 before them), or, in
+  the first 64 steps, the lower of that and the run's first losses (a run that diverges from
+  step 0 has no healthy stretch to compare with);
+* the *unit* of rise is the larger of |base| and 6x the base stretch's own step-to-step noise
+  (MAD-based), so that a noisy loss has to rise by more than its noise and a loss near zero is
+  judged on its noise, not on a ratio;
+* a step is a hit when the median of the last 5 losses is at least one unit above the base
+  (doubled, for a positive loss), 4 of those 5 are at least half a unit above it (sustained, not a
+  spike: that is ``loss_spike``), and the rise is either a trend (Kendall's tau of the last 12
+  losses at least 0.4) or far above the base (3 units: a loss that leapt and now sits flat up there,
+  like an LSTM at an absurd LR, or a run stuck far above its healthy level);
+* a slow climb, which the base stretch follows up, is judged against the best level the run
+  reached instead (the lowest median of 16 consecutive losses): the median of the last 16 at
+  least one unit above it (with 3 sigma of the noise there), trending up (tau of the last 24 at
+  least 0.3) or 3 units above;
+* a unit is never less than a quarter of what the run has learned (start minus base), so that a
+  converged loss that bumps up (a restart of a cosine schedule) is not a divergence;
+* in the first 12 losses there is little history, so only a ten-fold runaway counts (the last
+  three losses at least 10x the first loss, or 9 units above it).
+
+One finding per episode; it ends after 50 steps back near the base. ``oscillating_loss`` defers to
+this: a loss that swings while it climbs is diverging.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.episode import Episode
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import (
+    MAD_TO_SIGMA,
+    Ring,
+    RunHistory,
+    kendall_tau,
+    median,
+)
+from nnwatch.diagnosis.row import Row
+
+WINDOW = 16  # the newest losses, judged against the stretch before them
+REF = 48  # losses in the base stretch
+EARLY = 64  # within this many losses the run's first losses also bound the base
+LAST = 5
+TREND_N = 12
+TREND_TAU = 0.4
+NOISE_UNITS = 6.0
+FAR = 3.0
+EARLY_N = 12
+EARLY_FAR = 9.0
+RELEASE = 50
+SLOW_NOISE_UNITS = 3.0  # the median of 16 is steadier than one loss
+SLOW_TREND_N = 24
+SLOW_TREND_TAU = 0.3
+
+
+def noise_sigma(ref: list[float]) -> float:
+    """Step-to-step noise of a stretch of losses (MAD of the differences, as one loss's sigma)."""
+    diffs = [b - a for a, b in zip(ref[:-1], ref[1:], strict=True)]
+    if len(diffs) < 3:
+        return 0.0
+    med = median(diffs)
+    return MAD_TO_SIGMA * median([abs(d - med) for d in diffs]) / math.sqrt(2.0)
+
+
+def rise_unit(base: float, noise: float, start: float, noise_units: float = NOISE_UNITS) -> float:
+    """One unit of rise above ``base``: |base|, the stretch's noise, or a quarter of the progress
+    the run made from its start (a bump of a converged loss is small next to what it learned)."""
+    progress = 0.25 * (start - base) if math.isfinite(start) and start > base else 0.0
+    return max(abs(base), noise_units * noise, progress, 1e-12)
+
+
+class LossDivergingDetector(Detector):
+    kind = "loss_diverging"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.losses = Ring(REF + WINDOW)
+        self.steps = Ring(REF + WINDOW)
+        self.first: list[float] = []
+        self.seen = 0
+        self.episode = Episode(confirm=1, release=RELEASE)
+        self.frozen: tuple[float, float] | None = None
+        self.best = math.inf
+        self.best_noise = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.episode.active
+
+    def base_and_unit(self) -> tuple[float, float]:
+        """The level the run was at before the newest losses, and one unit of rise above it."""
+        if self.frozen is not None:
+            return self.frozen
+        v = self.losses.values().tolist()
+        ref = v[:-WINDOW] if len(v) > WINDOW + 8 else self.first[:LAST]
+        start = median(self.first[:LAST])
+        base = median(ref)
+        if self.seen <= EARLY:
+            base = min(base, start)
+        return base, rise_unit(base, noise_sigma(ref), start)
+
+    def _track_best(self, v: list[float]) -> None:
+        """The lowest median of 16 consecutive losses so far, and the noise around it."""
+        if len(v) < WINDOW:
+            return
+        m = median(v[-WINDOW:])
+        if m < self.best:
+            self.best = m
+            self.best_noise = noise_sigma(v[-WINDOW:])
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        loss = row.loss
+        if not math.isfinite(loss):
+            return None  # a NaN is nan_or_inf's; an unlogged loss says nothing
+        self.seen += 1
+        if len(self.first) < LAST:
+            self.first.append(loss)
+        self.losses.push(loss)
+        self.steps.push(row.step)
+        if self.seen < 4:
+            return None
+        base, unit = self.base_and_unit()
+        v = self.losses.values().tolist()
+        self._track_best(v)
+        last = v[-LAST:]
+        level = median(last)
+        rise = (level - base) / unit
+        tau = math.nan
+        if self.seen < EARLY_N:
+            # little history: only a runaway from the very first loss counts
+            base = self.first[0]
+            unit = max(abs(base), 1e-12)
+            hit = all((x - base) / unit >= EARLY_FAR for x in v[-3:])
+            level = median(v[-3:])
+        elif rise < 1.0:
+            hit = False
+        else:
+            sustained = sum(1 for x in last if x - base >= 0.5 * unit) >= LAST - 1
+            tau = kendall_tau(v[-TREND_N:])
+            hit = sustained and (rise >= FAR or tau >= TREND_TAU)
+        if not hit and self.seen >= EARLY_N and math.isfinite(self.best):
+            # a slow climb, which the stretch just before follows up: against the best level
+            start = median(self.first[:LAST])
+            b_unit = rise_unit(self.best, self.best_noise, start, SLOW_NOISE_UNITS)
+            slow = median(v[-WINDOW:])
+            if slow - self.best >= b_unit and level - self.best >= b_unit:
+                t = kendall_tau(v[-SLOW_TREND_N:])
+                if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
+                    hit, base, unit, tau = True, self.best, b_unit, t
+        was = self.episode.active
+        opened = self.episode.update(hit, row.step)
+        if self.episode.active and not was:
+            self.frozen = (base, unit)
+        elif not self.episode.active:
+            self.frozen = None
+        if not opened:
+            return None
+        if math.isnan(tau):
+            tau = kendall_tau(v[-TREND_N:])
+        return self._finding(row, hist, base, unit, level, tau)
+
+    def _onset(self, base: float, unit: float) -> int:
+        """The first step of the current climb: where the loss last sat within half a unit of base."""
+        v = self.losses.values().tolist()
+        s = self.steps.values().tolist()
+        onset = int(s[-1])
+        for x, st in zip(reversed(v), reversed(s), strict=True):
+            if x - base < 0.5 * unit:
+                break
+            onset = int(st)
+        return onset
+
+    def _finding(
+        self, row: Row, hist: RunHistory, base: float, unit: float, level: float, tau: float
+    ) -> Finding:
+        onset = self._onset(base, unit)
+        times = level / base if base > 0 else math.nan
+        evidence: dict[str, float] = {
+            "loss_now": level,
+            "loss_before": base,
+            "times_before": times,
+            "rise_in_units": (level - base) / unit,
+            "trend_tau": tau,
+            "best_loss": hist.best_loss,
+            "loss_at_start": hist.start_loss,
+            "lr": row.lr0,
+            "grad_norm": row.grad_norm,
+            "clip_threshold": row.clip_threshold,
+        }
+        how = f"{fmt(times)}x" if math.isfinite(times) and times > 0 else f"+{fmt(level - base)}"
+        shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"
+        summary = (
+            f"the loss rose from {fmt(base)} to {fmt(level)} ({how}) since step {onset} {shape}"
+        )
+        k = self.ctx.num_classes
+        if k and k > 1 and level > math.log(k) * 1.2:
+            summary += f"; it is worse than chance (ln({k}) = {fmt(math.log(k))})"
+        summary += "."
+        steps: list[str] = [f"lower the LR{lr_now(row)} by 10x (the usual cause)"]
+        if math.isfinite(row.clip_threshold):
+            steps.append(
+                f"your clip at max_norm={fmt(row.clip_threshold)} did not stop it: the LR is what is too large"
+            )
+        else:
+            steps.append("clip gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))")
+        steps.append(
+            f"look at the batches around step {onset} for outliers or bad labels "
+            "(press s for a snapshot)"
+        )
+        remedy = "in this order: " + "; ".join(f"{i}) {s}" for i, s in enumerate(steps, 1))
+        return Finding(
+            kind=self.kind,
+            severity="error",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            evidence=evidence,
+            onset_step=onset,
+        )

@@ -1,0 +1,111 @@
+"""Loss spike: one loss far above the run's level that the run recovers from (unlike divergence).
+
+A single bad batch (a corrupt sample, labels off by a unit) or one step the LR made too large
+shows as one isolated jump. The run usually recovers, but the user wants to know which batch it
+was, and a spike that keeps recurring is the start of worse. A loss counts as a spike when it is
+at least two units above the median of the 32 losses before it, a unit being the larger of the
+level itself, 8x the stretch's own step-to-step noise, and a quarter of what the run has learned
+(``loss_diverging.rise_unit``); it is reported once the median of the next 3 losses is back
+within half a unit of the level, so a jump that stays up is left to ``loss_diverging``. Spikes
+closer than 50 steps to the last one reported are counted, not reported again.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
+from nnwatch.diagnosis.finding import Finding, fmt
+from nnwatch.diagnosis.history import Ring, RunHistory, median
+from nnwatch.diagnosis.row import Row
+
+REF = 32
+MIN_REF = 16
+NOISE_UNITS = 8.0
+SPIKE_UNITS = 2.0
+RECOVER = 3  # losses after the spike whose median must be back near the level
+MIN_GAP = 50
+
+
+class LossSpikeDetector(Detector):
+    kind = "loss_spike"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.ref = Ring(REF)
+        self.first: list[float] = []
+        self.pending: tuple[int, float, float, float] | None = None  # step, loss, base, unit
+        self.after: list[float] = []
+        self.last_report = -(10**9)
+        self.count = 0
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        loss = row.loss
+        if not math.isfinite(loss):
+            self.pending = None
+            return None
+        if len(self.first) < 5:
+            self.first.append(loss)
+        out = None
+        if self.pending is not None:
+            self.after.append(loss)
+            if len(self.after) >= RECOVER:
+                step, peak, base, unit = self.pending
+                self.pending = None
+                if median(self.after) - base <= 0.5 * unit:
+                    out = self._report(row, step, peak, base, unit)
+            return out  # the spike and the steps after it stay out of the reference stretch
+        if len(self.ref) >= MIN_REF:
+            ref = self.ref.values().tolist()
+            base = median(ref)
+            unit = rise_unit(base, noise_sigma(ref), median(self.first), NOISE_UNITS)
+            if loss - base >= SPIKE_UNITS * unit:
+                self.pending = (row.step, loss, base, unit)
+                self.after = []
+                return None
+        self.ref.push(loss)
+        return None
+
+    def _report(self, row: Row, step: int, peak: float, base: float, unit: float) -> Finding | None:
+        self.count += 1
+        if step - self.last_report < MIN_GAP:
+            return None
+        self.last_report = step
+        times = peak / base if base > 0 else math.nan
+        how = f" ({fmt(times)}x)" if math.isfinite(times) else ""
+        evidence = {
+            "spike_loss": peak,
+            "loss_before": base,
+            "times_before": times,
+            "rise_in_units": (peak - base) / unit,
+            "recovered_after_steps": RECOVER,
+            "spikes_so_far": self.count,
+            "lr": row.lr0,
+            "clip_threshold": row.clip_threshold,
+        }
+        summary = (
+            f"the loss jumped from {fmt(base)} to {fmt(peak)}{how} at step {step} and came back "
+            f"within {RECOVER} steps"
+            + (f" (spike {self.count} in this run)" if self.count > 1 else "")
+            + "."
+        )
+        remedy = (
+            f"check first the batch of step {step} (an outlier, a corrupt sample, wrong labels); "
+            f"if spikes recur, lower the LR{lr_now(row)} or clip gradients"
+            + (
+                f" (your clip is at max_norm={fmt(row.clip_threshold)})"
+                if math.isfinite(row.clip_threshold)
+                else ""
+            )
+        )
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            evidence=evidence,
+            onset_step=step,
+        )

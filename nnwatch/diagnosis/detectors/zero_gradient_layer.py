@@ -1,0 +1,117 @@
+"""A layer that learns nothing while the rest of the model learns: zero or no gradient, named for what it is.
+
+Two signals the probe records on every measured step, per parameter-owning layer:
+
+* exactly 0.0: backward reaches the layer but everything it feeds passes no gradient back (a
+  functional relu or clamp with every unit inactive, an output multiplied by zero or masked out,
+  saturated gates). When the layer feeds a ReLU-family module, ``dead_relu`` reports the ReLU;
+* NaN ("absent") on a step whose other layers have a gradient: backward never reaches the layer
+  (it is not used in forward, or its output is detached before the loss).
+
+Only measured steps count (a NaN on a step the cost budget skipped means "not measured"), never
+embeddings (whose gradient is sparse by design), and only while the global norm is positive (an
+all-zero step is ``vanishing_gradients``' or ``clipping_misuse``'s). Zero needs 3 measured steps
+in a row; absent needs 5 (measured steps can be far apart), since a model may skip a branch now and then.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnwatch.diagnosis.context import SPARSE_GRAD_KINDS, RunContext
+from nnwatch.diagnosis.detectors.base import Detector
+from nnwatch.diagnosis.detectors.dead_relu import feeds_rectifier
+from nnwatch.diagnosis.episode import EpisodeArray
+from nnwatch.diagnosis.finding import Finding
+from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.row import Row
+
+ZERO_STEPS = 3
+ABSENT_STEPS = 5
+RELEASE = 20
+RECURRENT_KINDS = frozenset({"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"})
+
+
+class ZeroGradientLayerDetector(Detector):
+    kind = "zero_gradient_layer"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        P = ctx.num_param_layers
+        sparse = np.array([k in SPARSE_GRAD_KINDS for k in ctx.param_layer_kinds], dtype=bool)
+        self.eligible = ~sparse & (feeds_rectifier(ctx) < 0)
+        self.zero_ep = EpisodeArray(P, confirm=ZERO_STEPS, release=RELEASE)
+        self.absent_ep = EpisodeArray(P, confirm=ABSENT_STEPS, release=RELEASE)
+        self.on = P >= 2 and bool(self.eligible.any())
+
+    def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        gl = row.grad_layer
+        g = row.grad_norm
+        if not self.on or not row.measured or not (math.isfinite(g) and g > 0) or not gl.size:
+            return None
+        finite = np.isfinite(gl)
+        if not (finite & (gl > 0)).any():
+            return None
+        zero = (gl == 0.0) & self.eligible
+        absent = np.isnan(gl) & self.eligible
+        new_zero = self.zero_ep.update(zero, row.step, observed=self.eligible)
+        new_absent = self.absent_ep.update(absent, row.step, observed=self.eligible)
+        for j in self.ctx.param_order:
+            if new_zero[j]:
+                return self._finding(row, int(j), absent=False)
+            if new_absent[j]:
+                return self._finding(row, int(j), absent=True)
+        return None
+
+    def _finding(self, row: Row, j: int, absent: bool) -> Finding:
+        ctx = self.ctx
+        label = ctx.param_label(j)
+        kind = ctx.param_layer_kinds[j]
+        learning = int(np.sum(np.isfinite(row.grad_layer) & (row.grad_layer > 0)))
+        evidence = {
+            "param_layer_index": j,
+            "grad_norm_of_layer": math.nan if absent else 0.0,
+            "layers_with_gradient": learning,
+            "grad_norm": row.grad_norm,
+            "steps": ABSENT_STEPS if absent else ZERO_STEPS,
+        }
+        if absent:
+            summary = (
+                f"{label} has had no gradient at all for {ABSENT_STEPS} measured steps while "
+                f"{learning} other layer(s) learn: backward never reaches it."
+            )
+            remedy = (
+                "check, in this order: 1) is it used in forward() at all (a layer defined but never "
+                "called, or a branch that is skipped)? 2) is its output detached before the loss "
+                "(.detach(), .data, .item(), torch.no_grad())? 3) if it is meant to stay frozen, call "
+                "requires_grad_(False) on it so that it is not trained by mistake later"
+            )
+        else:
+            summary = (
+                f"{label} has received exactly zero gradient for {ZERO_STEPS} measured steps while "
+                f"{learning} other layer(s) learn: everything its output goes through passes no "
+                "gradient back."
+            )
+            first = (
+                "its gates are saturated (its weights grew too large: lower the LR and clip gradients)"
+                if kind in RECURRENT_KINDS
+                else "a functional relu/clamp/threshold right after it has every unit inactive "
+                "(its bias or inputs push them all negative: use leaky_relu, check the bias init)"
+            )
+            remedy = (
+                f"check, in this order: 1) {first}; 2) its output is multiplied by zero or masked "
+                "out (a mask of zeros, torch.where picking the other branch); 3) a saturated "
+                "tanh/sigmoid after it"
+            )
+        return Finding(
+            kind=self.kind,
+            severity="warning",
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            layer=ctx.param_layer_names[j],
+            evidence=evidence,
+            onset_step=int(self.absent_ep.first_hit[j] if absent else self.zero_ep.first_hit[j]),
+        )
