@@ -209,3 +209,12 @@ def test_layer_names_drop_the_wrappers_prefixes() -> None:
     assert plan_layers(dp).stat_names == ("0", "1")  # not "module.0"
     assert strip_wrapper_prefixes("layers.0._fsdp_wrapped_module.attn") == "layers.0.attn"
     assert strip_wrapper_prefixes("module.fc") == "module.fc"  # a layer of the model named module
+    both = torch.compile(nn.DataParallel(inner), backend="eager")
+    assert plan_layers(both).stat_names == ("0", "1")  # not "module.0" under compile(DP(m))
+
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 2)  # the user's own attribute named "module" stays
+
+    assert plan_layers(Holder()).stat_names == ("module",)

@@ -63,23 +63,37 @@ class LayerPlan:
     tied: dict[str, str]
 
 
-#: Attribute names that wrappers put between a model and its layers: torch.compile's
-#: ``_orig_mod``, FSDP's and activation checkpointing's wrapped modules. DDP's and DataParallel's
-#: ``module`` is only stripped at the root, where those wrappers put it.
-_WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
-_ROOT_WRAPPERS = ("DistributedDataParallel", "DataParallel")
+#: Wrapper classes and the attribute under which each holds the module it wraps.
+_WRAPS = {
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "OptimizedModule": "_orig_mod",  # torch.compile
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",  # FSDP1
+    "CheckpointWrapper": "_checkpoint_wrapped_module",
+    "OffloadWrapper": "_checkpoint_wrapped_module",
+}
+_WRAPPER_SEGMENTS = frozenset(_WRAPS.values()) - {"module"}
 
 
 def strip_wrapper_prefixes(name: str, root: nn.Module | None = None) -> str:
     """The layer's name as the model itself knows it (its ``state_dict`` keys without wrappers).
 
-    ``module.encoder.0`` under DDP becomes ``encoder.0``, ``_orig_mod.fc`` under torch.compile
-    becomes ``fc``, FSDP's ``_fsdp_wrapped_module.`` segments go.
+    Each path segment that only leads from a wrapper (DDP, DataParallel, torch.compile, FSDP,
+    activation checkpointing) to the module it wraps is dropped, at any depth and in any nesting
+    (``torch.compile(DDP(m))`` included): ``module.encoder.0`` under DDP becomes ``encoder.0``.
+    Without ``root``, the unambiguous segments go and a leading ``module.`` stays (it may be a
+    layer of the model's own).
     """
-    parts = name.split(".")
-    if root is not None and type(root).__name__ in _ROOT_WRAPPERS and parts and parts[0] == "module":
-        parts = parts[1:]
-    return ".".join(p for p in parts if p not in _WRAPPER_SEGMENTS)
+    parts = name.split(".") if name else []
+    if root is None:
+        return ".".join(p for p in parts if p not in _WRAPPER_SEGMENTS)
+    out: list[str] = []
+    mod: nn.Module | None = root
+    for p in parts:
+        if mod is None or _WRAPS.get(type(mod).__name__) != p:
+            out.append(p)
+        mod = mod._modules.get(p) if mod is not None else None
+    return ".".join(out)
 
 
 def plan_layers(model: nn.Module) -> LayerPlan:
