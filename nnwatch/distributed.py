@@ -10,8 +10,9 @@ address (``localhost``) is qualified by the host, since it names a different mac
 
 :class:`JobMonitor` follows the ranks of one job and turns them into one :class:`RankSummary` row
 each (step, steps/s, loss, grad norm, status), plus what stands out across ranks: the rank where a
-NaN first appeared and the ranks that fall behind. It is pure data for the TUI's rank selector and
-per-rank summary row; nothing here imports torch or a UI library.
+NaN first appeared, the ranks that fall behind, and (from :mod:`nnwatch.channel.job_health`) the
+rank that stopped first and how, or the one the others wait for in a collective. It is pure data
+for the TUI's rank selector and per-rank summary row; nothing here imports torch or a UI library.
 
 Multi-node: each node holds the rings of its own ranks (in its own ``/dev/shm``), so a monitor on
 one node sees that node's ranks only; attach per node over SSH. What one rank learns about the
@@ -31,6 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from nnwatch.channel.job_health import JobStops, certain_first, judge_job
+from nnwatch.schema import sums_measured
 
 if TYPE_CHECKING:
     from nnwatch.channel.registry import RunInfo
@@ -223,7 +227,7 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
     import time
 
     from nnwatch.channel.health import read_end
-    from nnwatch.channel.registry import RunInfo, ring_path
+    from nnwatch.channel.registry import RunInfo, inspect_dir, ring_path
     from nnwatch.runlog import RunLogError
     from nnwatch.schema import RunMeta
 
@@ -232,6 +236,7 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
         meta = RunMeta.from_json((run_dir / "meta.json").read_text())
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunLogError(f"{run_dir} is not a readable nnwatch run ({exc})") from None
+    seen = inspect_dir(run_dir)  # when things happened: heartbeat, last step, end, pid
     end = read_end(run_dir)
     if end is not None:
         state = "crashed" if end.get("status") == "crashed" else "finished"
@@ -245,6 +250,10 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
         last_step_age=None, dropped_records=0, run_dir=str(run_dir),
         ring=str(ring_path(run_dir, meta.rank)), socket=None, entry_path="",
         local_rank=meta.local_rank, started=meta.started,
+        heartbeat_at=seen.heartbeat_at if seen else None,
+        last_step_at=seen.last_step_at if seen else None,
+        step_interval=seen.step_interval if seen else None,
+        ending=end, alive=seen.alive if seen else None,
     )  # fmt: skip
 
 
@@ -280,6 +289,7 @@ class RankSummary:
     forward_nonfinite_step: int | None = None  # first non-finite loss or activation (not gradients)
     behind: int = 0  # steps behind the most advanced rank of the job (live ranks)
     note: str = ""  # plain words for a tooltip or the events pane
+    role: str = ""  # first, stopped_by_launcher, holds or waiting (see channel.job_health)
 
 
 @dataclass(frozen=True)
@@ -291,6 +301,8 @@ class JobView:
     nan_origin: tuple[int, ...]  # the rank(s) where a NaN appeared first (forward before backward)
     stragglers: tuple[int, ...]
     cross_rank_findings: tuple[dict[str, Any], ...]  # rank_divergence / rank_nonfinite events
+    #: which rank stopped first and how, and which one the live ranks wait for
+    stops: JobStops = field(default_factory=JobStops)
 
 
 class RankState:
@@ -303,6 +315,8 @@ class RankState:
         self.step_times: list[float] = []
         self.loss_seen = False
         self.first: dict[str, int] = {}
+        #: steps not measured (``layer_sums`` 0) whose layer rows may still come; pruned as they do
+        self._unmeasured = np.zeros(0, dtype=np.int64)
 
     def update(self, scalars: np.ndarray, layers: np.ndarray) -> None:
         if len(scalars):
@@ -324,11 +338,23 @@ class RankState:
             bad_loss |= np.isnan(loss) & before
             self.loss_seen = self.loss_seen or bool(finite.any())
             self._first("loss", steps, bad_loss)
+            # 1.0 only when a measured gradient held NaN/Inf; NaN there means "not measured"
             self._first("gradients", steps, scalars["nonfinite_grads"] == 1.0)
+            # steps whose layer output sums the cost budget left out but that get a layer row
+            # (their stats were sampled, or a gradient went bad)
+            rowed = (scalars["layer_stats"] == 1.0) | (scalars["nonfinite_grads"] == 1.0)
+            skipped = steps[~sums_measured(scalars) & rowed]
+            if len(skipped):
+                self._unmeasured = np.union1d(self._unmeasured, skipped.astype(np.int64))
         if len(layers) and "act_sum" in (layers.dtype.names or ()):
             act = layers["act_sum"].reshape(len(layers), -1)
             if act.shape[1]:
-                self._first("activations", layers["step"], ~np.isfinite(act).all(axis=1))
+                lsteps = layers["step"].astype(np.int64)
+                # a row for a step whose stats were sampled but whose sums were not measured
+                # holds NaN sums: "not measured", never "non-finite"
+                measured = ~np.isin(lsteps, self._unmeasured)
+                self._first("activations", lsteps, ~np.isfinite(act).all(axis=1) & measured)
+                self._unmeasured = self._unmeasured[self._unmeasured > lsteps[-1]]
 
     def _first(self, what: str, steps: np.ndarray, bad: np.ndarray) -> None:
         if what in self.first or not bad.any():
@@ -366,6 +392,9 @@ class JobMonitor:
         self._states: dict[int, RankState] = {r.rank: RankState() for r in job.runs}
         self._run_state: dict[int, str] = {}
         self._findings: list[dict[str, Any]] = []
+        #: ranks seen stopped while every other rank still lived: the first, for certain, even
+        #: when the files alone could not order their deaths any more
+        self._first_seen: tuple[int, ...] = ()
 
     def _source(self, info: RunInfo) -> RunSource | None:
         src = self._sources.get(info.rank)
@@ -400,7 +429,24 @@ class JobMonitor:
             for ev in update.events:
                 if ev.get("kind") in CROSS_RANK_KINDS:
                     self._findings.append({**ev, "reported_by": info.rank})
-        return build_view(self.job, self._states, self._run_state, self._findings)
+        return build_view(
+            self.job, self._states, self._run_state, self._findings, self._judge_stops()
+        )
+
+    def _judge_stops(self) -> JobStops:
+        """Which rank stopped first, and which one the others wait for, judged afresh."""
+        from nnwatch.channel.registry import refresh
+
+        runs = []
+        for info in self.job.runs:
+            try:
+                runs.append(refresh(info, hung_min=self._hung_min))
+            except Exception:  # noqa: BLE001 - an unreadable rank is judged as it was
+                runs.append(info)
+        stops = judge_stops(runs, known_first=self._first_seen)
+        if not self._first_seen:
+            self._first_seen = certain_first(runs, stops)
+        return stops
 
     def close(self) -> None:
         for src in self._sources.values():
@@ -414,8 +460,12 @@ def build_view(
     states: Mapping[int, RankState],
     run_state: Mapping[int, str],
     findings: Iterable[dict[str, Any]] = (),
+    stops: JobStops | None = None,
 ) -> JobView:
-    """Rows plus what stands out: the NaN origin (earliest forward NaN) and the stragglers."""
+    """Rows plus what stands out: the NaN origin (earliest forward NaN), the stragglers, and
+    (``stops``, from :func:`nnwatch.channel.job_health.judge_job`) the rank that stopped first or
+    that the others wait for."""
+    stops = stops if stops is not None else JobStops()
     live = {"live", "running", "paused", "starting"}
     steps = [s.step for r, s in states.items() if s.step is not None and run_state.get(r) in live]
     lead = max(steps) if steps else None
@@ -434,7 +484,10 @@ def build_view(
     rows = []
     for info, st, state, first, what, fwd, behind in raw:
         status, note = state, ""
-        if state in ("crashed", "lost", "hung"):
+        told = stops.ranks.get(info.rank)
+        if told is not None:
+            status, note = told.status, told.words
+        elif state in ("crashed", "lost", "hung"):
             status = state
         elif first is not None:
             status = "nan"
@@ -462,9 +515,10 @@ def build_view(
                 forward_nonfinite_step=fwd,
                 behind=behind,
                 note=note,
+                role=told.role if told is not None else "",
             )  # fmt: skip
         )
-    return JobView(job, tuple(rows), origin, stragglers, tuple(findings))
+    return JobView(job, tuple(rows), origin, stragglers, tuple(findings), stops)
 
 
 def summarize_runs(job: Job) -> JobView:
@@ -474,6 +528,8 @@ def summarize_runs(job: Job) -> JobView:
     states: dict[int, RankState] = {}
     run_state: dict[int, str] = {}
     findings: list[dict[str, Any]] = []
+    from nnwatch.channel.registry import refresh
+
     for info in job.runs:
         st = RankState()
         try:
@@ -488,4 +544,20 @@ def summarize_runs(job: Job) -> JobView:
         findings += [
             {**e, "reported_by": info.rank} for e in run.events if e.get("kind") in CROSS_RANK_KINDS
         ]
-    return build_view(job, states, run_state, findings)
+    stops = judge_stops([refresh(info) for info in job.runs])
+    return build_view(job, states, run_state, findings, stops)
+
+
+def judge_stops(runs: list[RunInfo], *, known_first: tuple[int, ...] = ()) -> JobStops:
+    """:func:`~nnwatch.channel.job_health.judge_job` for the ranks of one job, recording in the
+    first rank's run directory when this reader sees it stopped while the others still live (so
+    that later readers know, even when the files alone could not order their deaths)."""
+    from nnwatch.channel.registry import note_first_stop
+
+    stops = judge_job(runs, known_first=known_first)
+    certain = certain_first(runs, stops)
+    for info in runs:
+        if info.rank in certain and info.seen_first_at is None:
+            others = [r.rank for r in runs if r.rank not in certain]
+            note_first_stop(info.run_dir, info.rank, others, stops.first_how)
+    return stops

@@ -161,6 +161,24 @@ class RunInfo:
     cuda_devices: list[str] = field(default_factory=list)
     layers: int = 0
     nnwatch_version: str = ""
+    #: When things happened, as wall times (what a job's ranks are compared by, see
+    #: ``nnwatch.channel.job_health``): the trainer's last heartbeat and last step (from the ring
+    #: header; None when the ring is gone), and ``end.json`` as the run wrote it (None without one).
+    heartbeat_at: float | None = None
+    last_step_at: float | None = None
+    step_interval: float | None = None
+    ending: dict[str, Any] | None = None
+    #: The pid lives with the start time it registered; None when that cannot be checked from here.
+    alive: bool | None = None
+    #: When a reader saw this rank stopped while every other rank of its job still lived
+    #: (``first_stop.json``, see :func:`note_first_stop`): it stopped first, for certain.
+    seen_first_at: float | None = None
+
+    @property
+    def ended_at(self) -> float | None:
+        """When ``end.json`` says the run ended."""
+        t = (self.ending or {}).get("ended")
+        return float(t) if isinstance(t, (int, float)) else None
 
     @property
     def ended(self) -> bool:
@@ -210,12 +228,14 @@ def inspect(
     rate: float | None = None
     kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
     health: Health
+    heartbeat_at = last_step_at = interval = None
     try:
         with RingReader(Path(ring)) as reader:
             state = reader.state()
             if state.pid != pid:
                 raise RingError("the ring belongs to another process")
             health = Liveness(host=host, run_dir=run_dir, **kwargs).judge(state, now)
+            heartbeat_at, last_step_at, interval = _ring_times(state)
             last = reader.latest()
             if last is not None and reader.meta is not None:
                 step = int(last["step"][0])
@@ -242,6 +262,8 @@ def inspect(
         if end is not None and isinstance(end.get("steps"), int):
             step = int(end["steps"]) - 1
     started = float(entry.get("started") or start_time or now)
+    ending = read_end(run_dir)
+    alive = same_process(pid, start_time) if host == this_host() else None
     return RunInfo(
         name=str(entry.get("name", "?")), pid=pid, host=host, rank=int(entry.get("rank", 0)),
         world_size=int(entry.get("world_size", 1)), state=health.state, message=health.message,
@@ -252,7 +274,43 @@ def inspect(
         started=started, cmdline=[str(x) for x in entry.get("cmdline") or []],
         cwd=str(entry.get("cwd", "")), cuda_devices=[str(x) for x in entry.get("cuda_devices") or []],
         layers=len(entry.get("layer_names") or []), nnwatch_version=str(entry.get("nnwatch_version", "")),
+        heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
+        ending=ending, alive=alive, seen_first_at=_seen_first(run_dir),
     )  # fmt: skip
+
+
+FIRST_STOP_FILE = "first_stop.json"
+
+
+def note_first_stop(run_dir: str | Path, rank: int, others: list[int], how: str) -> None:
+    """Record, in a rank's run directory, that a reader saw it stopped while the other ranks of
+    its job (``others``) still lived. Once they are gone too, their deaths may be too close to
+    order from the files alone; this keeps the answer. Written once; failures are ignored."""
+    path = Path(run_dir) / FIRST_STOP_FILE
+    if path.exists():
+        return
+    note = {"rank": int(rank), "seen_at": time.time(), "others_alive": others, "how": how}
+    try:
+        write_private_file(path, json.dumps(note).encode())
+    except OSError:
+        pass  # a read-only copy of a run: nothing is lost but the certainty
+
+
+def _seen_first(run_dir: str | Path) -> float | None:
+    try:
+        note = json.loads((Path(run_dir) / FIRST_STOP_FILE).read_text())
+        return float(note["seen_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _ring_times(state: Any) -> tuple[float | None, float | None, float | None]:
+    """The ring header's heartbeat, last step and usual step interval, None where unset."""
+    return (
+        state.heartbeat or None,
+        state.last_publish or None,
+        state.step_interval or None,
+    )
 
 
 def list_runs(root: Path | None = None, *, hung_min: float | None = None) -> list[RunInfo]:
@@ -327,54 +385,70 @@ def recorded_runs(root: Path | None = None) -> list[RunInfo]:
         run_dir = meta_path.parent
         if os.path.realpath(run_dir) in registered:
             continue
-        try:
-            meta = RunMeta.from_json(meta_path.read_text())
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        end = read_end(run_dir)
-        steps = end.get("steps") if end is not None else None
-        try:
-            with RingReader(ring_path(run_dir, meta.rank)) as reader:
-                health = Liveness(host=meta.host, run_dir=run_dir).judge(reader.state(), now)
-            state, message = health.state, health.message
-        except (RingError, OSError, ValueError):
-            if end is not None:
-                state = "crashed" if end.get("status") == "crashed" else "finished"
-                message = f"ended ({end.get('status', 'finished')})"
-            else:
-                alive = same_process(meta.pid, 0.0) if meta.host == this_host() else None
-                state = "crashed" if alive is False else "running"
-                message = "no end.json and the pid is gone" if alive is False else "unregistered"
-        if not isinstance(steps, int):
-            try:  # rows in scalars.bin: 64-byte header, then fixed-size rows
-                size = (run_dir / "scalars.bin").stat().st_size
-                steps = max(0, (size - 64) // meta.schema.scalar_size)
-            except OSError:
-                steps = None
-        out.append(
-            RunInfo(
-                name=meta.name,
-                pid=meta.pid,
-                host=meta.host,
-                rank=meta.rank,
-                world_size=meta.world_size,
-                state=state,
-                message=message,
-                step=(steps - 1) if isinstance(steps, int) and steps > 0 else None,
-                steps_per_s=None,
-                age=max(0.0, now - meta.started),
-                heartbeat_age=None,
-                last_step_age=None,
-                dropped_records=0,
-                run_dir=str(run_dir),
-                ring=str(ring_path(run_dir, meta.rank)),
-                socket=None,
-                entry_path="",
-                local_rank=meta.local_rank,
-                started=meta.started,
-                layers=meta.schema.num_layers,
-                nnwatch_version=meta.nnwatch_version,
-            )  # fmt: skip
-        )
+        info = inspect_dir(run_dir, now=now)
+        if info is not None:
+            out.append(info)
     out.sort(key=lambda r: (r.started, r.name, r.rank))
     return out
+
+
+def inspect_dir(
+    run_dir: Path | str, *, now: float | None = None, hung_min: float | None = None
+) -> RunInfo | None:
+    """Judge a run from its directory alone (no registry entry: finished, crashed, copied);
+    None when it holds no readable ``meta.json``."""
+    now = time.time() if now is None else now
+    run_dir = Path(run_dir)
+    try:
+        meta = RunMeta.from_json((run_dir / "meta.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    end = read_end(run_dir)
+    steps = end.get("steps") if end is not None else None
+    heartbeat_at = last_step_at = interval = None
+    kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
+    try:
+        with RingReader(ring_path(run_dir, meta.rank)) as reader:
+            ring_state = reader.state()
+            health = Liveness(host=meta.host, run_dir=run_dir, **kwargs).judge(ring_state, now)
+            heartbeat_at, last_step_at, interval = _ring_times(ring_state)
+        state, message = health.state, health.message
+    except (RingError, OSError, ValueError):
+        if end is not None:
+            state = "crashed" if end.get("status") == "crashed" else "finished"
+            message = f"ended ({end.get('status', 'finished')})"
+        else:
+            gone = same_process(meta.pid, 0.0) if meta.host == this_host() else None
+            state = "crashed" if gone is False else "running"
+            message = "no end.json and the pid is gone" if gone is False else "unregistered"
+    if not isinstance(steps, int):
+        try:  # rows in scalars.bin: 64-byte header, then fixed-size rows
+            size = (run_dir / "scalars.bin").stat().st_size
+            steps = max(0, (size - 64) // meta.schema.scalar_size)
+        except OSError:
+            steps = None
+    alive = same_process(meta.pid, 0.0) if meta.host == this_host() else None
+    return RunInfo(
+        name=meta.name, pid=meta.pid, host=meta.host, rank=meta.rank,
+        world_size=meta.world_size, state=state, message=message,
+        step=(steps - 1) if isinstance(steps, int) and steps > 0 else None,
+        steps_per_s=None, age=max(0.0, now - meta.started),
+        heartbeat_age=None if heartbeat_at is None else max(0.0, now - heartbeat_at),
+        last_step_age=None if last_step_at is None else max(0.0, now - last_step_at),
+        dropped_records=0, run_dir=str(run_dir), ring=str(ring_path(run_dir, meta.rank)),
+        socket=None, entry_path="", local_rank=meta.local_rank, started=meta.started,
+        layers=meta.schema.num_layers, nnwatch_version=meta.nnwatch_version,
+        heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
+        ending=end, alive=alive, seen_first_at=_seen_first(run_dir),
+    )  # fmt: skip
+
+
+def refresh(info: RunInfo, *, hung_min: float | None = None) -> RunInfo:
+    """The same run judged again now: from its registry entry while there is one, else from its
+    directory. A run that cannot be read any more is returned as it was."""
+    if info.entry_path:
+        path = Path(info.entry_path)
+        entry = _read_entry(path)
+        if entry is not None:
+            return inspect(entry, path, hung_min=hung_min)
+    return inspect_dir(info.run_dir, hung_min=hung_min) or info

@@ -1,6 +1,10 @@
 """``nnwatch attach RUN``: the live dashboard on a running trainer.
 
 RUN is a run name (or the start of one), a pid, or a run directory, as ``nnwatch ls`` shows them.
+The ranks of a ``torch.distributed`` job share one name, so a job's name attaches to the job:
+rank 0's dashboard (the lowest rank on this machine) with the ranks pane, where ``[``/``]``
+switch rank; ``NAME:RANK`` opens that rank first. When a name matches several jobs (an old
+crashed one and its restart), the one with live ranks is taken.
 ``--connect SOCKET`` follows a run through a forwarded command socket instead (``ssh -L``).
 Quitting the monitor never stops training, and a pause it asked for lifts when it goes.
 """
@@ -8,34 +12,98 @@ Quitting the monitor never stops training, and a pause it asked for lifts when i
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nnwatch.channel.registry import RunInfo
+    from nnwatch.distributed import Job
 
 COMMAND = "attach"
-HELP = "open the live dashboard on a running trainer (by name, pid or run directory)"
+HELP = "open the live dashboard on a running trainer or job (by name, NAME:RANK, pid or directory)"
+_NAME_RANK = re.compile(r"(?P<name>.+):(?P<rank>\d+)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nnwatch.tui.launch import add_monitor_arguments
 
-    parser.add_argument("run", metavar="RUN", nargs="?", help="run name, pid or run directory")
+    parser.add_argument(
+        "run", metavar="RUN", nargs="?", help="run or job name, NAME:RANK, pid or run directory"
+    )
     parser.add_argument("--connect", metavar="SOCKET", help="follow the run through this socket")
     add_monitor_arguments(parser)
 
 
-def open_live(spec: str | None, connect: str | None) -> tuple[object, list[str]]:
-    """The source for RUN (or the socket), and the uuid of the run's GPU where the registry knows it."""
+def resolve(spec: str, root: Path | None = None) -> tuple[RunInfo | None, Job | None]:
+    """The registered run to open for what a user typed, and the distributed job it is a rank of.
+
+    A name shared by the ranks of one job gives that job's lowest rank here (rank 0) and the job;
+    ``NAME:RANK`` gives that rank. ``(None, None)`` for a run directory that is not registered
+    (it is opened from its files). Raises ``SourceError`` with plain words otherwise.
+    """
+    from nnwatch.channel.registry import find_runs
+    from nnwatch.distributed import group_jobs
+    from nnwatch.sources.base import SourceError
+
+    spec = spec.strip()
+    runs, rank = find_runs(spec, root), None
+    split = _NAME_RANK.fullmatch(spec)
+    if not runs and split is not None:
+        runs, rank = find_runs(split["name"], root), int(split["rank"])
+        spec = split["name"]
+    if not runs:
+        if rank is None and Path(spec).expanduser().is_dir():
+            return None, None
+        raise SourceError(f"no registered run matches {spec!r}; `nnwatch ls` lists them")
+    jobs = group_jobs(runs)
+    if rank is not None:
+        jobs = [j for j in jobs if j.run_for(rank) is not None]
+        if not jobs:
+            here = ", ".join(str(r.rank) for r in runs)
+            raise SourceError(
+                f"{spec!r} has no rank {rank} on this machine (ranks here: {here}); "
+                "`nnwatch ls` lists them"
+            )
+    if len(jobs) > 1:
+        live = [j for j in jobs if any(r.live for r in j.runs)]
+        if len(live) != 1:
+            names = "; ".join(_describe(j) for j in (live or jobs))
+            raise SourceError(
+                f"{spec!r} matches {len(live or jobs)} runs or jobs: {names}; name one of them "
+                "by its run directory or pid (`nnwatch ls` lists them)"
+            )
+        jobs = live
+    job = jobs[0]
+    info = job.run_for(rank) if rank is not None else job.runs[0]
+    assert info is not None
+    return info, job if job.distributed else None
+
+
+def _describe(job: Job) -> str:
+    pids = ", ".join(f"rank {r.rank} pid {r.pid}" for r in job.runs)
+    if not job.distributed:
+        r = job.runs[0]
+        return f"{Path(r.run_dir).name} (pid {r.pid}, {r.state})"
+    return f"job {job.label} ({pids})"
+
+
+def open_live(spec: str | None, connect: str | None) -> tuple[object, list[str], Job | None]:
+    """The source for RUN (or the socket), the uuids of the run's GPUs where the registry knows
+    them, and the distributed job RUN belongs to (None for a single process or a socket)."""
     from nnwatch.sources.live import ConnectedSource, LiveSource
     from nnwatch.tui.launch import gpu_uuids_for
 
     if connect:
-        return ConnectedSource(connect), []
-    from nnwatch.channel.registry import find_runs
-
+        return ConnectedSource(connect), [], None
     assert spec is not None
-    source = LiveSource.find(spec)
-    runs = [r for r in find_runs(spec) if str(r.run_dir) == str(source.run_dir)]
-    uuids = gpu_uuids_for(source.meta.device, list(runs[0].cuda_devices)) if runs else []
-    return source, uuids
+    info, job = resolve(spec)
+    if info is None:
+        return LiveSource(spec), [], None
+    source = LiveSource.from_info(info)
+    uuids = gpu_uuids_for(source.meta.device, list(info.cuda_devices))
+    return source, uuids, job
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        source, uuids = open_live(args.run, args.connect)
+        source, uuids, job = open_live(args.run, args.connect)
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1
-    return run_monitor(source, args, gpu_uuids=uuids or None)  # type: ignore[arg-type]
+    return run_monitor(source, args, gpu_uuids=uuids or None, job=job)  # type: ignore[arg-type]

@@ -7,6 +7,11 @@ prints the same facts for scripts. ``--all`` adds finished and crashed runs that
 The ranks of one ``torch.distributed`` job are listed together under a line that names the job
 (``nnwatch.distributed.group_jobs``), indented; in ``--json`` every row has a ``"job"`` key (null
 for a run outside a distributed job). Single-process runs are listed as they always were.
+
+When a rank of a job stopped, the first one and how it stopped are named under the job, and the
+ranks that followed are marked as stopped by the launcher; while a rank is dead or frozen and the
+others live, they are said to wait in a collective for it, since when
+(``nnwatch.channel.job_health``). ``--json`` has this in ``job.stops`` and each row's ``job_role``.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def format_age(seconds: float | None) -> str:
     return f"{s // 86400}d"
 
 
-def _row(info: Any, indent: str = "") -> tuple[str, ...]:
+def _row(info: Any, indent: str = "", status: str | None = None) -> tuple[str, ...]:
     rate = "-" if info.steps_per_s is None else f"{info.steps_per_s:.3g}"
     return (
         indent + (Path(info.run_dir).name or info.name),
@@ -62,7 +67,7 @@ def _row(info: Any, indent: str = "") -> tuple[str, ...]:
         f"{info.rank}/{info.world_size}",
         "-" if info.step is None else str(info.step),
         rate,
-        info.state,
+        status or info.state,
         format_age(info.age),
     )
 
@@ -80,8 +85,9 @@ def table(rows: list[tuple[str, ...] | str]) -> str:
     return "\n".join(lines)
 
 
-def job_dict(job: Any) -> dict[str, Any] | None:
-    """What ``--json`` says about the job of a run: None outside a distributed job."""
+def job_dict(job: Any, stops: Any = None) -> dict[str, Any] | None:
+    """What ``--json`` says about the job of a run: None outside a distributed job. ``stops``
+    (a ``JobStops``) says which rank stopped first and which one the others wait for."""
     if not job.distributed:
         return None
     return {
@@ -92,15 +98,44 @@ def job_dict(job: Any) -> dict[str, Any] | None:
         "restart": job.restart,
         "ranks": list(job.ranks),
         "missing": list(job.missing),
+        "stops": stops.to_dict() if stops is not None else None,
     }
 
 
-def grouped_rows(runs: list[Any]) -> list[tuple[str, ...] | str]:
-    """Rows in the registry's order, with each distributed job's ranks together under its label
-    (at the place of its first rank)."""
+def job_mates(runs: list[Any], recorded: Any) -> list[Any]:
+    """The ranks of the listed jobs that are no longer registered (a rank that crashed or was
+    stopped after another one closed its entry): a job is shown whole or its story is lost.
+    ``recorded`` returns the unregistered runs; it is only called when a job lacks ranks."""
     from nnwatch.distributed import group_jobs
 
-    job_of = {r.run_dir: job for job in group_jobs(runs) for r in job.runs}
+    if not any(j.distributed and j.missing for j in group_jobs(runs)):
+        return []
+    listed = {r.run_dir for r in runs}
+    extra = [r for r in recorded() if r.world_size > 1 and r.run_dir not in listed]
+    mates = []
+    for job in group_jobs([*runs, *extra]):
+        if any(r.run_dir in listed for r in job.runs):
+            mates += [r for r in job.runs if r.run_dir not in listed]
+    return mates
+
+
+def judged_jobs(runs: list[Any]) -> tuple[dict[str, Any], dict[int, Any]]:
+    """Each run's job (by run directory), and each distributed job's ``JobStops`` (by ``id``)."""
+    from nnwatch.distributed import group_jobs, judge_stops
+
+    jobs = group_jobs(runs)
+    job_of = {r.run_dir: job for job in jobs for r in job.runs}
+    stops = {id(job): judge_stops(list(job.runs)) for job in jobs if job.distributed}
+    return job_of, stops
+
+
+def grouped_rows(
+    runs: list[Any], judged: tuple[dict[str, Any], dict[int, Any]] | None = None
+) -> list[tuple[str, ...] | str]:
+    """Rows in the registry's order, with each distributed job's ranks together under its label
+    (at the place of its first rank), and under them, when a rank stopped or holds the others,
+    which one and how. ``judged`` is what :func:`judged_jobs` returned for ``runs``."""
+    job_of, stops = judged if judged is not None else judged_jobs(runs)
     rows: list[tuple[str, ...] | str] = []
     shown: set[int] = set()  # by identity: a reused master port can give two jobs one key
     for info in runs:
@@ -109,8 +144,14 @@ def grouped_rows(runs: list[Any]) -> list[tuple[str, ...] | str]:
             rows.append(_row(info))
         elif id(job) not in shown:
             shown.add(id(job))
+            story = stops[id(job)]
             rows.append(f"job {job.label}")
-            rows += [_row(r, "  ") for r in job.runs]
+            for r in job.runs:
+                role = story.ranks.get(r.rank)
+                rows.append(_row(r, "  ", role.status if role is not None else None))
+            if story.summary:
+                rows.append(f"  ! {story.summary}")
+            rows += [f"    rank {k}: {story.ranks[k].words}" for k in sorted(story.ranks)]
     return rows
 
 
@@ -122,11 +163,22 @@ def run(args: argparse.Namespace) -> int:
     runs = list_runs(root, hung_min=args.hung_after)
     if args.all:
         runs += recorded_runs(root)
+    else:
+        runs += job_mates(runs, lambda: recorded_runs(root))
     if args.json:
-        from nnwatch.distributed import group_jobs
-
-        job_of = {r.run_dir: job for job in group_jobs(runs) for r in job.runs}
-        rows = [{**r.to_dict(), "job": job_dict(job_of[r.run_dir])} for r in runs]
+        job_of, stops = judged_jobs(runs)
+        rows = []
+        for r in runs:
+            job = job_of[r.run_dir]
+            story = stops.get(id(job))
+            role = story.ranks.get(r.rank) if story is not None else None
+            rows.append(
+                {
+                    **r.to_dict(),
+                    "job": job_dict(job, story),
+                    "job_role": role.to_dict() if role is not None else None,
+                }
+            )
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
@@ -134,8 +186,16 @@ def run(args: argparse.Namespace) -> int:
         where = registry_dir(root) if root is not None else registry_dir(default_root())
         print(f"no runs found (looked in {where}); runs appear here once they call w.step()")
         return 0
-    print(table(grouped_rows(runs)))
-    notes = [r for r in runs if r.state in ("hung", "crashed") and r.message]
+    judged = judged_jobs(runs)
+    print(table(grouped_rows(runs, judged)))
+    job_of, stops = judged
+    told = {
+        r.run_dir for r in runs if r.rank in getattr(stops.get(id(job_of[r.run_dir])), "ranks", {})
+    }
+    # a rank that the job's story explains is explained under its job
+    notes = [
+        r for r in runs if r.state in ("hung", "crashed") and r.message and r.run_dir not in told
+    ]
     for r in notes:
         print(f"  {Path(r.run_dir).name}: {r.message}")
     return 0

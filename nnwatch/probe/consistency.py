@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from nnwatch.schema import sums_measured
+
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
 
@@ -359,6 +361,9 @@ class ConsistencyCheck:
     def _scan_records(self) -> None:
         """Count this rank's steps whose loss or activations went non-finite, for the others.
 
+        Only what was measured counts: the layer output sums of a step the cost budget skipped
+        are NaN ("not measured", ``layer_sums == 0``), and the gradients are not read here at all.
+
         Reads the records published since the last check from the probe's in-memory window of
         recent steps (the last 500), on the training thread, so the count is exact at launch.
         """
@@ -377,7 +382,8 @@ class ConsistencyCheck:
         if "act_sum" in (rows.dtype.names or ()):
             act = rows["act_sum"].reshape(len(rows), -1)
             if act.shape[1]:
-                bad |= ~np.isfinite(act).all(axis=1)
+                # NaN is "not measured" on the steps the cost budget left out, never "non-finite"
+                bad |= ~np.isfinite(act).all(axis=1) & sums_measured(rows)
         n = int(np.count_nonzero(bad))
         if n and self._first_nonfinite < 0:
             self._first_nonfinite = int(rows["step"][int(np.argmax(bad))])

@@ -6,7 +6,9 @@ Faults can be injected on one rank: ``--nan-rank R --nan-step K`` multiplies tha
 NaN at step K (a bad batch on one data shard); ``--drift-rank R --drift-step K`` nudges one weight
 of that rank after its update (code that edits weights on one rank only). ``--hold-at S --go FILE``
 makes every rank wait at step S until FILE exists, so a test can look at the live job.
-``--watch-ranks 0`` runs nnwatch on rank 0 only (a common logging habit).
+``--watch-ranks 0`` runs nnwatch on rank 0 only (a common logging habit). ``--sleep S`` makes each
+step take S seconds longer (a job that runs long enough to be killed or frozen mid-way);
+``--clip 0`` does not clip (gradient norms are then measured only on the steps the budget picks).
 Each rank prints ``rank R run_dir DIR`` and, at the end, ``rank R checks N diverged M``.
 """
 
@@ -38,6 +40,7 @@ def main() -> int:
     ap.add_argument("--drift-step", type=int, default=-1)
     ap.add_argument("--hold-at", type=int, default=-1)
     ap.add_argument("--go", type=Path, default=None)
+    ap.add_argument("--sleep", type=float, default=0.0, help="extra seconds per step")
     ap.add_argument("--watch-ranks", type=int, nargs="*", default=None, help="default: all")
     args = ap.parse_args()
 
@@ -66,9 +69,9 @@ def main() -> int:
             if rank == args.nan_rank and step == args.nan_step:
                 loss = loss * float("nan")
             loss.backward()
-            if w is not None:
+            if args.clip > 0 and w is not None:
                 w.clip_grad_norm_(max_norm=args.clip)
-            else:
+            elif args.clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             if rank == args.drift_rank and step == args.drift_step:
@@ -76,6 +79,8 @@ def main() -> int:
                     model[0].weight[0, 0] += 1e-3
             if w is not None:
                 w.step(loss, batch=(x, y))
+            if args.sleep:
+                time.sleep(args.sleep)
     check = (
         w._consistency if w is not None else None
     )  # closed with the run: its last check is read by now

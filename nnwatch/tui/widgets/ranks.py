@@ -1,5 +1,8 @@
 """The ranks pane: one row per rank of a distributed job (step, steps/s, loss, grad norm, status),
 so that a straggler or a rank gone NaN stands out at a glance, and the rank being watched is marked.
+When a rank stopped, the first one is marked and the others read "stopped" (by the launcher); while
+a dead or frozen rank holds the job, the live ones read "waiting", and one line under the table
+says who holds whom since when (``nnwatch.channel.job_health``).
 
 The rows come from ``JobMonitor.poll()`` in a collector thread (``RankCollector``), which hands the
 ``JobView`` to :meth:`RanksPane.show`; the pane only lays out what it was given.
@@ -21,14 +24,16 @@ from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
 COLUMNS = ("RANK", "HOST", "STEP", "STEPS/S", "LOSS", "GRAD NORM", "STATUS")
-BAD = frozenset({"nan", "hung", "crashed", "lost"})
+BAD = frozenset({"nan", "hung", "crashed", "lost", "killed", "exited", "frozen", "stopped"})
+#: A rank that is fine itself but held up by another one.
+HELD = frozenset({"behind", "waiting"})
 
 
 def status_style(status: str, pal: Palette) -> Style:
-    """Red for a rank that stopped being useful, yellow for one falling behind."""
+    """Red for a rank that stopped being useful, yellow for one falling behind or held up."""
     if status in BAD:
         return pal.error + Style(bold=True)
-    if status == "behind":
+    if status in HELD:
         return pal.warning + Style(bold=True)
     if status in ("live", "running"):
         return pal.success
@@ -86,11 +91,20 @@ class RanksPane(Pane):
                              justify="left" if c in ("RANK", "HOST", "STATUS") else "right")  # fmt: skip
         table.add_column("", style=pal.muted)
         origin = set(view.nan_origin)
+        stops = getattr(view, "stops", None)
+        told = stops.ranks if stops is not None else {}
         for row in view.rows:
             mark = "▶ " if row.rank == watching else "  "
             rank = Text(f"{mark}{row.rank}", style=Style(bold=row.rank == watching))
             status = Text(row.status, style=status_style(row.status, pal))
-            note = Text("← first NaN", style=pal.error + Style(bold=True)) if row.rank in origin else Text(row.note, style=pal.muted)  # fmt: skip
+            if row.rank in told:
+                role = told[row.rank]
+                lead = role.role in ("first", "holds")
+                note = Text(role.short, style=pal.error + Style(bold=True) if lead else pal.muted)
+            elif row.rank in origin:
+                note = Text("← first NaN", style=pal.error + Style(bold=True))
+            else:
+                note = Text(row.note, style=pal.muted)
             table.add_row(
                 rank,
                 row.host,
@@ -102,6 +116,8 @@ class RanksPane(Pane):
                 note,
             )
         lines = [Text(f"  rank {span}: other node", style=pal.muted) for span in missing_ranges(job.missing)]  # fmt: skip
+        if stops is not None and stops.summary:
+            lines.insert(0, Text(f"  {stops.summary}", style=pal.error + Style(bold=True)))
         return Group(table, *lines) if lines else table
 
     @staticmethod
