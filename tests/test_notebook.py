@@ -186,3 +186,26 @@ def test_kernel_interrupt_then_rerun_then_restart(run_root: Path) -> None:
         assert len(run) == 5  # every step it took is there
     finally:
         kernel.close()
+
+
+def test_two_watches_open_in_one_process_each_have_a_socket() -> None:
+    """Two models watched at once (an encoder pre-train beside a probe, a sweep in one process):
+    both are listed as runs of this process and both can be steered."""
+    from nnwatch.channel.client import ChannelClient
+    from nnwatch.channel.registry import list_runs
+
+    models = [nn.Linear(4, 1), nn.Linear(4, 1)]
+    watches = [nnwatch.watch(m, None, name=f"pair-{i}") for i, m in enumerate(models)]
+    try:
+        for m, w in zip(models, watches, strict=True):
+            m(torch.randn(2, 4)).sum().backward()
+            w.step()
+        mine = {r.run_dir: r for r in list_runs() if r.pid == os.getpid()}
+        socks = [mine[str(w.run_dir)].socket for w in watches]
+        assert all(socks) and len(set(socks)) == 2
+        for sock in socks:
+            with ChannelClient(sock) as client:
+                assert client.hello()["pid"] == os.getpid()
+    finally:
+        for w in watches:
+            w.close()

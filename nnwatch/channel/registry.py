@@ -45,15 +45,22 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:64] or "host"
 
 
-def entry_path(host: str, pid: int, rank: int, root: Path | None = None) -> Path:
-    return registry_dir(root) / f"{_safe(host)}-{int(pid)}-r{int(rank)}.json"
+def _instance_suffix(instance: int) -> str:
+    """The first open watch of a process has no suffix; a second one at the same time (two
+    models watched in one notebook) gets ``-w2``, and so on, so that each is its own run."""
+    return "" if int(instance) <= 1 else f"-w{int(instance)}"
 
 
-def socket_path(pid: int, rank: int, root: Path | None = None) -> Path:
-    """Where a run's command socket goes: ``<root>/s/<pid>-r<rank>.sock``, or a short private
-    directory under /tmp when the root is too deep for a Unix socket path."""
+def entry_path(host: str, pid: int, rank: int, root: Path | None = None, instance: int = 1) -> Path:
+    return registry_dir(root) / f"{_safe(host)}-{int(pid)}-r{int(rank)}{_instance_suffix(instance)}.json"
+
+
+def socket_path(pid: int, rank: int, root: Path | None = None, instance: int = 1) -> Path:
+    """Where a run's command socket goes: ``<root>/s/<pid>-r<rank>.sock`` (``-w2`` and up for
+    further watches open at once in one process), or a short private directory under /tmp when
+    the root is too deep for a Unix socket path."""
     root = Path(root) if root is not None else default_root()
-    name = f"{int(pid)}-r{int(rank)}.sock"
+    name = f"{int(pid)}-r{int(rank)}{_instance_suffix(instance)}.sock"
     path = root / SOCKET_DIR / name
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
         ensure_private_dir(path.parent)
@@ -119,7 +126,11 @@ def build_entry(
 def register(entry: dict[str, Any], root: Path | None = None) -> Path:
     """Write ``entry`` atomically (mode 0600) and return its path."""
     reg = ensure_private_dir(registry_dir(root))
-    path = reg / entry_path(entry["host"], entry["pid"], entry.get("rank", 0)).name
+    instance = entry.get("instance", 1)
+    path = reg / entry_path(
+        entry["host"], entry["pid"], entry.get("rank", 0),
+        instance=instance if isinstance(instance, int) else 1,
+    ).name
     write_private_file(path, (json.dumps(entry, indent=1, sort_keys=True) + "\n").encode())
     return path
 

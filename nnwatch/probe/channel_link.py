@@ -9,6 +9,7 @@ connection that asked for the pause closes (the server then queues a ``resume`` 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from nnwatch.channel import registry
@@ -20,6 +21,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nnwatch")
 
+#: Instance numbers of the watches of this process whose channel is open (see registry).
+_open_instances: set[int] = set()
+_lock = threading.Lock()
+
+
+def _claim_instance() -> int:
+    with _lock:
+        n = 1
+        while n in _open_instances:
+            n += 1
+        _open_instances.add(n)
+        return n
+
 
 class ChannelLink:
     def __init__(self, w: Watch) -> None:
@@ -30,6 +44,7 @@ class ChannelLink:
         w._sysmon.beats.append(self.ring.beat)
         self.server: CommandServer | None = None
         self.entry_path = None
+        self.instance = _claim_instance()
         try:
             self._start(w, rank)
         except BaseException:
@@ -37,19 +52,22 @@ class ChannelLink:
             if self.server is not None:
                 self.server.close()
             self.ring.close("crashed", unlink=True)
+            _open_instances.discard(self.instance)
             raise
 
     def _start(self, w: Watch, rank: int) -> None:
         sock = None
         try:
-            sock = registry.socket_path(w.meta.pid, rank)
+            sock = registry.socket_path(w.meta.pid, rank, instance=self.instance)
             entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=sock)
+            entry["instance"] = self.instance
             self.server = CommandServer(sock, hello=entry)
             self.server.start()
         except (OSError, ValueError) as exc:
             log.warning("nnwatch: commands from monitors are off (%s); monitors can still watch", exc)
             self.server = None
             entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=None)
+            entry["instance"] = self.instance
         self.entry_path = registry.register(entry)
 
     def publish(self, record: memoryview) -> None:
@@ -94,3 +112,4 @@ class ChannelLink:
         self.ring.close(status, unlink=remove_ring)  # attached readers keep their mapping
         if self.entry_path is not None:
             registry.unregister(self.entry_path)
+        _open_instances.discard(self.instance)
