@@ -9,6 +9,9 @@ makes every rank wait at step S until FILE exists, so a test can look at the liv
 ``--watch-ranks 0`` runs nnwatch on rank 0 only (a common logging habit). ``--sleep S`` makes each
 step take S seconds longer (a job that runs long enough to be killed or frozen mid-way);
 ``--clip 0`` does not clip (gradient norms are then measured only on the steps the budget picks).
+``--adam --learnable`` trains Adam on labels the inputs determine (a loss that keeps falling);
+``--save FILE`` writes the model and optimizer state at the end (rank 0), ``--resume FILE`` starts
+from such a file, as a training script resumes from its checkpoint.
 Each rank prints ``rank R run_dir DIR`` and, at the end, ``rank R checks N diverged M``.
 """
 
@@ -42,6 +45,11 @@ def main() -> int:
     ap.add_argument("--go", type=Path, default=None)
     ap.add_argument("--sleep", type=float, default=0.0, help="extra seconds per step")
     ap.add_argument("--watch-ranks", type=int, nargs="*", default=None, help="default: all")
+    ap.add_argument("--adam", action="store_true")
+    ap.add_argument("--learnable", action="store_true", help="labels follow from the inputs")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--save", type=Path, default=None)
+    ap.add_argument("--resume", type=Path, default=None)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -50,7 +58,11 @@ def main() -> int:
     torch.manual_seed(0)  # the same initial weights on every rank
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     ddp = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = (torch.optim.Adam if args.adam else torch.optim.SGD)(model.parameters(), lr=args.lr)
+    if args.resume is not None:
+        state = torch.load(args.resume, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
     gen = torch.Generator().manual_seed(100 + rank)  # a different data shard per rank
     watched = args.watch_ranks is None or rank in args.watch_ranks
     w = nnwatch.watch(model, opt, name="ddp", consistency_every=args.every) if watched else None
@@ -63,7 +75,7 @@ def main() -> int:
                 while not args.go.exists():
                     time.sleep(0.05)
             x = torch.randn(8, 16, generator=gen)
-            y = torch.randint(0, 4, (8,), generator=gen)
+            y = x[:, :4].argmax(dim=1) if args.learnable else torch.randint(0, 4, (8,), generator=gen)
             opt.zero_grad()
             loss = nn.functional.cross_entropy(ddp(x), y)
             if rank == args.nan_rank and step == args.nan_step:
@@ -84,6 +96,8 @@ def main() -> int:
     check = (
         w._consistency if w is not None else None
     )  # closed with the run: its last check is read by now
+    if args.save is not None and rank == 0:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, args.save)
     checks = 0 if check is None else len(check.results)
     diverged = 0 if check is None else sum(1 for r in check.results if r.diverged)
     print(f"rank {rank} checks {checks} diverged {diverged}", flush=True)
