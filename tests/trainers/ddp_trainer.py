@@ -50,6 +50,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--save", type=Path, default=None)
     ap.add_argument("--resume", type=Path, default=None)
+    ap.add_argument("--fail-rank", type=int, default=-1, help="raise on this rank ...")
+    ap.add_argument("--fail-step", type=int, default=-1, help="... at this step")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -78,6 +80,8 @@ def main() -> int:
             y = x[:, :4].argmax(dim=1) if args.learnable else torch.randint(0, 4, (8,), generator=gen)
             opt.zero_grad()
             loss = nn.functional.cross_entropy(ddp(x), y)
+            if rank == args.fail_rank and step == args.fail_step:
+                raise RuntimeError(f"rank {rank}: a bad record in shard {rank}")
             if rank == args.nan_rank and step == args.nan_step:
                 loss = loss * float("nan")
             loss.backward()
@@ -105,6 +109,15 @@ def main() -> int:
     return 0
 
 
+def run_job() -> int:
+    """As Hydra runs a job: an exception is printed and the process exits with status 1."""
+    try:
+        return main()
+    except Exception as exc:  # noqa: BLE001 - the framework's catch-all
+        print(f"Error executing job with overrides: []\n{exc!r}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    sys.exit(run_job())
