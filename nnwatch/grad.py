@@ -31,7 +31,7 @@ try:  # torch >= 2.0 exposes these; they decide grouping order and the foreach f
         _has_foreach_support,
     )
 except ImportError:  # pragma: no cover - very old torch: same semantics, order may differ
-    _group_tensors_by_device_and_dtype = None
+    _group_tensors_by_device_and_dtype = None  # type: ignore[assignment]
 
     def _device_has_foreach_support(device: torch.device) -> bool:
         return device.type in ("cpu", "cuda")
@@ -64,9 +64,9 @@ def _as_list(params: ParamsLike) -> list[Tensor]:
 def _groups(tensors: list[Tensor]) -> list[tuple[torch.device, list[Tensor], list[int]]]:
     """Group by (device, dtype) in torch's order; each entry carries the tensors' positions."""
     if _group_tensors_by_device_and_dtype is not None:
-        grouped = _group_tensors_by_device_and_dtype([tensors], True)  # type: ignore[arg-type]
+        grouped = _group_tensors_by_device_and_dtype([tensors], True)  # type: ignore[list-item]
         return [
-            (device, list(tensor_lists[0]), list(indices))
+            (device, [t for t in tensor_lists[0] if t is not None], list(indices))
             for (device, _dtype), (tensor_lists, indices) in grouped.items()
         ]
     found: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[int]]] = {}

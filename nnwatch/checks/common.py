@@ -341,9 +341,9 @@ def copy_user_optimizer(
         raise CheckError("the optimizer holds none of the model's parameters")
     cls = type(user_opt)
     try:
-        opt = cls(groups)
+        opt = cls(groups)  # type: ignore[call-arg]
     except TypeError:
-        opt = cls(groups, lr=groups[0].get("lr", 1e-3))
+        opt = cls(groups, lr=groups[0].get("lr", 1e-3))  # type: ignore[call-arg]
     return opt, warnings
 
 

@@ -127,7 +127,7 @@ def _evidence(
         last = _last_weighted_layer(model)
         if last is not None:
             name, layer = last
-            w = layer.weight.detach().float()
+            w = layer.weight.detach().float()  # type: ignore[operator]
             fan_in = w[0].numel()
             default_std = 1.0 / math.sqrt(
                 3.0 * fan_in

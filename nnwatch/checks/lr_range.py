@@ -242,7 +242,7 @@ def lr_find(
                 current_lr = max(group_lr(g) for g in optimizer.param_groups)
         else:
             params = [p for p in net.parameters() if p.requires_grad]
-            opt = optimizer_cls(params, lr=start, **(optimizer_kwargs or {}))
+            opt = optimizer_cls(params, lr=start, **(optimizer_kwargs or {}))  # type: ignore[call-arg]
             warnings = []
         batches = _forever(loader)
         lrs: list[float] = []

@@ -53,6 +53,24 @@ class Row:
         "grad_layer",
         "batch_size",
     )
+    step: int
+    loss: float
+    grad_norm: float
+    grad_norm_clipped: float
+    clip_threshold: float
+    amp_scale: float
+    amp_skipped: float
+    nonfinite_grads: float
+    lr: np.ndarray
+    sampled: bool
+    measured: bool
+    act_sum: np.ndarray | None
+    act_std: np.ndarray | None
+    act_zero: np.ndarray | None
+    act_maxabs: np.ndarray | None
+    act_nonfinite: np.ndarray | None
+    grad_layer: np.ndarray
+    batch_size: float
 
     def __init__(self, rec: Any, act_known: bool = True) -> None:
         """One row from a single structured record (see :meth:`batch` for many at once)."""

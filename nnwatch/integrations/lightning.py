@@ -42,7 +42,7 @@ def _callback_base() -> type:
         from lightning.pytorch import Callback
     except ImportError:
         try:
-            from pytorch_lightning import Callback
+            from pytorch_lightning import Callback  # type: ignore[assignment]
         except ImportError:
             raise ImportError(
                 "nnwatch.integrations.lightning needs PyTorch Lightning: pip install lightning"
@@ -152,7 +152,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         try:
             from lightning.pytorch import LightningModule
         except ImportError:  # pragma: no cover - pytorch_lightning only
-            from pytorch_lightning import LightningModule
+            from pytorch_lightning import LightningModule  # type: ignore[assignment]
         return own is not getattr(LightningModule, "configure_gradient_clipping", None)
 
     def _wrap_clipping(self, trainer: Any, pl_module: Any) -> None:

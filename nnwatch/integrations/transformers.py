@@ -60,7 +60,7 @@ def _find_trainer(depth: int = 12) -> Any:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, Trainer):
             return candidate
-        frame = frame.f_back
+        frame = frame.f_back  # type: ignore[assignment]
     return None
 
 

@@ -166,7 +166,7 @@ class CostBudget:
         return self.max_interval, self.base_layer_interval * STATS_STRETCH[-1]
 
 
-def _fold(avg: float, total: float, n: int) -> float:
+def _fold(avg: float, total: float, n: float) -> float:
     if n == 0:
         return avg
     value = total / n

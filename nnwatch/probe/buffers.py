@@ -28,7 +28,7 @@ class StepBuffers:
     def __init__(self, schema: RunSchema, device: torch.device) -> None:
         self.schema = schema
         self.record = np.zeros(schema.record_size, dtype=np.uint8)
-        self.record_view = memoryview(self.record)  # for struct.pack_into of the host block
+        self.record_view = self.record.data  # for struct.pack_into of the host block
         hs = schema.host_size
         self.host = self.record[:hs].view(np.float64)
         self._dev_view = self.record[hs:].view(np.float32)
@@ -93,7 +93,7 @@ class StepBuffers:
         nothing the next one does not overwrite.
         """
         if not self._pinned:
-            publish(memoryview(self.record))
+            publish(self.record.data)
             if reset:
                 self.dev.copy_(self.template)
             return
@@ -123,5 +123,5 @@ class StepBuffers:
         saved = self.host.copy()
         self.host[:] = host
         self._dev_view[:] = self._pinned[k].numpy()
-        publish(memoryview(self.record))
+        publish(self.record.data)
         self.host[:] = saved

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nnwatch.channel import registry
@@ -43,7 +44,7 @@ class ChannelLink:
         self.ring.set_status("running")
         w._sysmon.beats.append(self.ring.beat)
         self.server: CommandServer | None = None
-        self.entry_path = None
+        self.entry_path: Path | None = None
         self.instance = _claim_instance()
         try:
             self._start(w, rank)

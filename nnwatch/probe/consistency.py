@@ -92,7 +92,7 @@ def parameters_sharded(model: torch.nn.Module, params: list[torch.Tensor]) -> bo
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover - older torch
-        DTensor = ()  # type: ignore[assignment]  # noqa: N806
+        DTensor = ()  # type: ignore[assignment,misc]  # noqa: N806
     if any(isinstance(p, DTensor) or hasattr(p, "_is_sharded") for p in params):
         return True
     sharded_types = ("FullyShardedDataParallel", "FSDPModule", "DeepSpeedEngine")

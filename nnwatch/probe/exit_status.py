@@ -52,7 +52,7 @@ def from_exception(exc_type: type[BaseException] | None, exc: BaseException | No
     if issubclass(exc_type, KeyboardInterrupt):
         return Ending("interrupted", "KeyboardInterrupt (Ctrl-C)", exc_type.__name__, str(exc or ""))
     if issubclass(exc_type, SystemExit):
-        return from_exit_code(exc.code if exc is not None else None)
+        return from_exit_code(exc.code if isinstance(exc, SystemExit) else None)
     message = str(exc) if exc is not None else ""
     reason = f"{exc_type.__name__}: {message}" if message else exc_type.__name__
     return Ending("crashed", f"uncaught {reason}", exc_type.__name__, message)

@@ -19,6 +19,7 @@ def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tens
     if device.type == "cpu" and all(g.dtype == torch.float32 and g.device.type == "cpu" for g in grads):
         flats = [g.reshape(-1) for g in grads]
         return torch.stack([torch.dot(f, f) for f in flats])
+    norms: list[torch.Tensor] | tuple[torch.Tensor, ...]
     try:
         norms = torch._foreach_norm(grads, 2.0)
     except (RuntimeError, TypeError):

@@ -116,7 +116,7 @@ def hide_hooks(model: nn.Module) -> list[type]:
             original = vars(cls)["__getstate__"]
             wrapper = _wrap(original)
             _wrapped[cls] = (original, wrapper, 1)
-            cls.__getstate__ = wrapper  # type: ignore[method-assign]
+            cls.__getstate__ = wrapper  # type: ignore[method-assign,assignment]
         return classes
 
 
@@ -133,7 +133,7 @@ def release_hooks(classes: list[type]) -> None:
                 continue
             del _wrapped[cls]
             if vars(cls).get("__getstate__") is wrapper:  # nobody wrapped it after us
-                cls.__getstate__ = original  # type: ignore[method-assign]
+                cls.__getstate__ = original  # type: ignore[method-assign,assignment]
 
 
 def wrapped_classes() -> list[type]:

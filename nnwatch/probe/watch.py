@@ -285,7 +285,8 @@ class Watch:
         self._refresh_views()
         self._sampled = True  # step 0 always samples per-layer stats
         self._sysmon = SystemSampler()
-        self._tensorboard, self._exporter = tensorboard, None  # live TensorBoard export
+        self._tensorboard = tensorboard  # live TensorBoard export, from the run log's thread
+        self._exporter: Any = None
         self._consistency = ConsistencyCheck.create(self, consistency_every)  # ranks, every N steps
 
         if os.environ.get("NNWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
