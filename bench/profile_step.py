@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--model", default="mlp", choices=list(overhead.MODELS))
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--only", default="", help="list only functions whose file path holds this (e.g. nnwatch)")
     args = ap.parse_args()
     torch.manual_seed(0)
     model, batch = overhead.MODELS[args.model]()
@@ -67,7 +68,10 @@ def main() -> int:
               f"(x{watched / bare:.3f}), budget k={w.budget.interval}, stats every {w.layer_interval}")
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
-    stats.sort_stats("tottime").print_stats(args.top)
+    if args.only:
+        stats.sort_stats("cumulative").print_stats(args.only, args.top)
+    else:
+        stats.sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
     return 0
 
