@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,19 +136,45 @@ class RunSchema:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSchema:
-        version = int(d.get("version", SCHEMA_VERSION))
+        """Rebuild a schema read from disk or a socket; every field is checked, and anything
+        malformed raises ValueError naming the field (never a TypeError deep inside numpy)."""
+        if not isinstance(d, dict):
+            raise ValueError("the schema is not a JSON object")
+        version = d.get("version", SCHEMA_VERSION)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"schema version must be a positive whole number, got {version!r}")
         if version > SCHEMA_VERSION:
             raise ValueError(
                 f"this run was written by a newer nnwatch (schema {version}, this one reads "
                 f"up to {SCHEMA_VERSION}); upgrade nnwatch to read it"
             )
+        layer_names = _names(d.get("layer_names"), "layer_names")
+        kinds = d.get("layer_kinds") or ["?"] * len(layer_names)
+        layer_kinds = _names(kinds, "layer_kinds")
+        if len(layer_kinds) != len(layer_names):
+            raise ValueError("layer_kinds and layer_names differ in length")
+        num_lr = d.get("num_lr")
+        if isinstance(num_lr, bool) or not isinstance(num_lr, int) or not 0 <= num_lr <= MAX_LAYERS:
+            raise ValueError(f"num_lr must be a whole number from 0 to {MAX_LAYERS}, got {num_lr!r}")
         return cls(
-            layer_names=tuple(d["layer_names"]),
-            layer_kinds=tuple(d.get("layer_kinds") or ("?",) * len(d["layer_names"])),
-            param_layer_names=tuple(d["param_layer_names"]),
-            num_lr=int(d["num_lr"]),
+            layer_names=layer_names,
+            layer_kinds=layer_kinds,
+            param_layer_names=_names(d.get("param_layer_names"), "param_layer_names"),
+            num_lr=num_lr,
             version=version,
         )
+
+
+#: The most layers (or LR groups) a schema read from disk may declare; more is a corrupt file.
+MAX_LAYERS = 1 << 16
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_LAYERS:
+        raise ValueError(f"{what} must be a list of at most {MAX_LAYERS} names")
+    if not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must hold only strings")
+    return tuple(value)
 
 
 def sums_measured(rows: np.ndarray) -> np.ndarray:
@@ -193,8 +220,48 @@ class RunMeta:
         return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> RunMeta:
-        d = json.loads(text)
-        d["schema"] = RunSchema.from_dict(d["schema"])
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
+    def from_json(cls, text: str | bytes) -> RunMeta:
+        """Parse ``meta.json`` (or the copy in a ring header). Every field is checked: anything
+        malformed raises ValueError with the field's name."""
+        try:
+            d = json.loads(text)
+        except RecursionError as exc:
+            raise ValueError("meta.json is nested too deeply to be ours") from exc
+        if not isinstance(d, dict):
+            raise ValueError("meta.json is not a JSON object")
+        if "schema" not in d:
+            raise ValueError("meta.json has no schema")
+        out: dict[str, Any] = {"schema": RunSchema.from_dict(d["schema"])}
+        for name, kinds, required in _META_FIELDS:
+            if name not in d or (d[name] is None and type(None) in kinds and not required):
+                if required:
+                    raise ValueError(f"meta.json has no {name}")
+                continue
+            value = d[name]
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                raise ValueError(f"meta.json: {name} has the wrong type ({type(value).__name__})")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"meta.json: {name} is not finite")
+            if name in ("pid", "rank", "local_rank") and not 0 <= value < 1 << 31:
+                raise ValueError(f"meta.json: {name} is out of range ({value})")
+            if name == "world_size" and not 1 <= value < 1 << 31:
+                raise ValueError(f"meta.json: world_size is out of range ({value})")
+            out[name] = float(value) if name == "started" else value
+        return cls(**out)
+
+
+#: (field, accepted JSON types, required) for RunMeta.from_json.
+_META_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
+    ("name", (str,), True),
+    ("pid", (int,), True),
+    ("host", (str,), True),
+    ("started", (int, float), True),
+    ("device", (str,), False),
+    ("num_classes", (int, type(None)), False),
+    ("rank", (int,), False),
+    ("local_rank", (int,), False),
+    ("world_size", (int,), False),
+    ("nnwatch_version", (str,), False),
+    ("torch_version", (str,), False),
+    ("extra", (dict,), False),
+)

@@ -13,11 +13,13 @@ The trainer can only say what it knows: it writes "running", "paused" or (at a c
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from nnwatch.channel.identity import same_process, this_host
 from nnwatch.channel.ring import ENDED, RingState
+from nnwatch.paths import read_small_file
 
 #: The heartbeat thread beats at 1 Hz; this many seconds without one means the process is frozen.
 HEARTBEAT_STALE = 5.0
@@ -55,10 +57,31 @@ def read_end(run_dir: Path | None) -> dict | None:
     if run_dir is None:
         return None
     try:
-        end = json.loads((Path(run_dir) / END_FILE).read_text())
-    except (OSError, ValueError):
+        end = json.loads(read_small_file(Path(run_dir) / END_FILE))
+    except (OSError, ValueError, RecursionError):
         return None
-    return end if isinstance(end, dict) else None
+    return clean_end(end)
+
+
+def clean_end(end: object) -> dict | None:
+    """``end.json`` as read from disk, with every field a reader uses checked: None when it is not
+    a JSON object; a status that is not one of ours reads "finished" (the run did write it at its
+    end); a step count or time of the wrong type is dropped."""
+    if not isinstance(end, dict):
+        return None
+    out = dict(end)
+    status = out.get("status")
+    if status not in ("finished", "crashed", "interrupted", "stopped"):
+        out["status"] = "finished"
+    steps = out.get("steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps < 1 << 53):
+        out.pop("steps")
+    ended = out.get("ended")
+    if ended is not None and (
+        isinstance(ended, bool) or not isinstance(ended, (int, float)) or not math.isfinite(ended)
+    ):
+        out.pop("ended")
+    return out
 
 
 def judge(
@@ -93,15 +116,16 @@ def judge(
             "hung",
             f"no heartbeat for {hb_age:.0f} s: the process is stopped or stuck holding the GIL",
         )
+    logged = f"its run log stopped: {state.log_error}" if state.log_error else ""
     if state.status == "paused":
-        return health("paused", "paused by a monitor")
+        return health("paused", "paused by a monitor" + (f"; {logged}" if logged else ""))
     if step_age is None:
         return health("starting", "waiting for the first step")
     limit = max(hung_min, hung_factor * (interval or 0.0))
     if step_age > limit:
         usual = f"usual {interval:.3g} s" if interval else "no usual step time yet"
         return health("hung", f"no step for {step_age:.0f} s ({usual})")
-    return health(state.status if state.status != "starting" else "running", "")
+    return health(state.status if state.status != "starting" else "running", logged)
 
 
 def writer_alive(state: RingState, host: str | None) -> bool | None:

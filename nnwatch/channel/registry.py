@@ -14,6 +14,7 @@ processes that are gone.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -25,9 +26,15 @@ from typing import Any
 
 from nnwatch._version import __version__
 from nnwatch.channel.health import HEARTBEAT_STALE, Health, Liveness, read_end
-from nnwatch.channel.identity import own_start_time, same_process, this_host
+from nnwatch.channel.identity import (
+    START_TIME_TOLERANCE,
+    own_start_time,
+    process_start_time,
+    same_process,
+    this_host,
+)
 from nnwatch.channel.ring import RingError, RingReader
-from nnwatch.paths import default_root, ensure_private_dir, write_private_file
+from nnwatch.paths import default_root, ensure_private_dir, read_small_file, write_private_file
 from nnwatch.schema import RunMeta
 
 REGISTRY_DIR = "registry"
@@ -212,15 +219,66 @@ class RunInfo:
         return d
 
 
-def _read_entry(path: Path) -> dict[str, Any] | None:
+class EntryError(ValueError):
+    """A registry entry that cannot be used; the message says which field is wrong."""
+
+
+#: (key, accepted JSON types) of the entry fields that readers use, checked before any use.
+_ENTRY_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("name", (str,)), ("host", (str,)), ("start_time", (int, float)), ("started", (int, float)),
+    ("rank", (int,)), ("local_rank", (int,)), ("world_size", (int,)), ("run_dir", (str,)),
+    ("ring", (str,)), ("socket", (str, type(None))), ("cwd", (str,)), ("cmdline", (list,)),
+    ("cuda_devices", (list,)), ("layer_names", (list,)), ("nnwatch_version", (str,)),
+    ("instance", (int,)),
+)  # fmt: skip
+
+
+def validate_entry(entry: Any) -> dict[str, Any]:
+    """Check every field a reader takes from a registry entry; raise :class:`EntryError` naming
+    the first bad one. Unknown keys are kept (newer writers may add some)."""
+    if not isinstance(entry, dict):
+        raise EntryError("it is not a JSON object")
+    pid = entry.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < 1 << 31:
+        raise EntryError(f"pid must be a positive whole number, got {_show(pid)}")
+    for key, kinds in _ENTRY_FIELDS:
+        if key not in entry:
+            continue
+        value = entry[key]
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise EntryError(f"{key} has the wrong type ({type(value).__name__})")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise EntryError(f"{key} is not a finite number")
+        if isinstance(value, int) and key in ("rank", "local_rank", "instance") and not 0 <= value < 1 << 31:
+            raise EntryError(f"{key} is out of range ({value})")
+        if key == "world_size" and not 1 <= value < 1 << 31:
+            raise EntryError(f"world_size is out of range ({value})")
+        if isinstance(value, str) and "\0" in value:
+            raise EntryError(f"{key} holds a NUL byte")
+    if not entry.get("ring") or not entry.get("run_dir"):
+        raise EntryError("it names no ring or run directory")
+    return entry
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _read_entry(path: Path, problems: list[str] | None = None) -> dict[str, Any] | None:
+    """The entry at ``path``, validated; None (with one line in ``problems``) when it is not ours
+    or not usable. Never follows a symlink and never blocks on a FIFO."""
     try:
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return None  # only our own regular files; a planted symlink is ignored
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+        entry = validate_entry(json.loads(read_small_file(path, limit=1024 * 1024)))
+    except FileNotFoundError:
+        return None  # removed between the listing and the read (a run that closed)
+    except (OSError, ValueError, RecursionError) as exc:
+        if problems is not None:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            problems.append(f"skipped the registry entry {path.name}: {why or 'unreadable'}")
         return None
     return entry
 
@@ -249,12 +307,13 @@ def inspect(
             heartbeat_at, last_step_at, interval = _ring_times(state)
             last = reader.latest()
             if last is not None and reader.meta is not None:
-                step = int(last["step"][0])
+                step = _step_of(last["step"][0])
             elif state.write_seq:
                 step = state.write_seq - 1
             if state.step_interval > 0 and health.state in ("running", "starting"):
                 rate = 1.0 / state.step_interval
-    except (RingError, OSError, ValueError, KeyError):
+    except (RingError, OSError, ValueError, KeyError, OverflowError):
+        step = None
         end = read_end(run_dir)
         alive = same_process(pid, start_time) if host == this_host() else None
         if end is not None:
@@ -309,10 +368,11 @@ def note_first_stop(run_dir: str | Path, rank: int, others: list[int], how: str)
 
 def _seen_first(run_dir: str | Path) -> float | None:
     try:
-        note = json.loads((Path(run_dir) / FIRST_STOP_FILE).read_text())
-        return float(note["seen_at"])
-    except (OSError, ValueError, KeyError, TypeError):
+        note = json.loads(read_small_file(Path(run_dir) / FIRST_STOP_FILE, limit=65536))
+        seen = float(note["seen_at"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
+    return seen if math.isfinite(seen) else None
 
 
 def _ring_times(state: Any) -> tuple[float | None, float | None, float | None]:
@@ -324,28 +384,51 @@ def _ring_times(state: Any) -> tuple[float | None, float | None, float | None]:
     )
 
 
-def list_runs(root: Path | None = None, *, hung_min: float | None = None) -> list[RunInfo]:
-    """Every registered run of this user, oldest first, each judged live or not right now."""
+def _step_of(value: Any) -> int | None:
+    """A step number read from a record, or None when it is not one (NaN, negative, absurd)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and 0 <= f < 2**53 else None
+
+
+def list_runs(
+    root: Path | None = None, *, hung_min: float | None = None, problems: list[str] | None = None
+) -> list[RunInfo]:
+    """Every registered run of this user, oldest first, each judged live or not right now.
+
+    An entry that cannot be read or judged is skipped, with one line saying why in ``problems``:
+    one bad file never hides the other runs.
+    """
     reg = registry_dir(root)
     if not reg.is_dir():
         return []
     now = time.time()
     runs = []
     for path in sorted(reg.glob("*.json")):
-        entry = _read_entry(path)
-        if entry is not None:
+        entry = _read_entry(path, problems)
+        if entry is None:
+            continue
+        try:
             runs.append(inspect(entry, path, now=now, hung_min=hung_min))
+        except Exception as exc:  # noqa: BLE001 - one bad entry must not break ls or gc
+            if problems is not None:
+                problems.append(f"skipped the registry entry {path.name}: {exc}")
     runs.sort(key=lambda r: (r.started, r.name, r.rank))
     return runs
 
 
-def gc(root: Path | None = None, *, dry_run: bool = False) -> list[RunInfo]:
+def gc(
+    root: Path | None = None, *, dry_run: bool = False, problems: list[str] | None = None
+) -> list[RunInfo]:
     """Remove the entries (and sockets) of runs whose process is gone; return what was removed.
 
-    Only entries from this host are judged: a pid means nothing on another machine.
+    Only entries from this host are judged: a pid means nothing on another machine. Entries that
+    cannot be read are left alone and named in ``problems``.
     """
     removed = []
-    for info in list_runs(root):
+    for info in list_runs(root, problems=problems):
         if info.host != this_host():
             continue
         if same_process(info.pid, info.start_time):
@@ -361,6 +444,36 @@ def gc(root: Path | None = None, *, dry_run: bool = False) -> list[RunInfo]:
             except OSError:
                 pass
     return removed
+
+
+def fold_dead_rings(
+    root: Path | None = None, *, dry_run: bool = False, problems: list[str] | None = None
+) -> list[tuple[str, int, str]]:
+    """For every run of this host whose process is gone but whose ring file is still there (a
+    crash, or a log that failed): move the steps only the ring holds into the log and remove the
+    ring. Returns (run directory, steps recovered, what was done) per ring."""
+    from nnwatch.runlog import RunLogError, fold_ring_into_log
+
+    done: list[tuple[str, int, str]] = []
+    seen: set[str] = set()
+    for info in [*list_runs(root, problems=problems), *recorded_runs(root, problems=problems)]:
+        key = os.path.realpath(info.run_dir)
+        if key in seen or info.host != this_host() or info.alive is not False:
+            continue
+        seen.add(key)
+        if not os.path.lexists(info.ring) or Path(info.ring).parent != Path(info.run_dir):
+            continue
+        if dry_run:
+            done.append((info.run_dir, 0, "would move the ring's steps into the log"))
+            continue
+        try:
+            n, what = fold_ring_into_log(info.run_dir)
+        except (RunLogError, OSError, ValueError) as exc:
+            if problems is not None:
+                problems.append(f"left the ring of {Path(info.run_dir).name}: {exc}")
+            continue
+        done.append((info.run_dir, n, what))
+    return done
 
 
 def find_runs(spec: str, root: Path | None = None) -> list[RunInfo]:
@@ -382,7 +495,7 @@ def find_runs(spec: str, root: Path | None = None) -> list[RunInfo]:
     return [r for r in runs if r.name.startswith(spec) or Path(r.run_dir).name.startswith(spec)]
 
 
-def recorded_runs(root: Path | None = None) -> list[RunInfo]:
+def recorded_runs(root: Path | None = None, *, problems: list[str] | None = None) -> list[RunInfo]:
     """Run directories under the root that have no registry entry: finished or crashed runs."""
     root = Path(root) if root is not None else default_root()
     if not root.is_dir():
@@ -396,9 +509,16 @@ def recorded_runs(root: Path | None = None) -> list[RunInfo]:
         run_dir = meta_path.parent
         if os.path.realpath(run_dir) in registered:
             continue
-        info = inspect_dir(run_dir, now=now)
+        try:
+            info = inspect_dir(run_dir, now=now)
+        except Exception as exc:  # noqa: BLE001 - one damaged run must not hide the others
+            if problems is not None:
+                problems.append(f"skipped {run_dir.name}: {exc}")
+            continue
         if info is not None:
             out.append(info)
+        elif problems is not None:
+            problems.append(f"skipped {run_dir.name}: its meta.json is unreadable or corrupt")
     out.sort(key=lambda r: (r.started, r.name, r.rank))
     return out
 
@@ -411,7 +531,7 @@ def inspect_dir(
     now = time.time() if now is None else now
     run_dir = Path(run_dir)
     try:
-        meta = RunMeta.from_json((run_dir / "meta.json").read_text())
+        meta = RunMeta.from_json(read_small_file(run_dir / "meta.json"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     end = read_end(run_dir)
@@ -429,16 +549,20 @@ def inspect_dir(
             state = "crashed" if end.get("status") == "crashed" else "finished"
             message = f"ended ({end.get('status', 'finished')})"
         else:
-            gone = same_process(meta.pid, 0.0) if meta.host == this_host() else None
-            state = "crashed" if gone is False else "running"
-            message = "no end.json and the pid is gone" if gone is False else "unregistered"
+            alive_now = run_process_alive(meta.pid, meta.started) if meta.host == this_host() else None
+            if alive_now is False:
+                state, message = "crashed", "no end.json and its process is gone"
+            elif alive_now is None:
+                state, message = "hung", "on another host, and its ring is unreadable from here"
+            else:
+                state, message = "running", "unregistered, and its ring is unreadable"
     if not isinstance(steps, int):
         try:  # rows in scalars.bin: 64-byte header, then fixed-size rows
             size = (run_dir / "scalars.bin").stat().st_size
             steps = max(0, (size - 64) // meta.schema.scalar_size)
         except OSError:
             steps = None
-    alive = same_process(meta.pid, 0.0) if meta.host == this_host() else None
+    alive = run_process_alive(meta.pid, meta.started) if meta.host == this_host() else None
     return RunInfo(
         name=meta.name, pid=meta.pid, host=meta.host, rank=meta.rank,
         world_size=meta.world_size, state=state, message=message,
@@ -452,6 +576,13 @@ def inspect_dir(
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
         ending=end, alive=alive, seen_first_at=_seen_first(run_dir),
     )  # fmt: skip
+
+
+def run_process_alive(pid: int, started: float) -> bool:
+    """Whether the process that wrote a run still lives, from ``meta.json`` alone: its pid exists
+    and that process started before the run did (a younger process has reused the pid)."""
+    now_start = process_start_time(pid)
+    return now_start is not None and now_start <= started + START_TIME_TOLERANCE
 
 
 def refresh(info: RunInfo, *, hung_min: float | None = None) -> RunInfo:

@@ -24,9 +24,12 @@ File layout (little-endian; the writer stores words natively, so it refuses big-
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import mmap
 import os
+import stat
 import struct
 import sys
 import threading
@@ -39,6 +42,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from nnwatch.channel.identity import own_start_time
+from nnwatch.paths import describe_os_error, is_tmpfs
 from nnwatch.schema import RunMeta
 
 if TYPE_CHECKING:
@@ -71,6 +75,7 @@ _CONST_OFF = 8
 # could catch the zeros (a write position of 0, a heartbeat from 1970).
 _W_WRITE_SEQ, _W_HEARTBEAT, _W_LAST_PUBLISH, _W_INTERVAL = 8, 9, 10, 11  # u64, f64, f64, f64
 _W_STATUS, _W_STATUS_TIME, _W_ERRORS = 12, 13, 14  # u64, f64, u64
+_W_LOG_ERROR = 15  # u64: why the run log stopped (LOG_ERRORS), 0 while it works
 _PUBLISH = struct.Struct("<Qddd")  # reader side: write_seq, heartbeat, last publish, interval
 _PUBLISH_OFF = 8 * _W_WRITE_SEQ
 _HEARTBEAT = struct.Struct("<d")
@@ -79,7 +84,14 @@ _STATUS = struct.Struct("<Qd")  # status code, time of the change
 _STATUS_OFF = 8 * _W_STATUS
 _ERRORS = struct.Struct("<Q")
 _ERRORS_OFF = 8 * _W_ERRORS
+_LOG_ERROR_OFF = 8 * _W_LOG_ERROR
 _U64 = struct.Struct("<Q")
+#: A write position beyond this is a corrupt header, not a run (2**48 steps at 1 MHz: 9 years).
+MAX_SEQ = 1 << 48
+#: Why the run log (or a snapshot) could not be written, as the header stores it for monitors.
+LOG_ERRORS: dict[int, str] = {
+    1: "the disk is full", 2: "permission denied", 3: "a write error", 4: "the file system is read-only",
+}  # fmt: skip
 _SLOT_LENGTH = struct.Struct("<I")
 
 #: Weight of the newest interval in the step-interval average: readers use it for "hung" and steps/s.
@@ -88,6 +100,25 @@ _EMA = 0.1
 
 class RingError(RuntimeError):
     """A ring file cannot be used; the message says what is wrong in plain words."""
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def log_error_code(message: str) -> int:
+    """The header code for a failure message from :func:`nnwatch.paths.describe_os_error`."""
+    text = message.lower()
+    if "disk is full" in text or "no space" in text or "quota" in text:
+        return 1
+    if "permission" in text:
+        return 2
+    if "read-only" in text:
+        return 4
+    return 3
 
 
 def _slot_size(record_size: int) -> int:
@@ -137,17 +168,34 @@ class RingWriter:
         self._beat_thread: threading.Thread | None = None
         self._beat_stop = threading.Event()
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(
+            self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600
+        )
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                raise RingError(f"{self.path} is not a regular file of yours; not writing a ring there")
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, size)
             # Reserve the space now: on a full tmpfs (Docker's 64 MiB /dev/shm) touching a page of
             # a sparse file kills the process with SIGBUS; posix_fallocate fails with ENOSPC
-            # instead, which the probe reports while training goes on.
+            # instead, which the probe reports while training goes on. The half-made file is
+            # removed: its zero pages are holes that would kill any *reader* with SIGBUS too.
             if hasattr(os, "posix_fallocate"):
                 os.posix_fallocate(fd, 0, size)
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except OSError as exc:
+            os.close(fd)
+            _unlink_quietly(self.path)
+            raise RingError(
+                f"cannot create the ring {self.path} ({size // 1024} KiB): "
+                f"{describe_os_error(exc, self.path.parent)}"
+            ) from exc
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(self.path)
+            raise
+        else:
             os.close(fd)
         # Touch every page now, so the first lap of publishes does not pay page faults.
         zeros = np.frombuffer(self._mm, dtype=np.uint8)
@@ -247,6 +295,16 @@ class RingWriter:
         self._beat_thread = threading.Thread(target=loop, name="nnwatch-heartbeat", daemon=True)
         self._beat_thread.start()
 
+    def set_log_error(self, message: str) -> None:
+        """Tell monitors that the run log (or a snapshot) could not be written, and why: the
+        cause is kept as a code in the header (see ``LOG_ERRORS``), read into ``RingState``."""
+        code = log_error_code(message)
+        try:
+            self._hdr_q[_W_LOG_ERROR] = code
+            self.beat()
+        except Exception:  # noqa: BLE001 - closed ring: nobody is left to tell
+            pass
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -311,6 +369,8 @@ class RingState:
     errors: int
     slots: int
     record_size: int
+    #: Why the run log stopped ("the disk is full", ...), "" while it works.
+    log_error: str = ""
 
     def heartbeat_age(self, now: float | None = None) -> float:
         return max(0.0, (time.time() if now is None else now) - self.heartbeat)
@@ -341,16 +401,33 @@ class RingReader:
 
     def __init__(self, path: Path, *, start: Literal["oldest", "latest"] | int = "oldest") -> None:
         self.path = Path(path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:  # non-blocking: a FIFO planted where the ring should be must not hang a reader
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError as exc:
             raise RingError(f"{self.path} does not exist: the run has no ring (yet)") from exc
         except OSError as exc:
-            raise RingError(f"cannot open the ring {self.path}: {exc.strerror or exc}") from exc
+            why = "it is a symlink" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+            raise RingError(f"cannot open the ring {self.path}: {why}") from exc
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RingError(f"{self.path} is not a regular file, so it is not a ring")
+            size = st.st_size
             if size < META_OFFSET:
                 raise RingError(f"{self.path} is too short to be a ring file ({size} bytes)")
+            # Read the header with pread before mapping anything: a ring whose creation failed on
+            # a full tmpfs is all holes, and touching a mapped hole there is a SIGBUS.
+            head = os.pread(fd, META_OFFSET, 0)
+            if head[0:8] != MAGIC:
+                raise RingError(
+                    f"{self.path} is not an nnwatch ring (or its writer has not finished creating "
+                    "it, or could not: a full disk leaves an empty ring)"
+                )
+            if st.st_blocks * 512 < size and is_tmpfs(self.path):
+                raise RingError(
+                    f"{self.path} is sparse ({st.st_blocks * 512} of {size} bytes allocated) on a "
+                    "tmpfs; reading it could crash this process (SIGBUS), so it is skipped"
+                )
             self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:
             os.close(fd)
@@ -370,12 +447,22 @@ class RingReader:
         )
         if version != VERSION:
             raise RingError(f"{self.path} has ring format {version}; this nnwatch reads {VERSION}")
-        if slots_off + slots * slot_size > size or slot_size < SLOT_HEADER + record_size:
-            raise RingError(f"{self.path} has an inconsistent header; the file may be truncated")
+        if (
+            record_size <= 0 or slots < 2 or slot_size % SLOT_ALIGN
+            or slot_size < SLOT_HEADER + record_size or slot_size > SLOT_HEADER + record_size + SLOT_ALIGN
+            or slots_off < META_OFFSET + meta_len or slots_off % 4096
+            or slots_off + slots * slot_size > size
+            or not (math.isfinite(start_time) and math.isfinite(created))
+            or not 0 < pid < 1 << 31
+        ):  # fmt: skip
+            raise RingError(f"{self.path} has an inconsistent header; the file may be truncated or corrupt")
         self.pid, self.start_time, self.created = int(pid), float(start_time), float(created)
         self.slots, self.slot_size, self.record_size = int(slots), int(slot_size), int(record_size)
-        self.meta_json = bytes(self._mm[META_OFFSET : META_OFFSET + meta_len]).decode()
-        self.meta: RunMeta | None = RunMeta.from_json(self.meta_json) if self.meta_json else None
+        try:
+            self.meta_json = bytes(self._mm[META_OFFSET : META_OFFSET + meta_len]).decode()
+            self.meta: RunMeta | None = RunMeta.from_json(self.meta_json) if self.meta_json else None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RingError(f"{self.path} holds a corrupt run description ({exc})") from exc
         if self.meta is not None:
             self.dtype = self.meta.schema.record_dtype()
             if self.dtype.itemsize != record_size:
@@ -416,11 +503,21 @@ class RingReader:
         (hb,) = _HEARTBEAT.unpack_from(self._mm, _HEARTBEAT_OFF)
         code, status_time = _STATUS.unpack_from(self._mm, _STATUS_OFF)
         (errors,) = _ERRORS.unpack_from(self._mm, _ERRORS_OFF)
+        (log_code,) = _U64.unpack_from(self._mm, _LOG_ERROR_OFF)
+        if (
+            ws > MAX_SEQ or code not in STATUS_NAMES
+            or not all(math.isfinite(x) and x >= 0 for x in (hb, last, interval, status_time))
+        ):  # fmt: skip
+            raise RingError(
+                f"{self.path} has a corrupt header (write position {ws}, status code {code}); "
+                "its records are not trusted"
+            )
         return RingState(
             pid=self.pid, start_time=self.start_time, created=self.created,
-            status=STATUS_NAMES.get(code, "running"), status_time=status_time, write_seq=int(ws),
+            status=STATUS_NAMES[code], status_time=status_time, write_seq=int(ws),
             heartbeat=hb, last_publish=last, step_interval=interval, errors=int(errors),
             slots=self.slots, record_size=self.record_size,
+            log_error=LOG_ERRORS.get(int(log_code), "a write error") if log_code else "",
         )  # fmt: skip
 
     @property
@@ -460,6 +557,8 @@ class RingReader:
     def read_batch(self, max_records: int | None = None) -> RingBatch:
         """New records plus what was dropped or torn since the previous read."""
         (ws,) = _U64.unpack_from(self._mm, _PUBLISH_OFF)
+        if ws > MAX_SEQ:  # a corrupt write position: nothing in the ring can be located
+            return RingBatch(np.zeros(0, self.dtype), np.zeros(0, np.int64), 0, 0)
         dropped = torn = 0
         nxt = self._next
         if ws < nxt:  # cannot happen with one writer; resynchronise rather than return garbage

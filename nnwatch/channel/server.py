@@ -53,6 +53,21 @@ log = logging.getLogger("nnwatch")
 #: A client that does not read its replies is cut off once this much is waiting for it.
 MAX_OUTBOX_BYTES = 1024 * 1024
 MAX_CONNECTIONS = 32
+#: What one connection may send: request lines per second (and a burst), bytes per second (and
+#: a burst that holds one request of the largest size). Beyond it the server stops reading from
+#: that connection until its budget refills, so a flooding client is slowed by its own socket
+#: buffer filling up, at no cost to the trainer.
+LINES_PER_S, LINES_BURST = 100.0, 256.0
+BYTES_PER_S, BYTES_BURST = 64.0 * 1024, float(2 * MAX_REQUEST_BYTES)
+#: The same for all connections together, which bounds the server thread's CPU (JSON parsing
+#: takes the GIL from the training thread) whatever the number of clients.
+TOTAL_LINES_PER_S, TOTAL_BYTES_PER_S = 500.0, 512.0 * 1024
+TOTAL_LINES_BURST = 512.0
+#: A connection that has sent no complete request this long after connecting is closed; one that
+#: has been silent this long is closed too, unless it holds a pause (its monitor is the one to
+#: lift it). Monitors reconnect when they next need to send.
+HANDSHAKE_TIMEOUT = 10.0
+IDLE_TIMEOUT = 120.0
 #: At close, how long streams served from threads get to send their last records and "end".
 STREAM_FLUSH_S = 1.0
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
@@ -63,10 +78,20 @@ class _Connection:
 
     __slots__ = (
         "sock", "fd", "inbuf", "outbox", "outbuf", "skipping", "closed", "peer_pid",
-        "holds_pause", "writing",
+        "holds_pause", "writing", "lines", "bytes", "refilled", "connected", "last_request",
+        "valid", "throttled_until", "mask",
     )  # fmt: skip
 
     def __init__(self, sock: socket.socket, peer_pid: int) -> None:
+        now = time.monotonic()
+        self.lines = LINES_BURST  # token buckets, see LINES_PER_S
+        self.bytes = BYTES_BURST
+        self.refilled = now
+        self.connected = now
+        self.last_request: float | None = None  # a complete line, valid or not
+        self.valid = 0  # requests that passed validation: the mark of a real monitor
+        self.throttled_until = 0.0
+        self.mask = 0  # selector events registered for this connection
         self.sock = sock
         self.fd = sock.fileno()
         self.inbuf = bytearray()
@@ -149,6 +174,11 @@ class CommandServer:
         self.uid = os.getuid()
         self.refused = 0  # peers of another uid, turned away
         self.rejected = 0  # requests that failed validation
+        self.throttled = 0  # times a connection was paused for sending too much
+        self.evicted = 0  # idle or junk connections closed to make room for a new monitor
+        self.timed_out = 0  # connections closed for silence
+        self._total_lines, self._total_bytes = TOTAL_LINES_BURST, TOTAL_BYTES_PER_S
+        self._total_refilled = time.monotonic()
         self._queue: collections.deque[PendingCommand] = collections.deque()
         self._arrived = threading.Event()
         self._conns: dict[int, _Connection] = {}
@@ -264,9 +294,14 @@ class CommandServer:
     # -- server thread ---------------------------------------------------------------------------
     def _serve(self) -> None:
         assert self._sel is not None
+        next_sweep = time.monotonic() + 1.0
         while not self._stop:
+            timeout = 1.0
+            waiting = [c.throttled_until for c in self._conns.values() if c.throttled_until]
+            if waiting:
+                timeout = max(0.0, min(timeout, min(waiting) - time.monotonic()))
             try:
-                events = self._sel.select(timeout=1.0)
+                events = self._sel.select(timeout=timeout)
             except OSError:
                 break
             for key, mask in events:
@@ -288,6 +323,19 @@ class CommandServer:
             for conn in list(self._conns.values()):
                 if conn.outbox and not conn.closed:
                     self._flush(conn)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if conn.throttled_until and now >= conn.throttled_until and not conn.closed:
+                    conn.throttled_until = 0.0
+                    try:
+                        self._interest(conn)
+                        self._read(conn, recv=False)  # lines already buffered go first
+                    except Exception as exc:  # noqa: BLE001
+                        log.debug("nnwatch: command socket error: %r", exc)
+                        self._drop(conn)
+            if now >= next_sweep:
+                next_sweep = now + 1.0
+                self._close_idle(now)
             if self._children:
                 self._children = [p for p in self._children if p.poll() is None]
 
@@ -317,7 +365,7 @@ class CommandServer:
             self.refused += 1
             self._refuse(sock, f"refused: this run belongs to uid {self.uid}; you are uid {uid}")
             return
-        if len(self._conns) >= self.max_connections:
+        if len(self._conns) >= self.max_connections and not self._make_room():
             self._refuse(
                 sock, f"refused: too many monitors connected (limit {self.max_connections})"
             )
@@ -325,7 +373,84 @@ class CommandServer:
         sock.setblocking(False)
         conn = _Connection(sock, pid)
         self._conns[conn.fd] = conn
-        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self._interest(conn)
+
+    def _make_room(self) -> bool:
+        """Close one connection so that a new monitor gets in: first one that never sent a valid
+        request, then the one silent longest; never one that holds a pause."""
+        candidates = [c for c in self._conns.values() if not c.holds_pause]
+        if not candidates:
+            return False
+        victim = min(
+            candidates, key=lambda c: (c.valid > 0, c.last_request or c.connected)
+        )
+        self.evicted += 1
+        self._goodbye(victim, "closed to make room for a new monitor (too many connections)")
+        return True
+
+    def _close_idle(self, now: float) -> None:
+        for conn in list(self._conns.values()):
+            if conn.holds_pause or conn.closed:
+                continue
+            if conn.last_request is None and now - conn.connected > HANDSHAKE_TIMEOUT:
+                why = f"closed: no request within {HANDSHAKE_TIMEOUT:g} s of connecting"
+            elif conn.last_request is not None and now - conn.last_request > IDLE_TIMEOUT:
+                why = f"closed: idle for {IDLE_TIMEOUT:g} s (reconnect to send more)"
+            else:
+                continue
+            self.timed_out += 1
+            self._goodbye(conn, why)
+
+    def _goodbye(self, conn: _Connection, message: str) -> None:
+        """Tell a client why it is being closed (best effort, never blocking), then close it."""
+        try:
+            conn.sock.send(encode_reply(None, ok=False, error=message))
+        except OSError:
+            pass
+        self._drop(conn)
+
+    def _interest(self, conn: _Connection) -> None:
+        """Register what the selector should watch on ``conn``: reading unless it is throttled,
+        writing while replies wait."""
+        if self._sel is None or conn.closed:
+            return
+        mask = (0 if conn.throttled_until else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if conn.writing else 0
+        )
+        if mask == conn.mask:
+            return
+        if conn.mask and mask:
+            self._sel.modify(conn.sock, mask, conn)
+        elif mask:
+            self._sel.register(conn.sock, mask, conn)
+        else:
+            self._sel.unregister(conn.sock)
+        conn.mask = mask
+
+    def _refill(self, conn: _Connection, now: float) -> None:
+        dt = now - conn.refilled
+        conn.refilled = now
+        conn.lines = min(LINES_BURST, conn.lines + dt * LINES_PER_S)
+        conn.bytes = min(BYTES_BURST, conn.bytes + dt * BYTES_PER_S)
+        dt = now - self._total_refilled
+        self._total_refilled = now
+        self._total_lines = min(TOTAL_LINES_BURST, self._total_lines + dt * TOTAL_LINES_PER_S)
+        self._total_bytes = min(TOTAL_BYTES_PER_S, self._total_bytes + dt * TOTAL_BYTES_PER_S)
+
+    def _throttle(self, conn: _Connection, now: float) -> None:
+        """Stop reading from ``conn`` until its (and the server's) budget has refilled a bit."""
+        wait = 0.05
+        if conn.lines < 1:
+            wait = max(wait, (1 - conn.lines) / LINES_PER_S)
+        if conn.bytes < 1024:
+            wait = max(wait, (1024 - conn.bytes) / BYTES_PER_S)
+        if self._total_lines < 1:
+            wait = max(wait, (1 - self._total_lines) / TOTAL_LINES_PER_S)
+        if self._total_bytes < 1024:
+            wait = max(wait, (1024 - self._total_bytes) / TOTAL_BYTES_PER_S)
+        conn.throttled_until = now + wait
+        self.throttled += 1
+        self._interest(conn)
 
     @staticmethod
     def _refuse(sock: socket.socket, message: str) -> None:
@@ -337,18 +462,29 @@ class CommandServer:
         finally:
             sock.close()
 
-    def _read(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+    def _read(self, conn: _Connection, *, recv: bool = True) -> None:
+        now = time.monotonic()
+        self._refill(conn, now)
+        if conn.throttled_until:
             return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(conn)
-            return
+        if recv:
+            budget = int(min(conn.bytes, self._total_bytes, 65536))
+            if budget < 1024:
+                self._throttle(conn, now)
+                return
+            try:
+                data = conn.sock.recv(budget)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._drop(conn)
+                return
+            conn.bytes -= len(data)
+            self._total_bytes -= len(data)
+            conn.inbuf += data
         buf = conn.inbuf
-        buf += data
         while not conn.closed:
             nl = buf.find(b"\n")
             if conn.skipping:
@@ -368,8 +504,14 @@ class CommandServer:
                         "it was discarded"
                     )))  # fmt: skip
                 return
+            if conn.lines < 1 or self._total_lines < 1:
+                self._throttle(conn, now)  # the rest of the buffer waits for the budget
+                return
+            conn.lines -= 1
+            self._total_lines -= 1
             line = bytes(buf[:nl])
             del buf[: nl + 1]
+            conn.last_request = now
             if line.strip():
                 self._handle(conn, line)
 
@@ -380,6 +522,7 @@ class CommandServer:
             self.rejected += 1
             self._send(conn, encode_reply(exc.request_id, ok=False, error=exc.message))
             return
+        conn.valid += 1
         if command.name == "hello":
             data = dict(self.hello)
             data.update(
@@ -427,21 +570,21 @@ class CommandServer:
                 return
             del conn.outbuf[:sent]
         want_write = bool(conn.outbuf)
-        if want_write != conn.writing and self._sel is not None:
+        if want_write != conn.writing:
             conn.writing = want_write
-            mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
-            self._sel.modify(conn.sock, mask, conn)
+            self._interest(conn)
 
     def _drop(self, conn: _Connection, *, lift_pause: bool = True, close: bool = True) -> None:
         if conn.closed:
             return
         conn.closed = True
         self._conns.pop(conn.fd, None)
-        if self._sel is not None:
+        if self._sel is not None and conn.mask:
             try:
                 self._sel.unregister(conn.sock)
             except (KeyError, ValueError, OSError):
                 pass
+        conn.mask = 0
         if close:
             try:
                 conn.sock.close()

@@ -155,16 +155,35 @@ def grouped_rows(
     return rows
 
 
+def _hidden_count(shown: list[Any], root: Any) -> int:
+    """How many finished or crashed runs ``--all`` would add to what is shown."""
+    from nnwatch.channel.registry import recorded_runs
+
+    try:
+        extra = recorded_runs(root, problems=[])
+    except OSError:
+        return 0
+    seen = {r.run_dir for r in shown}
+    return sum(1 for r in extra if r.run_dir not in seen)
+
+
 def run(args: argparse.Namespace) -> int:
     from nnwatch.channel.registry import list_runs, recorded_runs, registry_dir
     from nnwatch.paths import default_root
 
     root = args.root
-    runs = list_runs(root, hung_min=args.hung_after)
-    if args.all:
-        runs += recorded_runs(root)
-    else:
-        runs += job_mates(runs, lambda: recorded_runs(root))
+    problems: list[str] = []
+    try:
+        runs = list_runs(root, hung_min=args.hung_after, problems=problems)
+        if args.all:
+            runs += recorded_runs(root, problems=problems)
+        else:
+            runs += job_mates(runs, lambda: recorded_runs(root, problems=problems))
+    except OSError as exc:  # the root itself is unreadable (permissions, not a directory)
+        print(f"nnwatch ls: cannot read the run directory: {exc}", file=sys.stderr)
+        return 1
+    for line in dict.fromkeys(problems):  # one line per bad entry, on stderr: --json stays clean
+        print(f"nnwatch ls: {line}", file=sys.stderr)
     if args.json:
         job_of, stops = judged_jobs(runs)
         rows = []
@@ -182,8 +201,15 @@ def run(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
+    hidden = 0 if args.all else _hidden_count(runs, root)
     if not runs:
         where = registry_dir(root) if root is not None else registry_dir(default_root())
+        if hidden:
+            print(
+                f"no live runs; `nnwatch ls --all` would add {hidden} finished or crashed "
+                f"run{'s' if hidden != 1 else ''} still on disk"
+            )
+            return 0
         print(f"no runs found (looked in {where}); runs appear here once they call w.step()")
         return 0
     judged = judged_jobs(runs)
@@ -198,4 +224,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     for r in notes:
         print(f"  {Path(r.run_dir).name}: {r.message}")
+    if hidden:
+        print(f"(--all would add {hidden} finished or crashed run{'s' if hidden != 1 else ''})")
     return 0

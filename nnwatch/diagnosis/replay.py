@@ -92,8 +92,8 @@ class Snapshot:
     def original(self) -> dict[str, Any] | None:
         """The recorded loss and gradient norm of this step (float32), or None if unknown."""
         p = self.path / snap.RECORD
-        if p.exists():
-            rec = json.loads(p.read_text())
+        rec = snap.read_record(p) if p.exists() else None  # None when damaged: use the run log
+        if rec is not None:
             return {
                 "loss": _from_bits(rec.get("loss_bits")),
                 "grad_norm": _from_bits(rec.get("grad_norm_bits")),
@@ -142,9 +142,9 @@ def load_snapshot(path: str | Path) -> Snapshot:
             "<run>/snapshots/step-N"
         )
     try:
-        manifest = json.loads(m.read_text())
-    except ValueError as exc:
-        raise ReplayError(f"{m} is corrupt: {exc}") from exc
+        manifest = snap.read_manifest(m)  # every field checked; one plain line when it is not
+    except snap.SnapshotError as exc:
+        raise ReplayError(str(exc)) from exc
     if int(manifest.get("version", 0)) > snap.SNAPSHOT_VERSION:
         raise ReplayError(f"{p} was written by a newer nnwatch; upgrade nnwatch to replay it")
     return Snapshot(p, manifest)

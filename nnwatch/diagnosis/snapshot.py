@@ -39,6 +39,14 @@ from typing import Any
 import numpy as np
 
 from nnwatch.diagnosis.finding import Finding
+from nnwatch.paths import (
+    check_own_dir,
+    create_exclusive,
+    describe_os_error,
+    free_bytes,
+    read_small_file,
+    write_private_file,
+)
 
 SNAPSHOT_VERSION = 1
 SNAPSHOTS_DIR = "snapshots"
@@ -67,18 +75,22 @@ def write_snapshot(
     root = Path(w.run_dir) / SNAPSHOTS_DIR
     tmp: Path | None = None
     try:
-        root.mkdir(mode=0o700, exist_ok=True)
-        if not root.is_dir():
-            raise NotADirectoryError(f"{root} exists and is not a directory")
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        check_own_dir(root)  # a symlink or someone else's directory is refused
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
         _write_contents(w, tmp, step=step, reason=reason, state=state, rng=rng, batch=batch)
         final = _free_name(root, f"step-{step}")
         os.rename(tmp, final)
         tmp = None
     except Exception as exc:
+        # judged before the half-written files are removed: torch reports a full disk as
+        # "unexpected pos 1152 vs 1046", which only the free space explains
+        why = describe_os_error(exc, root)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         _report_failure(w, step, reason, root, why)
         raise SnapshotError(
             f"could not write the snapshot of step {step} in {root}: {why}"
@@ -114,6 +126,38 @@ def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> Non
         w.add_finding(finding)
     except Exception:  # noqa: BLE001 - the exception below still tells the probe
         pass
+    ring = getattr(getattr(w, "_channel", None), "ring", None)
+    if ring is not None and hasattr(ring, "set_log_error"):
+        ring.set_log_error(why)  # monitors read the cause from the ring header
+
+
+def preflight(w: Any, margin: float = 1.5) -> str | None:
+    """Why a snapshot of ``w`` would fail now, or None: checked when a monitor asks for one, so
+    that the reply does not promise a snapshot that a full disk will refuse. The size is
+    estimated from the weights, the optimizer state (up to twice the weights) and a margin."""
+    try:
+        import torch
+
+        weights = sum(p.numel() * p.element_size() for p in w.model.parameters())
+        opt = getattr(w, "optimizer", None)
+        extra = 0
+        if opt is not None:
+            extra = sum(
+                t.numel() * t.element_size()
+                for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+            )  # fmt: skip
+        need = int((weights + extra) * margin) + (1 << 20)
+    except Exception:  # noqa: BLE001 - an estimate only
+        return None
+    free = free_bytes(Path(w.run_dir))
+    if free is not None and free < need:
+        return (
+            f"the disk is full: a snapshot needs about {need // 1024} KiB and {Path(w.run_dir)} "
+            f"has {free // 1024} KiB free; free some space or set NNWATCH_RUN_DIR to a larger disk"
+        )
+    if not os.access(w.run_dir, os.W_OK):
+        return f"permission denied: {w.run_dir} is not writable"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,14 +180,15 @@ def _write_contents(
 
     def save_torch(name: str, obj: Any) -> None:
         path = d / name
-        torch.save(obj, path)
+        with _new_file(path) as fh:
+            torch.save(obj, fh)
         files[name] = _sha256(path)
 
     def save_json(name: str, obj: Any) -> None:
         path = d / name
-        path.write_text(
-            json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
-        )
+        text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
+        with _new_file(path) as fh:
+            fh.write(text.encode())
         files[name] = _sha256(path)
 
     saved_state = {
@@ -160,13 +205,15 @@ def _write_contents(
         save_torch(BATCH, _plain(batch, batch_notes, "batch"))
     recent = w.recent_records()
     if isinstance(recent, np.ndarray) and recent.dtype.names:
-        np.save(d / METRICS, recent, allow_pickle=False)
+        with _new_file(d / METRICS) as fh:
+            np.save(fh, recent, allow_pickle=False)
         files[METRICS] = _sha256(d / METRICS)
     save_json(LAYERS, latest_layer_stats(w, recent))
     save_json(FINDINGS, [_finding_dict(f) for f in list(getattr(w, "findings", []))])
     meta = getattr(w, "meta", None)
     if meta is not None:
-        (d / META).write_text(meta.to_json())
+        with _new_file(d / META) as fh:
+            fh.write(meta.to_json().encode())
         files[META] = _sha256(d / META)
     model = w.model
     device = str(getattr(w, "device", "cpu"))
@@ -345,12 +392,81 @@ def write_record(path: Path, row: Any) -> None:
         "nonfinite_grads": _plain_number(row["nonfinite_grads"]),
         "source": "probe record (float32)",
     }
-    tmp = path / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=False))
-    os.replace(tmp, path / RECORD)
+    write_private_file(
+        path / RECORD, json.dumps(record, indent=1, sort_keys=True, allow_nan=False).encode()
+    )
 
 
 # ------------------------------------------------------------------------------------------------
+
+
+def _new_file(path: Path) -> Any:
+    """A new file opened for writing: mode 0600, created exclusively, never through a symlink."""
+    return os.fdopen(create_exclusive(path, 0o600), "wb")
+
+
+# ------------------------------------------------------------------------------------------------
+# reading, with every field checked
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A snapshot's ``manifest.json``, checked: raises :class:`SnapshotError` with one plain line
+    when it is unreadable, not a JSON object, or has a version or step of the wrong kind."""
+    path = Path(path)
+    try:
+        manifest = json.loads(read_small_file(path))
+    except FileNotFoundError as exc:
+        raise SnapshotError(f"{path} is missing: this is not a complete snapshot") from exc
+    except OSError as exc:
+        raise SnapshotError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise SnapshotError(f"{path} is corrupt (not JSON): {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise SnapshotError(f"{path} is corrupt: it is not a JSON object")
+    version = manifest.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise SnapshotError(f"{path} is corrupt: its version is {_show(version)}, not a whole number")
+    if version > SNAPSHOT_VERSION:
+        raise SnapshotError(f"{path} was written by a newer nnwatch; upgrade nnwatch to read it")
+    step = manifest.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 53:
+        raise SnapshotError(f"{path} is corrupt: its step is {_show(step)}, not a step number")
+    for key, kind in (("has", dict), ("files", dict), ("reason", str), ("run_dir", str)):
+        if key in manifest and not isinstance(manifest[key], kind):
+            raise SnapshotError(f"{path} is corrupt: {key} has the wrong type")
+    return manifest
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A snapshot's ``record.json`` (the step's own loss and grad norm, as float32 bit patterns),
+    checked; None when it is missing or damaged (a truncated file), so replay falls back to the
+    run log instead of failing."""
+    try:
+        rec = json.loads(read_small_file(path, limit=1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    for key in ("loss_bits", "grad_norm_bits"):
+        bits = rec.get(key)
+        if not isinstance(bits, str) or not _is_u32_hex(bits):
+            return None
+    step = rec.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        return None
+    return rec
+
+
+def _is_u32_hex(text: str) -> bool:
+    try:
+        return text.startswith("0x") and 0 <= int(text, 16) <= 0xFFFFFFFF and len(text) <= 10
+    except ValueError:
+        return False
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _sha256(path: Path) -> str:

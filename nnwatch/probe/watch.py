@@ -31,7 +31,7 @@ from torch import nn
 from nnwatch import grad as gradmath
 from nnwatch._version import __version__
 from nnwatch.distributed import job_extra
-from nnwatch.paths import RunDirError, default_root, ensure_private_dir
+from nnwatch.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
 from nnwatch.probe import clip_intercept
 from nnwatch.probe.activation_stats import StatBlock, layer_sum
 from nnwatch.probe.budget import CostBudget
@@ -329,10 +329,7 @@ class Watch:
                     f"{path} already holds a run; this one is written to {fresh} instead",
                 )
                 path = fresh
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not os.access(path, os.W_OK):
-                raise RunDirError(f"{path} is not writable")
-            return path
+            return make_run_dir(path)  # never another user's directory, never a symlink
         root = ensure_private_dir(default_root())
         runs = ensure_private_dir(root / "runs")
         safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.name)[:40] or "run"
@@ -814,6 +811,8 @@ class Watch:
             self._channel = _make_channel(self)
             if self._channel is not None:
                 self._log.keep_within(self._channel.ring.slots)
+                # a failed log shows in the ring header, so monitors say why history stopped
+                self._log.on_error.append(self._channel.ring.set_log_error)
         if self._want_detectors:
             self._diagnosis = _make_diagnosis(self)
         if self._tensorboard is not None:
@@ -838,6 +837,11 @@ class Watch:
             torch.autograd.set_detect_anomaly(True)
             self._anomaly_left = steps
         elif name == "snapshot":
+            from nnwatch.diagnosis.snapshot import preflight
+
+            why = preflight(self)  # a full disk: say so now, not promise a snapshot
+            if why:
+                return False, why, at
             self.request_snapshot(str(args.get("reason", "requested")))
         elif name == "stop":
             self.should_stop = True
