@@ -34,6 +34,8 @@ from nnwatch.probe.layers import LayerPlan
 
 _GRAD_NORM = DEV_INDEX["grad_norm"]
 _NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]
+_NORM_CLIPPED = DEV_INDEX["grad_norm_clipped"]
+_CLIPPED = DEV_INDEX["clipped"]
 _CLIP_EPS = 1e-6  # torch's epsilon in the clip coefficient
 #: Steps without torch's clip before the recorder goes back to measuring at the end of backward.
 FORGET_CLIP = 3
@@ -102,7 +104,7 @@ class GradientRecorder:
         b = self.buf
         host = b.dev_np
         if host is not None:
-            value = float(total) if isinstance(total, float) else float(total.detach().float().cpu())
+            value = float(total)  # a CPU tensor or a float: no sync
             host[_GRAD_NORM] = value
             host[_NONFINITE_GRADS] = 0.0 if math.isfinite(value) else 1.0
         else:
@@ -189,7 +191,8 @@ class GradientRecorder:
         return max_norm
 
     def on_clip(self, params: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
-        if not self._matches(params, "grad"):
+        # the total torch just computed over this model's gradients: no second look at them
+        if not (self.from_torch and total is self.total) and not self._matches(params, "grad"):
             return
         self.record_clip(total, max_norm)
         if self.from_torch:
@@ -202,12 +205,18 @@ class GradientRecorder:
     def record_clip(self, total: torch.Tensor | float, max_norm: float) -> None:
         """A norm clip with ``max_norm`` was applied to gradients whose norm was ``total``."""
         b = self.buf
+        self.threshold = float(max_norm)
+        self.clip_seen = True
+        host = b.dev_np
+        if host is not None:  # CPU: Python floats straight into the record, no torch call
+            t = total if isinstance(total, float) else float(total.detach())
+            host[_NORM_CLIPPED] = t * min(max_norm / (t + _CLIP_EPS), 1.0)
+            host[_CLIPPED] = 1.0 if t > max_norm else 0.0
+            return
         t = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
         coef = (max_norm / (t + _CLIP_EPS)).clamp(max=1.0)
         b.slot("grad_norm_clipped").copy_(t * coef)
         b.slot("clipped").copy_(t > max_norm)
-        self.threshold = float(max_norm)
-        self.clip_seen = True
 
     def apply_override(self) -> None:
         """A monitor set a threshold and nobody clipped this step: clip here, as torch would."""
