@@ -6,8 +6,9 @@ of its kind arrives at or after its onset; delay = finding step - onset. Any fin
 run, or on a sick run before its onset, is a false alarm. ``--seeds N`` repeats the whole suite
 with N different data/init seeds, which shows whether the rules generalize or were tuned to one draw.
 
-    python bench/detection.py            # one pass, the table
+    python bench/detection.py            # three seeds, the table in the README
     python bench/detection.py --seeds 5  # five passes, aggregated
+    python bench/detection.py --seeds 1 --only oscill  # one seed, some cases
     python bench/detection.py --json out.json
 """
 
@@ -34,7 +35,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--seeds", type=int, default=1, help="repeat the suite with this many seeds (default 1)"
+        "--seeds", type=int, default=3, help="repeat the suite with this many seeds (default 3)"
     )
     p.add_argument("--only", default="", help="run only cases whose name contains this text")
     p.add_argument("--json", default="", help="also write the per-case results to this file")
@@ -104,12 +105,20 @@ def main() -> int:
             f"{seed + r['case']:34s} {r['expect']:20s} {r['status']:10s} {_n(r['onset']):>5s} "
             f"{_n(r['detected_at']):>5s} {_n(r['delay']):>5s}  {extra}"
         )
-    print(f"\n{'kind':22s} {'recall':>12s} {'median delay':>13s} {'max delay':>10s}")
+    false_by_kind: dict[str, int] = {}
+    for o in outcomes:
+        for f in o.false_alarms:
+            false_by_kind[f.kind] = false_by_kind.get(f.kind, 0) + 1
+    print(
+        f"\n{'kind':22s} {'recall':>12s} {'false alarms':>13s} {'median delay':>13s} {'max delay':>10s}"
+    )
     for kind, v in result["per_kind"].items():
         print(
             f"{kind:22s} {v['detected']:>4d}/{v['cases']:<3d} {100 * v['recall']:3.0f}% "
-            f"{_n(v['median_delay']):>13s} {_n(v['max_delay']):>10s}"
+            f"{false_by_kind.pop(kind, 0):>13d} {_n(v['median_delay']):>13s} {_n(v['max_delay']):>10s}"
         )
+    for kind, n in sorted(false_by_kind.items()):  # kinds with no sick case of their own
+        print(f"{kind:22s} {'-':>12s} {n:>13d} {'-':>13s} {'-':>10s}")
     healthy = [o for o in outcomes if o.case.expect is None]
     print(
         f"\nrecall (all kinds): {100 * result['recall']:.0f}%   "

@@ -27,7 +27,7 @@ _SCALARS = (
     "samples_per_sec",
     "step_time",
 )
-_LAYER = ("act_sum", "act_std", "act_zero", "act_maxabs", "act_nonfinite")
+_LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite")
 
 
 class Row:
@@ -46,6 +46,7 @@ class Row:
         "sampled",
         "measured",
         "act_sum",
+        "act_mean",
         "act_std",
         "act_zero",
         "act_maxabs",
@@ -110,12 +111,13 @@ class Row:
             known = (act_known is None or bool(act_known[i])) and r.measured
             r.act_sum = per_layer["act_sum"][i] if known and "act_sum" in per_layer else None
             if r.sampled and "act_zero" in per_layer:
+                r.act_mean = per_layer["act_mean"][i] if "act_mean" in per_layer else None
                 r.act_std = per_layer["act_std"][i]
                 r.act_zero = per_layer["act_zero"][i]
                 r.act_maxabs = per_layer["act_maxabs"][i]
                 r.act_nonfinite = per_layer["act_nonfinite"][i]
             else:
-                r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
+                r.act_mean = r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
             r.grad_layer = grad[i]
             out.append(r)
         return out

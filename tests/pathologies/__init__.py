@@ -14,10 +14,12 @@ from . import (
     diverging,
     exploding,
     healthy,
+    healthy_extra,
     healthy_more,
     initial_loss,
     nonfinite,
     oscillating,
+    saturated,
     spikes,
     stalled,
     vanishing,
@@ -39,8 +41,9 @@ SICK_CASES: list[Case] = [
     *spikes.CASES,
     *clipping.CASES,
     *zero_grad.CASES,
+    *saturated.CASES,
 ]
-HEALTHY_CASES: list[Case] = [*healthy.CASES, *healthy_more.CASES]
+HEALTHY_CASES: list[Case] = [*healthy.CASES, *healthy_more.CASES, *healthy_extra.CASES]
 CASES: list[Case] = [*SICK_CASES, *HEALTHY_CASES]
 
 __all__ = ["CASES", "HEALTHY_CASES", "SICK_CASES", "Case", "CaseOutcome", "run_case", "score"]

@@ -1,5 +1,7 @@
 """Loss diverging: an LSTM at an absurd LR (the loss leaps 100x and stays up), the same LSTM with
-SGD running away to NaN, and an MLP whose LR is raised 100x at step 30 after it had learned."""
+SGD running away to NaN, an MLP whose LR is raised 100x at step 30 after it had learned, and Adam
+whose LR is raised 100x mid-run on a noisy problem (the loss leaps 2-3x, above chance, and swings
+up there: it swings, but its level rose, so it is diverging, not oscillating)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,28 @@ def lr_raised_after_learning(wk: dict[str, Any]) -> Any:
     )
 
 
+ADAM_JUMP = 60
+
+
+def adam_lr_raise(wk: dict[str, Any]) -> Any:
+    """Overlapping classes with label noise; Adam's LR goes from 1e-3 to 0.1 at step 60."""
+    torch.manual_seed(seed(80))
+    x, y = blobs(4096, 32, 10, seed=seed(80), spread=3.0, label_noise=0.2)
+    model = mlp([32, 64, 10])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return train(
+        model,
+        opt,
+        Sampler(x, y, 128, seed=seed(80)),
+        cross_entropy,
+        150,
+        wk,
+        name="diverging_adam_lr",
+        num_classes=10,
+        before_step=lr_at(ADAM_JUMP, 0.1),
+    )
+
+
 CASES = [
     Case("diverging_lstm_absurd_lr", "loss_diverging", "LSTM, Adam lr=10", lstm_absurd_lr, onset=0),
     Case(
@@ -84,5 +108,12 @@ CASES = [
         "MLP learns, then LR x100 at step 30",
         lr_raised_after_learning,
         onset=JUMP,
+    ),
+    Case(
+        "diverging_adam_lr_raise",
+        "loss_diverging",
+        "Adam, LR 1e-3 -> 0.1 at step 60: the loss leaps above chance",
+        adam_lr_raise,
+        onset=ADAM_JUMP,
     ),
 ]

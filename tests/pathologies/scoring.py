@@ -1,6 +1,7 @@
 """Run suite cases and score the detectors: recall per kind, false alarms, detection delay.
 
-A case is detected when a finding of its kind arrives at or after its onset; the delay is the
+A case is detected when a finding of its kind, of warning severity or worse, arrives at or after
+its onset; the delay is the
 finding's step minus the onset. Any finding on a healthy run is a false alarm, and so is any
 finding on a sick run *before* its onset (the run was still healthy then). Findings of other kinds
 on a sick run are listed but not scored: a NaN that follows an explosion is both.
@@ -44,8 +45,13 @@ class CaseOutcome:
     def hit(self) -> Finding | None:
         if self.case.expect is None or self.onset is None:
             return None
-        return next(
-            (f for f in self.scored if f.kind == self.case.expect and f.step >= self.onset), None
+        return next(  # an info finding is a note, not a diagnosis
+            (
+                f
+                for f in self.scored
+                if f.kind == self.case.expect and f.step >= self.onset and f.severity != "info"
+            ),
+            None,
         )
 
     @property

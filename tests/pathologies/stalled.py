@@ -124,7 +124,7 @@ def optimizer_on_a_copy(wk: dict[str, Any]) -> Any:
     opt = torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.05)
     w = nnwatch.watch(model, opt, num_classes=10, name="stalled_optimizer_copy", **wk)
     sample = Sampler(x, y, 64, seed=seed(55))
-    for step in range(100):
+    for step in range(150):
         batch = sample(step)
         model.zero_grad()
         loss = cross_entropy(model, batch)

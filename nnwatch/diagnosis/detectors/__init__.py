@@ -13,6 +13,7 @@ from nnwatch.diagnosis.detectors.loss_spike import LossSpikeDetector
 from nnwatch.diagnosis.detectors.loss_stalled import LossStalledDetector
 from nnwatch.diagnosis.detectors.nan_or_inf import NanOrInfDetector
 from nnwatch.diagnosis.detectors.oscillating_loss import OscillatingLossDetector
+from nnwatch.diagnosis.detectors.saturated_activation import SaturatedActivationDetector
 from nnwatch.diagnosis.detectors.vanishing_gradients import VanishingGradientsDetector
 from nnwatch.diagnosis.detectors.zero_gradient_layer import ZeroGradientLayerDetector
 
@@ -23,6 +24,7 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     ExplodingGradientsDetector,
     VanishingGradientsDetector,
     DeadReluDetector,
+    SaturatedActivationDetector,
     ZeroGradientLayerDetector,
     AmpScaleCollapseDetector,
     LossDivergingDetector,
@@ -44,6 +46,7 @@ __all__ = [
     "LossStalledDetector",
     "NanOrInfDetector",
     "OscillatingLossDetector",
+    "SaturatedActivationDetector",
     "VanishingGradientsDetector",
     "ZeroGradientLayerDetector",
 ]

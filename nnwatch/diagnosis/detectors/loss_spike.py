@@ -8,6 +8,11 @@ level itself, 8x the stretch's own step-to-step noise, and a quarter of what the
 (``loss_diverging.rise_unit``); it is reported once the median of the next 3 losses is back
 within half a unit of the level, so a jump that stays up is left to ``loss_diverging``. Spikes
 closer than 50 steps to the last one reported are counted, not reported again.
+
+A run can have a heavy tail of its own: with batches of two samples a converged loss of 0.01
+jumps to 0.5-1 whenever a hard pair is drawn. Every loss's excess over the level of the stretch
+before it is remembered for 200 steps; a jump whose excess the run has already reached half of
+twice or more in that time is its tail, not an anomaly, and is counted without a report.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ NOISE_UNITS = 8.0
 SPIKE_UNITS = 2.0
 RECOVER = 3  # losses after the spike whose median must be back near the level
 MIN_GAP = 50
+TAIL_WINDOW = 200  # excesses over the level this recent are the run's own tail
+TAIL_JUMPS = 2  # this many earlier excesses of half the jump's size: the jump is ordinary
 
 
 class LossSpikeDetector(Detector):
@@ -40,6 +47,7 @@ class LossSpikeDetector(Detector):
         self.after: list[float] = []
         self.last_report = -(10**9)
         self.count = 0
+        self.excess = Ring(TAIL_WINDOW)  # each loss minus the level before it (the run's tail)
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         loss = row.loss
@@ -61,6 +69,7 @@ class LossSpikeDetector(Detector):
             ref = self.ref.values().tolist()
             base = median(ref)
             unit = rise_unit(base, noise_sigma(ref), median(self.first), NOISE_UNITS)
+            self.excess.push(loss - base)
             if loss - base >= SPIKE_UNITS * unit:
                 self.pending = (row.step, loss, base, unit)
                 self.after = []
@@ -70,7 +79,9 @@ class LossSpikeDetector(Detector):
 
     def _report(self, row: Row, step: int, peak: float, base: float, unit: float) -> Finding | None:
         self.count += 1
-        if step - self.last_report < MIN_GAP:
+        earlier = self.excess.values()[:-1]  # without the jump itself
+        ordinary = int((earlier >= 0.5 * (peak - base)).sum()) >= TAIL_JUMPS
+        if ordinary or step - self.last_report < MIN_GAP:
             return None
         self.last_report = step
         times = peak / base if base > 0 else math.nan

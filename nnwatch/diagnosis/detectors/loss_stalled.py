@@ -14,6 +14,13 @@ A flat loss is also what a converged run looks like, so a stall needs more than 
   a loss that is already near zero stalled, only converged (a run watched from a trained
   checkpoint): within 1e-4 of zero, or under 1% of ln(K) for a K-class model.
 
+A plateau before a drop (a saddle, common with small initial weights) is indistinguishable from a
+stall while it lasts, and a min-max loss (a GAN's D + G) that stays flat is normal, so the last,
+cause-less rule starts as a note (severity ``info``). It becomes a warning only when the loss has
+sat at a level that means "nothing learned" for a long stretch: at chance, within 10% of ln(K) for
+a K-class model, for at least 100 steps. A run of unknown K (regression, a GAN) is never warned
+about on a flat loss alone; its level has no meaning nnwatch could check.
+
 Levels are medians and trends are least-squares fits, so a noisy loss does not look like a moving one.
 """
 
@@ -41,6 +48,8 @@ LEARNED = 0.10  # a run whose loss ever got 10% below its start has learned some
 CONVERGED_ABS = 1e-4  # a flat loss this close to zero has nothing left to learn
 CONVERGED_LN_K = 0.01  # ... nor one under 1% of chance level for a classifier
 RELEASE = 50
+CHANCE_BAND = 0.10  # within 10% of ln(K): the loss is at chance level
+PATIENCE = 100  # steps at chance before a cause-less plateau is a warning, not a note
 
 
 class LossStalledDetector(Detector):
@@ -54,6 +63,7 @@ class LossStalledDetector(Detector):
         self.tiny = 0
         self.update_ratio = math.nan
         self.adaptive = ctx.optimizer in ADAPTIVE_OPTIMIZERS if ctx.optimizer else None
+        self.warned = False  # this episode already raised a warning (a note may come first)
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
@@ -86,10 +96,25 @@ class LossStalledDetector(Detector):
             and not self._converged(hist)
         ):
             cause = "flat"
-        if not self.episode.update(cause is not None, row.step):
+        opened = self.episode.update(cause is not None, row.step)
+        if opened:
+            self.warned = False
+        if cause is None or not self.episode.active:
             return None
-        assert cause is not None
-        return self._finding(row, hist, cause, prog)
+        severity = "warning" if cause != "flat" or self._long_at_chance(hist) else "info"
+        if opened or (severity == "warning" and not self.warned):
+            self.warned = severity == "warning"
+            return self._finding(row, hist, cause, prog, severity)
+        return None
+
+    def _long_at_chance(self, hist: RunHistory) -> bool:
+        """A cause-less plateau that means "nothing learned": at ln(K) for PATIENCE steps."""
+        k = self.ctx.num_classes
+        if not k or k < 2 or len(hist.loss) < PATIENCE:
+            return False
+        lnk = math.log(k)
+        level = median(hist.loss.values(WINDOW).tolist())
+        return abs(level - lnk) <= CHANCE_BAND * lnk
 
     def _update_ratio(self, row: Row) -> float:
         ctx = self.ctx
@@ -120,7 +145,9 @@ class LossStalledDetector(Detector):
         level = abs(median(v.tolist())) or 1.0
         return slope * v.size > -MIN_PROGRESS * level
 
-    def _finding(self, row: Row, hist: RunHistory, cause: str, prog: float) -> Finding:
+    def _finding(
+        self, row: Row, hist: RunHistory, cause: str, prog: float, severity: str
+    ) -> Finding:
         ctx = self.ctx
         start, now = hist.start_loss, hist.recent_loss(10)
         steps = len(hist.loss)
@@ -154,10 +181,20 @@ class LossStalledDetector(Detector):
                 f"(healthy is around 1e-3) and the loss has not moved from {fmt(start)}{chance}."
             )
             remedy = f"raise the LR{lr_now(row)} by 100x or more, or run an LR range test"
-        else:
+        elif severity == "info":
             summary = (
                 f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
-                f"{fmt(100 * prog)}% progress) and shows no downward trend."
+                f"{fmt(100 * prog)}% progress). This is a note, not yet a warning: a plateau before "
+                "a drop (small initial weights, a saddle) and an adversarial loss look the same."
+            )
+            remedy = (
+                "wait a little longer; if the loss stays here, check that the optimizer was given "
+                "model.parameters() and that inputs and labels line up, and try to overfit one batch"
+            )
+        else:
+            summary = (
+                f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
+                f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing."
             )
             remedy = (
                 f"raise the LR{lr_now(row)}; check that the optimizer was given "
@@ -174,7 +211,7 @@ class LossStalledDetector(Detector):
         evidence["cause_code"] = ("no_grad", "zero_lr", "tiny_update", "flat").index(cause)
         return Finding(
             kind=self.kind,
-            severity="warning",
+            severity=severity,
             step=row.step,
             summary=summary,
             remedy=remedy,

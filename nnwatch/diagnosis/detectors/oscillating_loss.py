@@ -17,6 +17,13 @@ needs all three of:
   stationary noise passes it about once in 10^4 windows). In the first steps of a run, before there is any
   history, the bar is a clear zig-zag instead: autocorrelation below -0.5 and swings of 15%.
 
+The run's own "usual change" only means something once the run has learned: on a plateau at its
+starting level (a saddle of small initial weights, a classifier at ln K with near-zero logits)
+every batch gives almost the same loss, and the swings that grow as the model starts to
+discriminate are the start of learning, not an oscillation. So this rule also needs the run to
+have once been 10% below where it started; a run that swings from its first steps is judged by
+the zig-zag rule instead.
+
 A loss that swings while it climbs (Kendall's tau of its last 48 values at least 0.3) is not
 oscillating but diverging, and is left to ``loss_diverging``.
 
@@ -61,6 +68,7 @@ SWING_WINDOW = 12  # the swing is measured on the newest changes, to react withi
 MONOTONE = 0.5  # net change above this share of the total up-and-down movement is a trend
 RISING_N = 48  # a loss whose last 48 values trend up (Kendall's tau) is diverging, not oscillating
 RISING_TAU = 0.3
+LEARNED = 0.10  # the baseline rule needs a run that was once 10% below its start
 
 
 class OscillatingLossDetector(Detector):
@@ -126,7 +134,13 @@ class OscillatingLossDetector(Detector):
             # noise each does so with probability 0.1, so 7 of 12 is a ~1e-4 coincidence.
             big = sum(1 for x in newest if x > q90)
             worse = newer >= self.level_before  # an LR past the valley's walls loses ground
-            hit = rel >= MIN_SWING and swing >= SWING_FACTOR * base and big >= BIG_CHANGES and worse
+            hit = (
+                rel >= MIN_SWING
+                and swing >= SWING_FACTOR * base
+                and big >= BIG_CHANGES
+                and worse
+                and hist.learned(LEARNED)
+            )
             if hit and kendall_tau(self.losses.values(RISING_N).tolist()) >= RISING_TAU:
                 hit = False  # it swings while it climbs: that is loss_diverging's to report
         else:
