@@ -352,8 +352,8 @@ class RankState:
                 lsteps = layers["step"].astype(np.int64)
                 # a row for a step whose stats were sampled but whose sums were not measured
                 # holds NaN sums: "not measured", never "non-finite"
-                measured = ~np.isin(lsteps, self._unmeasured)
-                self._first("activations", lsteps, ~np.isfinite(act).all(axis=1) & measured)
+                measured_rows = ~np.isin(lsteps, self._unmeasured)
+                self._first("activations", lsteps, ~np.isfinite(act).all(axis=1) & measured_rows)
                 self._unmeasured = self._unmeasured[self._unmeasured > lsteps[-1]]
 
     def _first(self, what: str, steps: np.ndarray, bad: np.ndarray) -> None:

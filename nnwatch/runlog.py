@@ -34,7 +34,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -465,7 +465,7 @@ class Run:
 
     def summary(self) -> RunSummary:
         """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
-        findings = [
+        findings: list[Mapping[str, Any]] = [
             {k: e.get(k) for k in ("kind", "severity", "step", "summary", "remedy")}
             for e in self.events if e.get("type") == "finding"
         ]
@@ -492,9 +492,9 @@ class Run:
         except ImportError as exc:
             raise RuntimeError("run.plot() needs matplotlib: pip install matplotlib") from exc
         if ax is None:
-            fig, axes = plt.subplots(len(metrics), 1, sharex=True, squeeze=False,
+            fig, grid = plt.subplots(len(metrics), 1, sharex=True, squeeze=False,
                                      figsize=(8, 2.2 * len(metrics)))
-            axes = list(axes[:, 0])
+            axes: list[Any] = list(grid[:, 0])
         else:
             axes = list(ax) if isinstance(ax, (list, tuple)) else [ax]
             fig = axes[0].figure
@@ -561,7 +561,7 @@ def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np
             warnings.append(f"{path.name}: ignored a partial last row ({extra} bytes; the run was killed)")
         if n == 0:
             return np.zeros(0, dtype=dtype)
-        rows = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
+        rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
     if magic == MAGIC:
         bad = _failed_checksums(path, rows, warnings)
         if bad is not None:
@@ -599,7 +599,7 @@ def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.n
             warnings.append(f"{crc_path(path).name} is inconsistent with {path.name}; later rows not verified")
             break
         chunk = raw[first * row_size : (first + count) * row_size]
-        if zlib.crc32(chunk) != crc:
+        if zlib.crc32(chunk.data) != crc:  # the mapped bytes, not a copy
             if bad is None:
                 bad = np.zeros(n, dtype=bool)
             bad[first : first + count] = True

@@ -16,7 +16,7 @@ import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -187,6 +187,7 @@ def sums_measured(rows: np.ndarray) -> np.ndarray:
 def _concat(a: np.dtype, b: np.dtype) -> np.dtype:
     """Two packed structured dtypes laid end to end (numpy has no operator for it)."""
     names = list(a.names or ()) + list(b.names or ())
+    assert a.fields is not None and b.fields is not None, "structured dtypes only"
     formats = [a.fields[n][0] for n in a.names or ()] + [b.fields[n][0] for n in b.names or ()]
     offsets = [a.fields[n][1] for n in a.names or ()] + [
         a.itemsize + b.fields[n][1] for n in b.names or ()
@@ -237,11 +238,12 @@ class RunMeta:
                 if required:
                     raise ValueError(f"meta.json has no {name}")
                 continue
-            value = d[name]
+            value: Any = d[name]
             if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
                 raise ValueError(f"meta.json: {name} has the wrong type ({type(value).__name__})")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"meta.json: {name} is not finite")
+            value = cast(Any, value)  # checked above: an int or a float from here on
             if name in ("pid", "rank", "local_rank") and not 0 <= value < 1 << 31:
                 raise ValueError(f"meta.json: {name} is out of range ({value})")
             if name == "world_size" and not 1 <= value < 1 << 31:

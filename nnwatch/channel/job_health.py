@@ -58,16 +58,26 @@ DETAIL_MAX = 160
 class RankRun(Protocol):
     """What is read of each rank (a ``RunInfo`` has it all)."""
 
-    rank: int
-    state: str
-    step: int | None
-    heartbeat_at: float | None
-    last_step_at: float | None
-    step_interval: float | None
-    ending: dict[str, Any] | None
-    alive: bool | None
-    heartbeat_age: float | None
-    seen_first_at: float | None
+    @property
+    def rank(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def step(self) -> int | None: ...
+    @property
+    def heartbeat_at(self) -> float | None: ...
+    @property
+    def last_step_at(self) -> float | None: ...
+    @property
+    def step_interval(self) -> float | None: ...
+    @property
+    def ending(self) -> dict[str, Any] | None: ...
+    @property
+    def alive(self) -> bool | None: ...
+    @property
+    def heartbeat_age(self) -> float | None: ...
+    @property
+    def seen_first_at(self) -> float | None: ...
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nnwatch._version import __version__
 from nnwatch.channel.health import HEARTBEAT_STALE, Health, Liveness, read_end
@@ -244,11 +244,12 @@ def validate_entry(entry: Any) -> dict[str, Any]:
     for key, kinds in _ENTRY_FIELDS:
         if key not in entry:
             continue
-        value = entry[key]
+        value: Any = entry[key]
         if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
             raise EntryError(f"{key} has the wrong type ({type(value).__name__})")
         if isinstance(value, float) and not math.isfinite(value):
             raise EntryError(f"{key} is not a finite number")
+        value = cast(Any, value)  # its kind was checked above
         if isinstance(value, int) and key in ("rank", "local_rank", "instance") and not 0 <= value < 1 << 31:
             raise EntryError(f"{key} is out of range ({value})")
         if key == "world_size" and not 1 <= value < 1 << 31:

@@ -328,8 +328,8 @@ class RingWriter:
             for view in self._payloads:
                 view.release()
             self._payloads = []
-            for view in (self._hdr_q, self._hdr_d, self._slot_q, self._slot_i):
-                view.release()
+            for header_view in (self._hdr_q, self._hdr_d, self._slot_q, self._slot_i):
+                header_view.release()
             self._mv.release()
             self._mm.close()
             if unlink:

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if log is not None:
         log.keep_within(end.ring.slots)
     record = np.zeros(1, meta.schema.record_dtype())
-    view = memoryview(record.view(np.uint8))
+    view = record.view(np.uint8).data
     print(json.dumps({
         "ready": True, "run_dir": str(run_dir), "ring": str(end.ring_path),
         "socket": str(end.socket_path), "entry": str(end.entry_path), "pid": os.getpid(),

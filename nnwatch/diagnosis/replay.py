@@ -406,7 +406,7 @@ def replay(
             for p, k in zip(plan.params, plan.param_layer_index, strict=True)
             if k == j and p.grad is not None
         ]
-        if any(not bool(torch.isfinite(g.grad).all()) for g in own):
+        if any(g.grad is not None and not bool(torch.isfinite(g.grad).all()) for g in own):
             bwd = plan.param_layer_names[j]
             break
     if orig is None:
@@ -595,7 +595,8 @@ def _user_frame_from_text(tb: str) -> SourceLine | None:
         for m in _FRAME_RE.finditer(tb)
     ]
     user = [f for f in frames if not _is_library(f.file)]
-    return (user or frames or [None])[-1]
+    chosen = user or frames
+    return chosen[-1] if chosen else None
 
 
 def _user_frame_here() -> SourceLine | None:

@@ -66,6 +66,7 @@ class Row:
     sampled: bool
     measured: bool
     act_sum: np.ndarray | None
+    act_mean: np.ndarray | None
     act_std: np.ndarray | None
     act_zero: np.ndarray | None
     act_maxabs: np.ndarray | None

@@ -213,10 +213,10 @@ class GradientRecorder:
             host[_NORM_CLIPPED] = t * min(max_norm / (t + _CLIP_EPS), 1.0)
             host[_CLIPPED] = 1.0 if t > max_norm else 0.0
             return
-        t = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
-        coef = (max_norm / (t + _CLIP_EPS)).clamp(max=1.0)
-        b.slot("grad_norm_clipped").copy_(t * coef)
-        b.slot("clipped").copy_(t > max_norm)
+        tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
+        coef = (max_norm / (tt + _CLIP_EPS)).clamp(max=1.0)
+        b.slot("grad_norm_clipped").copy_(tt * coef)
+        b.slot("clipped").copy_(tt > max_norm)
 
     def apply_override(self) -> None:
         """A monitor set a threshold and nobody clipped this step: clip here, as torch would."""

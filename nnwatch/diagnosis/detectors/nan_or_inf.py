@@ -162,7 +162,7 @@ class NanOrInfDetector(Detector):
                 "(torch.log(p + 1e-8)), use log_softmax / F.cross_entropy on logits instead of "
                 "log(softmax), and guard divisions and sqrt"
             )
-        elif suspects:
+        elif suspects and fwd is not None:
             remedy = (
                 f"{suspects[0]} or {ctx.layer_names[fwd]} turned finite inputs into NaN/Inf: look for log, "
                 "sqrt, exp, division or pow there and add an epsilon or a clamp"

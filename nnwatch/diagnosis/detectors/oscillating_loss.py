@@ -149,7 +149,7 @@ class OscillatingLossDetector(Detector):
         was_active = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was_active:
-            self.frozen_base = (base, q90) if base is not None else None
+            self.frozen_base = (base, q90) if base is not None and q90 is not None else None
         elif not self.episode.active:
             self.frozen_base = None
         if not opened:
