@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from .small_disk import tmpfs  # noqa: F401 - a fixture for every test that needs a full disk
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 #: The environment as the session started. Libraries run in-process by some tests (Lightning,

@@ -4,10 +4,7 @@ left behind, and a snapshot that cannot be written says the disk is full."""
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,34 +13,7 @@ import pytest
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.runlog import END_FILE, RunLogWriter, iter_events, load_run
 
-ROOT = os.geteuid() == 0
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if not ROOT:
-        pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while os.write(fd, b"\1" * size):
-                    pass
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
+from .small_disk import fill
 
 
 def test_a_full_disk_keeps_the_detectors_fed_and_the_end_clean(tmpfs: Path) -> None:

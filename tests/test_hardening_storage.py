@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,8 @@ from nnwatch.runlog import (
 )
 from nnwatch.schema import RunMeta
 
-ROOT = os.geteuid() == 0
+from .small_disk import ROOT, fill
+
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root: mounts a tmpfs / switches uid")
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -68,35 +68,6 @@ def cli(*args: str, root: Path, timeout: float = 30) -> subprocess.CompletedProc
     )
 
 
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 4 MiB tmpfs, like a small /dev/shm in a container."""
-    if not ROOT:
-        pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(path: Path) -> None:
-    """Fill the file system that holds ``path`` to the last byte."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while os.write(fd, b"\1" * size):
-                    pass
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-
-
 # -- 2: a full tmpfs never leaves a file that kills readers with SIGBUS --------------------------
 
 
@@ -123,7 +94,7 @@ def test_readers_survive_a_sparse_ring_on_a_full_tmpfs(tmpfs: Path) -> None:
     with open(magic, "wb") as fh:  # a ring header with holes behind it
         fh.truncate(8 << 20)
         fh.write(b"NNWRING\x01")
-    _fill(tmpfs / "filler")
+    fill(tmpfs / "filler")
     code = (
         "import sys\n"
         "from nnwatch.channel.ring import RingReader, RingError\n"
