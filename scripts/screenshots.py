@@ -11,6 +11,10 @@ Shots:
   dashboard-80x24    the same run in an 80x24 terminal (the narrow layout)
   open-dead_relu-160x48  a finished dead_relu run opened with ``nnwatch open``, cursor on a finding
   help-160x48        the ``?`` screen
+  inspector-nan_log-160x48  ``i`` on the nan_log demo's automatic snapshot: the x1000 reading
+  inspector-nan_log-80x24   the same in an 80x24 terminal
+  inspector-digits-160x48   an image batch (8x8 digits, a real CNN run): the all-zero sample
+  event-detail-160x48  ``e``, then ``d`` on the nan_or_inf finding: message, evidence, remedy
 """
 
 from __future__ import annotations
@@ -173,6 +177,51 @@ def recorded_shots() -> None:
     asyncio.run(drive(app, (160, 48), body))
 
 
+def inspector_shots() -> None:
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.tui.app import NNWatchApp
+    from nnwatch.tui.screens.snapshot import SnapshotScreen
+    from nnwatch.tui.testing import fixed_hardware, settle, wait_until
+
+    out = subprocess.run(
+        [sys.executable, "-m", "nnwatch", "demo", "nan_log", "--headless", "--keep"],
+        env=dict(os.environ), cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    kept = re.search(r"the run is kept in (\S+)", out.stderr)
+    if not kept:
+        raise SystemExit(f"screenshots: the nan_log demo kept no run:\n{out.stderr[-2000:]}")
+    nan_run = Path(kept.group(1))
+    from tests.fixtures.snapshot_runs import image_run
+
+    digits_run = image_run(Path(os.environ["NNWATCH_RUN_DIR"]) / "digits").parent.parent
+
+    def inspect(run_dir: Path, name: str, size: tuple[int, int], detail: bool = False) -> None:
+        app = NNWatchApp(RecordedSource(run_dir), hardware=fixed_hardware)
+
+        async def body(pilot: Any) -> None:
+            await settle(pilot, app, timeout=120)
+            if detail:
+                await pilot.press("e")
+                events = app.screen.events  # type: ignore[attr-defined]
+                row = next(k for k, e in enumerate(events) if e.get("kind") == "nan_or_inf")
+                await pilot.press(*["down"] * row, "d")
+                await pilot.pause(0.5)
+                save(app, name)
+                return
+            await pilot.press("i")
+            await wait_until(pilot, lambda: isinstance(app.screen, SnapshotScreen), 30)
+            await wait_until(pilot, lambda: app.screen.report is not None, 60)  # type: ignore[attr-defined]
+            await pilot.pause(0.5)
+            save(app, name)
+
+        asyncio.run(drive(app, size, body))
+
+    inspect(nan_run, "inspector-nan_log-160x48", (160, 48))
+    inspect(nan_run, "inspector-nan_log-80x24", (80, 24))
+    inspect(digits_run, "inspector-digits-160x48", (160, 48))
+    inspect(nan_run, "event-detail-160x48", (160, 48), detail=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -180,7 +229,7 @@ def main() -> int:
     ap.add_argument(
         "--clip-at", type=int, default=260, help="step at which to press c in the live shot"
     )
-    ap.add_argument("--only", choices=("live", "recorded"), default=None)
+    ap.add_argument("--only", choices=("live", "recorded", "inspector"), default=None)
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="nnwatch-shots-"))
@@ -191,6 +240,8 @@ def main() -> int:
             live_shots(args.clip_at)
         if args.only in (None, "recorded"):
             recorded_shots()
+        if args.only in (None, "inspector"):
+            inspector_shots()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(sorted(p.name for p in OUT.iterdir())))

@@ -32,6 +32,10 @@ COVERED = {
     "nnwatch demo nan_log --headless --keep": "test_snapshot_and_replay_commands",
     "nnwatch replay RUN_DIR --model nnwatch.demos.nan_log:make --anomaly": "test_snapshot_and_replay_commands",
     "nnwatch check tests.fixtures.check_factories:healthy": "test_check_command",
+    "nnwatch show RUN_DIR/snapshots/step-40": "tests/test_cli_show.py (text report of a real snapshot)",
+    "nnwatch show RUN_DIR --json --model nnwatch.demos.nan_log:make --decode mytok:decode": (
+        "tests/test_cli_show.py (--json with a model factory and a decoder)"
+    ),
 }
 
 

@@ -89,7 +89,7 @@ def test_open_a_finished_run_and_scrub_it(
     term.keys("Right", "Right", "Right")
     term.wait_for(lambda s: "cursor 0" not in s and "cursor" in s)
     term.keys("e")
-    term.wait_for("Enter: go to the event's step")
+    term.wait_for("Enter: go to the step")
     term.keys("Escape", "q")
     assert term.exit_status() == 0
 

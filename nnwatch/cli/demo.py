@@ -5,7 +5,9 @@ The demos are the standalone scripts in ``demos/`` (installed as ``nnwatch.demos
 works from a wheel too). This command starts one in a subprocess, in its own process group, waits
 for it to register, and opens the monitor on it. Quitting the monitor stops the trainer (the
 ``stop`` command, then SIGTERM, then SIGKILL) and removes its run directory and registry entry, so
-nothing is left behind; ``--keep`` keeps the run for ``nnwatch open`` and ``nnwatch replay``.
+nothing is left behind, unless a snapshot was taken while watching (``s``, or an automatic one):
+that run is kept and the command says where. ``--keep`` keeps every run for ``nnwatch open`` and
+``nnwatch replay``.
 ``--headless`` runs without a screen and prints one line per finding, for CI and scripts.
 """
 
@@ -144,6 +146,8 @@ class Trainer:
             shutil.rmtree(self.scratch, ignore_errors=True)
             raise DemoError(f"cannot start {demo.path}: {exc.strerror or exc}") from None
         self.info: RunInfo | None = None  # the registry entry, once the trainer has registered
+        #: keep the run when it wrote a snapshot (the monitor: the user may want to inspect it)
+        self.keep_snapshots = False
 
     @property
     def alive(self) -> bool:
@@ -218,6 +222,17 @@ class Trainer:
         self.stop()
         return self.remove_run(keep)
 
+    def snapshots(self) -> list[Path]:
+        """The snapshots this run wrote, oldest first (none before it registered)."""
+        if self.info is None:
+            return []
+        root = Path(self.info.run_dir) / "snapshots"
+        try:
+            found = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+        except OSError:
+            return []
+        return sorted(found, key=lambda d: d.stat().st_mtime)
+
     def remove_run(self, keep: bool) -> str | None:
         """Remove the run's files (unless ``keep``); return the run directory that remains, if any."""
         from nnwatch.channel.registry import unregister
@@ -226,7 +241,7 @@ class Trainer:
         shutil.rmtree(self.scratch, ignore_errors=True)
         if info is None:
             return None
-        if keep:
+        if keep or (self.keep_snapshots and self.snapshots()):
             return info.run_dir
         if info.entry_path:  # gone already after a clean stop; not after a kill
             unregister(Path(info.entry_path))
@@ -385,9 +400,15 @@ def run(args: argparse.Namespace) -> int:
     def cleanup() -> str | None:
         return started[0].finish(args.keep) if started else None
 
+    def abandon() -> str | None:
+        # a closed terminal or a kill: nobody would read where a kept run is, so remove it all
+        if started:
+            started[0].keep_snapshots = False
+        return cleanup()
+
     kept: str | None = None
     status = 0
-    with cleanup_on_signals(cleanup, monitor=not args.headless):
+    with cleanup_on_signals(abandon, monitor=not args.headless):
         try:
             started.append(Trainer(demo, steps, max(0.0, delay), args.seed))
             trainer = started[0]
@@ -395,6 +416,8 @@ def run(args: argparse.Namespace) -> int:
             if args.headless:
                 status = _headless(trainer)
             else:
+                # a snapshot taken while watching is worth keeping: `nnwatch show` reads it later
+                trainer.keep_snapshots = True
                 status = _monitor(trainer, args)
         except DemoError as exc:
             print(f"nnwatch demo: {exc}", file=sys.stderr)
@@ -403,8 +426,18 @@ def run(args: argparse.Namespace) -> int:
             status = 130
         finally:
             kept = cleanup()
-    if kept:
+    snaps = started[0].snapshots() if started and kept else []
+    if kept and snaps and not args.keep:
+        print(
+            f"nnwatch demo: a snapshot was taken during the run, so the run is kept in {kept}\n"
+            f"  its batch, sample by sample: nnwatch show {snaps[-1]}\n"
+            f"  the whole run: nnwatch open {kept}  (remove it with: rm -r {kept})",
+            file=sys.stderr,
+        )
+    elif kept:
         print(f"nnwatch demo: the run is kept in {kept}", file=sys.stderr)
+        if snaps:
+            print(f"  its newest snapshot: nnwatch show {snaps[-1]}", file=sys.stderr)
         if demo.name == "nan_log":
             print(
                 f"  find the op and line of the NaN: nnwatch replay {kept} "

@@ -45,6 +45,7 @@ from nnwatch.tui.screens.dashboard import DashboardScreen
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
 from nnwatch.tui.screens.events import EventsScreen
 from nnwatch.tui.screens.help import HelpScreen
+from nnwatch.tui.screens.snapshot import SnapshotScreen
 from nnwatch.tui.widgets.base import Palette, PaneContext, ViewSettings
 from nnwatch.tui.widgets.layers import LayersPane
 from nnwatch.tui.widgets.ranks import RanksPane
@@ -121,8 +122,9 @@ class NNWatchApp(App[int]):
         Binding("a", "arm_anomaly", "anom", id="anomaly", tooltip="anomaly detection for the next step"),
         Binding("l", "focus_layers", "layer", id="layers", tooltip="focus the layers pane: type to filter, Enter for the rows"),
         Binding("z", "toggle_zoom", "zoom", id="zoom", tooltip="charts: last 500 steps <-> whole run"),
-        Binding("g", "toggle_log_scale", "log", id="log_scale", tooltip="loss on a log scale (grad norm always is)"),
-        Binding("e", "show_events", "event", id="events", tooltip="all events; Enter jumps to a step"),
+        Binding("g", "toggle_log_scale", "log", id="log_scale", tooltip="log scale on every chart (loss, grad norm, snapshot inspector)"),
+        Binding("e", "show_events", "event", id="events", tooltip="all events; Enter jumps to a step, d details, i inspects a snapshot"),
+        Binding("i", "inspect_snapshot", "inspect", id="inspect", tooltip="the snapshot at or before the step cursor: its batch sample by sample"),
         Binding("r", "reconnect", "recon", id="reconnect", tooltip="reconnect to the run"),
         Binding("left_square_bracket", "prev_rank", "rank-", id="prev_rank", key_display="[", tooltip="distributed job: watch the previous rank"),
         Binding("right_square_bracket", "next_rank", "rank+", id="next_rank", key_display="]", tooltip="distributed job: watch the next rank"),
@@ -149,6 +151,7 @@ class NNWatchApp(App[int]):
         gpu_uuids: list[str] | None = None,
         job: Job | None = None,  # the distributed job this run belongs to; found when not given
         ranks_interval: float = 1.0,
+        decode: Callable[[list[int]], str] | None = None,  # token ids -> text, for the inspector
     ) -> None:
         super().__init__()
         if not fps or fps <= 0 or not math.isfinite(fps):
@@ -178,6 +181,7 @@ class NNWatchApp(App[int]):
         run_dir = getattr(source, "run_dir", None)
         if source.meta.world_size > 1 and run_dir is not None:
             self.ranks = RankCollector(str(run_dir), self.post_message, ranks_interval, job=job)
+        self.decode = decode
         self._keymap_requested = dict(keymap or {})
         self._theme_requested = theme
         self.outcomes: list[str] = []  # every command outcome shown, oldest first (for tests)
@@ -447,7 +451,62 @@ class NNWatchApp(App[int]):
             if step is not None:
                 self._set_cursor(float(step))
 
-        self.push_screen(EventsScreen(events_kept, self.ctx.palette, total), jump)
+        self.push_screen(
+            EventsScreen(events_kept, self.ctx.palette, total, inspect=self.inspect_snapshot), jump
+        )
+
+    # -- the snapshot inspector --------------------------------------------------------------
+    def snapshot_events(self) -> list[dict[str, Any]]:
+        with self.state.lock:
+            return [e for e in self.state.events if e.get("type") == "snapshot"]
+
+    def snapshot_path(self, event: dict[str, Any]) -> Path | None:
+        """Where a snapshot event's directory is on this machine (the run may have moved)."""
+        path = Path(str(event.get("path") or ""))
+        if event.get("path") and (path / "manifest.json").exists():
+            return path
+        run_dir = getattr(self.source, "run_dir", None)
+        if run_dir is not None:
+            name = path.name if event.get("path") else f"step-{event.get('step')}"
+            moved = Path(run_dir) / "snapshots" / name
+            if (moved / "manifest.json").exists():
+                return moved
+        return None
+
+    def inspect_snapshot(self, event: dict[str, Any]) -> bool:
+        """Open the inspector on a snapshot event; False (with a note) when it is not readable."""
+        path = self.snapshot_path(event)
+        if path is None:
+            self.notify(
+                f"The snapshot of step {fmt.count(event.get('step'))} is not on this machine "
+                f"({event.get('path', 'no path')}); `nnwatch show` reads it where it is.",
+                title="inspect",
+                severity="warning",
+            )
+            return False
+        self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
+        return True
+
+    def action_inspect_snapshot(self) -> None:
+        snaps = self.snapshot_events()
+        if not snaps:
+            self.notify(
+                "No snapshot in this run yet. s takes one of the next step (live runs); one is "
+                "also taken automatically on the first non-finite step.",
+                title="inspect",
+                severity="warning",
+            )
+            return
+        cursor = self.view.cursor
+        chosen = snaps[-1]
+        if cursor is not None:
+            before = [e for e in snaps if float(e.get("step", math.inf)) <= cursor]
+            chosen = (
+                max(before, key=lambda e: e["step"])
+                if before
+                else min(snaps, key=lambda e: abs(float(e.get("step", 0)) - cursor))
+            )
+        self.inspect_snapshot(chosen)
 
     def action_prev_rank(self) -> None:
         self._step_rank(-1)

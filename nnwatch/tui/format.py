@@ -104,3 +104,37 @@ def pow2(x: float | None) -> str:
         return NA_TEXT
     e = math.log2(x)
     return f"2^{e:.0f}" if abs(e - round(e)) < 1e-6 else f"2^{e:.1f}"
+
+
+def shorten_middle(name: str, width: int) -> str:
+    """A dotted layer name cut from the middle so that the block index and the leaf both stay:
+    ``transformer.h.0.mlp.c_fc`` in 10 cells is ``h.0…c_fc``. Tries, in order: the head up to
+    the first numeric part with as many trailing parts as fit, then fewer leading parts of that
+    head (keeping the index and the part before it), then the index alone, then the tail."""
+    if width <= 0:
+        return ""
+    if len(name) <= width:
+        return name
+    parts = name.split(".")
+    if len(parts) >= 2:
+        idx = next((i for i, p in enumerate(parts[:-1]) if p.isdigit()), None)
+        heads: list[list[str]] = []
+        if idx is not None:
+            head = parts[: idx + 1]
+            for start in range(0, max(idx, 1)):  # drop leading parts, keep "h.0"
+                heads.append(head[start:])
+            heads.append(head[-1:])
+        else:
+            heads.append(parts[:1])
+        for head in heads:
+            h = ".".join(head)
+            rest = parts[len(parts) - 1 :] if idx is None else parts[(idx or 0) + 1 :]
+            # as many trailing parts as fit after the head: "h.0…mlp.c_fc" before "h.0…c_fc"
+            for k in range(len(rest), 0, -1):
+                tail = ".".join(rest[-k:])
+                candidate = f"{h}…{tail}"
+                if len(candidate) <= width and tail:
+                    return candidate
+    if width == 1:
+        return "…"
+    return "…" + name[-(width - 1) :]

@@ -57,6 +57,10 @@ def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) 
         source.close()
         print(f"nnwatch: {exc}", file=sys.stderr)
         return 2
+    try:  # textual-image asks the terminal about itself on import: only possible before Textual
+        import textual_image.widget  # noqa: F401
+    except Exception:  # noqa: BLE001 - optional; the inspector draws half blocks without it
+        pass
     fps = getattr(args, "fps", None) or DEFAULT_FPS
     try:
         app = NNWatchApp(

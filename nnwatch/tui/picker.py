@@ -1,5 +1,6 @@
 """The run picker that ``nnwatch`` opens with no arguments: live runs from the registry first, then
-finished and crashed runs still on disk, each with its status. Enter picks one; the caller then
+finished and crashed runs still on disk, each with its status and how many findings the detectors
+wrote (from its ``events.jsonl``, re-read only when the file grew). Enter picks one; the caller then
 opens the dashboard on it. The list refreshes itself every two seconds, off the UI thread."""
 
 from __future__ import annotations
@@ -28,6 +29,35 @@ EMPTY_HELP = (
     "No runs found yet. Runs appear here once a training script calls nnwatch.watch(model, "
     "optimizer) and steps; this list refreshes itself. Try `nnwatch demo exploding`."
 )
+
+
+_findings_cache: dict[str, tuple[int, int, int]] = {}  # events.jsonl -> (size, mtime_ns, count)
+_cache_lock = threading.Lock()
+
+
+def findings_count(run_dir: str | Path) -> int | None:
+    """Findings in a run's ``events.jsonl`` (None if it has none to read)."""
+    path = Path(run_dir) / "events.jsonl"
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = str(path)
+    with _cache_lock:
+        hit = _findings_cache.get(key)
+    if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
+        return hit[2]
+    n = 0
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                if b'"type": "finding"' in line or b'"type":"finding"' in line:
+                    n += 1
+    except OSError:
+        return None
+    with _cache_lock:
+        _findings_cache[key] = (st.st_size, st.st_mtime_ns, n)
+    return n
 
 
 def default_lister() -> list[Any]:
@@ -73,13 +103,23 @@ class RunPickerApp(App[Any]):
         self.lister = lister
         self.refresh_s = refresh_s
         self.runs: list[Any] = []
+        self.findings: dict[str, int | None] = {}  # run directory -> findings count, as shown
         self._busy = threading.Lock()
 
     def compose(self) -> ComposeResult:
         yield Label("nnwatch · pick a run (Enter opens it)", id="title")
         table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
         table.add_columns(
-            "name", "status", "step", "steps/s", "pid", "host", "rank", "age", "directory"
+            "name",
+            "status",
+            "findings",
+            "step",
+            "steps/s",
+            "pid",
+            "host",
+            "rank",
+            "age",
+            "directory",
         )
         yield table
         yield Label("", id="hint")
@@ -95,18 +135,24 @@ class RunPickerApp(App[Any]):
             return
 
         def work() -> None:
+            counts: dict[str, int | None] = {}
             try:
                 runs = self.lister()
+                counts = {str(r.run_dir): findings_count(r.run_dir) for r in runs}
                 error = ""
             except Exception as exc:  # noqa: BLE001 - shown in the hint line, never raised
                 runs, error = [], f"cannot list runs: {exc}"
             finally:
                 self._busy.release()
-            self.call_from_thread(self._show, runs, error)
+            self.call_from_thread(self._show, runs, error, counts)
 
         threading.Thread(target=work, name="nnwatch-picker", daemon=True).start()
 
-    def _show(self, runs: list[Any], error: str) -> None:
+    def _show(
+        self, runs: list[Any], error: str, counts: dict[str, int | None] | None = None
+    ) -> None:
+        counts = counts or {}
+        self.findings = counts
         table = self.query_one(DataTable)
         keep = table.cursor_row
         self.runs = runs
@@ -115,6 +161,7 @@ class RunPickerApp(App[Any]):
             table.add_row(
                 Text(r.name, style="bold"),
                 Text(r.state, style=STATE_STYLE.get(r.state, "")),
+                _findings_cell(counts.get(str(r.run_dir))),
                 Text(fmt.count(r.step), justify="right"),
                 Text(fmt.si(r.steps_per_s), justify="right"),
                 str(r.pid),
@@ -140,3 +187,9 @@ class RunPickerApp(App[Any]):
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_pick()
+
+
+def _findings_cell(n: int | None) -> Text:
+    if n is None:
+        return Text(fmt.NA_TEXT, justify="right", style="dim")
+    return Text(str(n), justify="right", style="bold yellow" if n else "dim")

@@ -1,16 +1,19 @@
 """The ``e`` screen: every event the monitor kept (findings with their evidence and remedy,
-snapshots, commands), newest first. Enter moves the step cursor to the selected event."""
+snapshots, commands), newest first, each message wrapped to the screen's width so nothing is cut
+off. Enter moves the step cursor to the selected event; ``d`` opens it in full (the whole message,
+every piece of evidence, the remedy); ``i`` on a snapshot opens the snapshot inspector."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
@@ -33,33 +36,56 @@ class EventsScreen(ModalScreen[int | None]):
     BINDINGS = [
         Binding("escape,e,q", "close", "close", id="events.close"),
         Binding("enter", "jump", "go to step", id="events.jump"),
+        Binding("d", "details", "details", id="events.details"),
+        Binding("i", "inspect", "inspect snapshot", id="events.inspect"),
     ]
 
-    def __init__(self, events: list[dict[str, Any]], palette: Palette, total: int) -> None:
+    def __init__(
+        self,
+        events: list[dict[str, Any]],
+        palette: Palette,
+        total: int,
+        inspect: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
         super().__init__()
         self.events = list(reversed(events))  # newest first
         self.palette = palette
         self.total = total
+        self.inspect = inspect  # opens the snapshot inspector on a snapshot event
 
     def compose(self) -> ComposeResult:
         kept = len(self.events)
         with Vertical(classes="dialog"):
             more = f" (the newest {kept} of {self.total} are kept)" if self.total > kept else ""
             yield Label(
-                f"Events: {kept}{more}. Enter: go to the event's step. Esc: back.", classes="title"
+                f"Events: {kept}{more}. Enter: go to the step · d: details · i: inspect a snapshot"
+                " · Esc: back",
+                classes="title",
             )
             table: DataTable[Text | str] = DataTable(id="events-table", cursor_type="row")
-            table.add_columns("step", "what", "layer", "message")
+            msg_w, layer_w = self.column_widths(self.app.size.width)
+            table.add_column("step", width=9)
+            table.add_column("what", width=5)
+            table.add_column("layer", width=layer_w)
+            table.add_column("message", width=msg_w)
             for ev in self.events:
                 label, layer, msg, _remedy = describe(ev)
                 table.add_row(
                     Text(fmt.count(ev.get("step")), justify="right"),
                     Text(label, style=label_style(label, self.palette)),
-                    layer,
-                    msg,
+                    Text(fmt.shorten_middle(layer, layer_w)),
+                    Text(msg),  # wraps: the row is as tall as its message
+                    height=None,
                 )
             yield table
             yield Static("", id="event-detail")
+
+    @staticmethod
+    def column_widths(screen_width: int) -> tuple[int, int]:
+        """(message, layer) column widths that fill 95% of the screen without a sideways scroll."""
+        inner = int(screen_width * 0.95) - 6 - 2  # the dialog's border and padding, a scrollbar
+        layer_w = 16 if inner >= 100 else 10
+        return max(inner - 9 - 5 - layer_w - 4 * 2, 16), layer_w
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -97,6 +123,124 @@ class EventsScreen(ModalScreen[int | None]):
             return
         step = self.events[table.cursor_row].get("step")
         self.dismiss(int(step) if isinstance(step, int | float) else None)
+
+    def _selected(self) -> dict[str, Any] | None:
+        row = self.query_one(DataTable).cursor_row
+        return self.events[row] if self.events and 0 <= row < len(self.events) else None
+
+    def action_details(self) -> None:
+        ev = self._selected()
+        if ev is None:
+            return
+
+        def done(step: int | None) -> None:
+            if step is not None:
+                self.dismiss(step)
+
+        self.app.push_screen(EventDetailScreen(ev, self.palette, self.inspect), done)
+
+    def action_inspect(self) -> None:
+        ev = self._selected()
+        if ev is None:
+            return
+        if ev.get("type") != "snapshot":
+            self.notify(
+                "This event is not a snapshot; pick a SNAP row (or press i on the dashboard for "
+                "the snapshot at the step cursor).",
+                title="inspect",
+                severity="warning",
+                timeout=4,
+            )
+            return
+        if self.inspect is not None:
+            self.inspect(ev)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class EventDetailScreen(ModalScreen[int | None]):
+    """One event in full: the whole message, every piece of evidence, the remedy."""
+
+    DEFAULT_CSS = (
+        dialog_css("EventDetailScreen")
+        + """
+    EventDetailScreen .dialog { width: 90%; max-width: 120; height: auto; max-height: 90%; }
+    EventDetailScreen #event-full { height: auto; }
+    EventDetailScreen VerticalScroll { height: auto; max-height: 100%; }
+    """
+    )
+    BINDINGS = [
+        Binding("escape,d,q", "close", "back", id="event.close"),
+        Binding("enter,g", "jump", "go to step", id="event.jump"),
+        Binding("i", "inspect", "inspect snapshot", id="event.inspect"),
+    ]
+
+    def __init__(
+        self,
+        event: dict[str, Any],
+        palette: Palette,
+        inspect: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        self.event = event
+        self.palette = palette
+        self.inspect = inspect
+
+    def compose(self) -> ComposeResult:
+        ev, pal = self.event, self.palette
+        label, layer, msg, remedy = describe(ev)
+        with VerticalScroll(classes="dialog"):
+            kind = str(ev.get("kind") or ev.get("type", "event"))
+            yield Label(f"{label} · {kind} · step {fmt.count(ev.get('step'))}", classes="title")
+            yield Static(self.full_text(ev, pal, label, layer, msg, remedy), id="event-full")
+            keys = "Enter: go to the step · Esc: back"
+            if ev.get("type") == "snapshot":
+                keys = "i: inspect the batch · " + keys
+            yield Label(keys, classes="hint")
+
+    @staticmethod
+    def full_text(
+        ev: dict[str, Any], pal: Palette, label: str, layer: str, msg: str, remedy: str
+    ) -> Text:
+        text = Text()
+        if layer:
+            text.append("layer     ", style=pal.muted)
+            text.append(layer + "\n", style=pal.text + Style(bold=True))
+        text.append("message   ", style=pal.muted)
+        text.append(str(ev.get("summary") or msg) + "\n")
+        evidence = ev.get("evidence")
+        if isinstance(evidence, dict) and evidence:
+            text.append("evidence\n", style=pal.muted)
+            width = max(len(str(k)) for k in evidence)
+            for k, v in evidence.items():
+                value = fmt.num(v) if isinstance(v, float) else json.dumps(v, default=str)
+                text.append(f"  {str(k):<{width}}  {value}\n")
+        elif evidence:
+            text.append("evidence  ", style=pal.muted)
+            text.append(json.dumps(evidence, default=str) + "\n")
+        if remedy:
+            text.append("remedy    ", style=pal.muted)
+            text.append(remedy + "\n", style=pal.success)
+        if ev.get("type") == "snapshot":
+            text.append("path      ", style=pal.muted)
+            text.append(str(ev.get("path", "?")) + "\n")
+            if ev.get("reason"):
+                text.append("reason    ", style=pal.muted)
+                text.append(str(ev["reason"]) + "\n")
+        onset = ev.get("onset_step")
+        if onset is not None and onset != ev.get("step"):
+            text.append("onset     ", style=pal.muted)
+            text.append(f"step {fmt.count(onset)}\n")
+        return text
+
+    def action_jump(self) -> None:
+        step = self.event.get("step")
+        self.dismiss(int(step) if isinstance(step, int | float) else None)
+
+    def action_inspect(self) -> None:
+        if self.event.get("type") == "snapshot" and self.inspect is not None:
+            self.inspect(self.event)
 
     def action_close(self) -> None:
         self.dismiss(None)

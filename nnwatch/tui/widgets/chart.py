@@ -24,6 +24,7 @@ from nnwatch.tui.history import Columns
 # dot bits of a braille cell, indexed [row 0..3][column 0..1]
 _BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)
 GUTTER = 7  # y labels (6) and the axis line (1)
+OFF_TOP, OFF_BOTTOM = "▲", "▽"  # marker-row glyphs of columns the robust range cut off
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,12 @@ class Plot:
     y_min: float | None = None  # force the range to include this value (e.g. 0)
     y_limits: tuple[float, float] | None = None  # exact range in data units (overrides the above)
     ticks: list[float] | None = None  # label these values (at their rows) instead of 3 even rows
-    #: On a linear axis, cap the range when a few columns tower over the rest (an exploded loss
-    #: at 1e35 would flatten the curve into one row); the capped columns get a "▲" marker.
+    #: The bulk of the data fills the plot: columns far outside the main trace's 5th-95th
+    #: percentile band (an exploded loss at 1e35, a one-step grad spike) are cut off and marked
+    #: "▲" (above) or "▽" (below) on the marker row, on a linear or a log axis alike. The first
+    #: columns (the early steps: the initial loss, the warm-up norms) always stay in range.
     robust: bool = False
-    clip_factor: float = 20.0
+    robust_trace: int = 0  # which trace the robust range is taken from (the measured series)
 
 
 def trace_from(cols: Columns, style: Style, *, use_mean: bool = False) -> Trace:
@@ -122,13 +125,8 @@ def y_range(plot: Plot) -> tuple[float, float] | None:
     if not len(flat):
         return None
     lo, hi = float(flat.min()), float(flat.max())
-    if plot.robust and not plot.log and plot.traces:
-        tops = _transform(plot.traces[0].hi, False)
-        tops = tops[np.isfinite(tops)]
-        if len(tops) >= 8:
-            typical = float(np.percentile(tops, 90))
-            if typical > 0 and hi > plot.clip_factor * typical:
-                hi = typical * 1.5  # the rest of the curve stays readable; ▲ marks the tops cut
+    if plot.robust and len(plot.traces) > plot.robust_trace:
+        lo, hi = robust_limits(plot.traces[plot.robust_trace], plot.log, lo, hi)
     span = max(hi - lo, abs(hi) * 0.05, 1e-12)
     # a reference line joins the range only when it is near the data: ln(K) far above a zoomed-in
     # late-training loss would squash the curve into one row
@@ -149,6 +147,47 @@ def y_range(plot: Plot) -> tuple[float, float] | None:
     return low, hi + pad
 
 
+#: A column is off scale when it lies further than this many bulk-widths outside the bulk.
+OUTLIER_REACH = 0.5
+EARLY_SHARE = 0.03  # the first 3% of the columns (at least 2) always stay on the plot
+FENCE = 6.0  # ... and beyond this many interquartile ranges outside the middle half
+
+
+def robust_limits(trace: Trace, log: bool, lo: float, hi: float) -> tuple[float, float]:
+    """(lo, hi) narrowed to the bulk of ``trace`` when a few columns lie far outside it.
+
+    The bulk is the 5th-95th percentile band of the trace's column lows and highs. Only values
+    further than ``OUTLIER_REACH`` bulk-widths beyond it are cut; the range then ends at the
+    furthest value that is not cut, so a smooth trend is never clipped, only isolated spikes and
+    blow-ups (and a lasting blow-up, through far-out fences on the interquartile range). The first
+    columns (the early steps) are always kept in range."""
+    los, his = _transform(trace.lo, log), _transform(trace.hi, log)
+    ok = np.isfinite(los) & np.isfinite(his)
+    if ok.sum() < 8:
+        return lo, hi
+    lv, hv = los[ok], his[ok]
+    b_lo, b_hi = float(np.percentile(lv, 5)), float(np.percentile(hv, 95))
+    span = max(b_hi - b_lo, abs(b_hi) * 0.05, 1e-12)
+    cut_hi, cut_lo = b_hi + OUTLIER_REACH * span, b_lo - OUTLIER_REACH * span
+    # a blow-up that lasts (an exploded run: 1e24 for a fifth of the steps) is part of the
+    # 5-95% band itself; far-out fences on the interquartile range still find the bulk
+    q1, q3 = float(np.percentile(lv, 25)), float(np.percentile(hv, 75))
+    iqr = q3 - q1
+    if iqr > 0:
+        cut_hi = min(cut_hi, q3 + FENCE * iqr)
+        cut_lo = max(cut_lo, q1 - FENCE * iqr)
+    first = np.flatnonzero(ok)[: max(2, int(EARLY_SHARE * ok.sum()))]
+    early_lo, early_hi = float(los[first].min()), float(his[first].max())
+    new_hi, new_lo = hi, lo
+    if hi > cut_hi:
+        kept = hv[hv <= cut_hi]
+        new_hi = max(float(kept.max()) if len(kept) else b_hi, early_hi)
+    if lo < cut_lo:
+        kept = lv[lv >= cut_lo]
+        new_lo = min(float(kept.min()) if len(kept) else b_lo, early_lo)
+    return new_lo, new_hi
+
+
 def render_plot(
     plot: Plot, width: int, height: int, muted: Style, empty: str = "no data yet"
 ) -> Text:
@@ -166,10 +205,20 @@ def render_plot(
         return text
     y_lo, y_hi = rng
     P, D = ph * 4, pw * 2
-    if plot.robust and plot.traces:  # mark the columns whose tops the capped axis cuts off
-        tops = _fit(_transform(plot.traces[0].hi, plot.log), D)
-        for dot in np.flatnonzero(np.isfinite(tops) & (tops > y_hi)):
-            plot.markers.setdefault(int(dot) // 2, ("▲", plot.traces[0].style))
+    if plot.robust and len(plot.traces) > plot.robust_trace:  # mark what the range cut off
+        main = plot.traces[plot.robust_trace]
+        tops = _fit(_transform(main.hi, plot.log), D)
+        bottoms = _fit(_transform(main.lo, plot.log), D)
+        # an off-scale marker replaces a spike marker (it says more: the top is cut), never a
+        # non-finite one
+        for dots, glyph in (
+            (np.flatnonzero(np.isfinite(tops) & (tops > y_hi)), OFF_TOP),
+            (np.flatnonzero(np.isfinite(bottoms) & (bottoms < y_lo)), OFF_BOTTOM),
+        ):
+            for dot in dots:
+                col = int(dot) // 2
+                if plot.markers.get(col, ("",))[0] != "✕":
+                    plot.markers[col] = (glyph, main.style)
 
     def to_px(v: np.ndarray) -> np.ndarray:
         t = _transform(v, plot.log)

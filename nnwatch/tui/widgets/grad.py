@@ -13,7 +13,13 @@ from nnwatch.tui import format as fmt
 from nnwatch.tui.history import Columns
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.chart import GUTTER, Plot, Trace, render_plot, trace_from
-from nnwatch.tui.widgets.loss import bad_markers, cursor_column, window_caption, x_labels
+from nnwatch.tui.widgets.loss import (
+    bad_markers,
+    cursor_column,
+    off_scale,
+    window_caption,
+    x_labels,
+)
 
 SPIKE_FACTOR = 5.0  # a column whose max exceeds 5x the local median of means is a spike
 SPIKE_WINDOW = 15
@@ -66,7 +72,9 @@ class GradPane(Pane):
             ],
             markers={c: m for c, m in markers.items() if c < pw},
             cursor=cursor_column(view.cursor, x0, x1, pw),
-            log=True,  # norms span decades; on a linear axis one spike flattens everything else
+            log=view.log_scale,  # `g`, as for every chart; spikes never flatten the rest:
+            robust=True,  # they go off scale (▲) and the bulk of the norms fills the plot
+            robust_trace=1,
             x_labels=x_labels(x0, x1),
         )
         norm = st.value_at("grad_norm", view.cursor, src, measured=True)
@@ -79,7 +87,10 @@ class GradPane(Pane):
         if math.isfinite(clip):
             title += f"  [$error]┄ max {fmt.num(clip)}[/]"
         self.border_title = title
-        sub = window_caption(view.zoomed, True, view.cursor, compact)
+        picture = render_plot(plot, w, h, pal.muted)
+        sub = window_caption(view.zoomed, view.log_scale, view.cursor, compact)
+        if off_scale(plot) and not compact:
+            sub = f"▲ off scale (g: log) · {sub}"
         if math.isfinite(share):
             clipped = (
                 f"clip {fmt.percent(share)}/100"
@@ -88,4 +99,4 @@ class GradPane(Pane):
             )
             sub = f"{clipped} · {sub}"
         self.border_subtitle = sub
-        return render_plot(plot, w, h, pal.muted)
+        return picture

@@ -155,10 +155,10 @@ class LayerTable(Widget, can_focus=True):
         self._moved()
 
     def on_focus(self) -> None:
-        self.refresh()
+        self._moved()  # the caption names the cursor row in full while the rows have focus
 
     def on_blur(self) -> None:
-        self.refresh()
+        self._moved()
 
     def on_resize(self) -> None:
         self._scroll_to_cursor()
@@ -181,7 +181,7 @@ class LayerTable(Widget, can_focus=True):
             style=(pal.error + Style(bold=True)) if nf_bad else pal.muted,
         )
         widths = NARROW_WIDTHS if self.narrow else WIDE_WIDTHS
-        name = r.name if len(r.name) <= widths[1] else "…" + r.name[-(widths[1] - 1) :]
+        name = fmt.shorten_middle(r.name, widths[1])  # "h.0…c_fc": the block and the leaf stay
         return [
             Text(str(r.index), style=pal.muted),
             Text(name, style=pal.error if r.bad else pal.text),
@@ -209,7 +209,17 @@ class LayerTable(Widget, can_focus=True):
         for k, r in enumerate(self.rows[self.top : self.top + vis]):
             out.append("\n")
             line = Text(no_wrap=True, overflow="crop")
-            for i, (cell, w) in enumerate(zip(self._cells(r), widths, strict=True)):
+            cells, row_widths = self._cells(r), list(widths)
+            at_cursor = cursor_style is not None and self.top + k == self.cursor_row
+            if at_cursor and len(r.name) > widths[1]:
+                # the cursor row names its layer in full, over the kind column if need be
+                room = widths[1] + 1 + widths[2]
+                cells[1] = Text(fmt.shorten_middle(r.name, room), style=cells[1].style)
+                cells[2] = Text("")
+                row_widths[1], row_widths[2] = room, -1
+            for i, (cell, w) in enumerate(zip(cells, row_widths, strict=True)):
+                if w < 0:
+                    continue  # merged into the column before
                 cell.truncate(w, overflow="ellipsis")
                 pad = " " * (w - cell.cell_len)
                 line.append_text(Text(pad) + cell if i in right else cell + Text(pad))
@@ -341,3 +351,6 @@ class LayersPane(Pane):
         self.border_subtitle = (
             f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter"
         )
+        if table.has_focus and 0 <= table.cursor_row < len(table.rows):
+            full = table.rows[table.cursor_row].name  # the whole name of the cursor row
+            self.border_subtitle = f"{full} · {self.border_subtitle}"

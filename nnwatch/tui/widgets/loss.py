@@ -14,6 +14,8 @@ from nnwatch.tui.model import ZOOM_STEPS
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.chart import (
     GUTTER,
+    OFF_BOTTOM,
+    OFF_TOP,
     Plot,
     Rule,
     Trace,
@@ -38,6 +40,11 @@ def bad_markers(cols: Columns, pw: int, glyph: str, style: object) -> dict[int, 
     for dot in np.flatnonzero(cols.bad > 0):
         out[int(dot) // 2] = (glyph, style)
     return {c: m for c, m in out.items() if c < pw}
+
+
+def off_scale(plot: Plot) -> bool:
+    """Whether the robust range cut a column off (its marker is on the marker row)."""
+    return any(glyph in (OFF_TOP, OFF_BOTTOM) for glyph, _ in plot.markers.values())
 
 
 def x_labels(x0: float, x1: float) -> tuple[str, str]:
@@ -82,7 +89,7 @@ class LossPane(Pane):
             title += f"  [$foreground-muted]┄ ln({k}) {fmt.num(math.log(k))}[/]"
         self.border_title = title
         picture = render_plot(plot, w, h, pal.muted)
-        capped = any(glyph == "▲" for glyph, _ in plot.markers.values())
+        capped = off_scale(plot)
         caption = window_caption(view.zoomed, view.log_scale, view.cursor, compact)
         self.border_subtitle = (
             "▲ off scale (g: log) · " if capped and not compact else ""
