@@ -305,10 +305,10 @@ def _restore_terminal(saved: list[Any] | None) -> None:
     try:
         import termios
 
-        sys.__stderr__.write(
-            "\x1b[?1000l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?1049l\x1b[?25h"
-        )
-        sys.__stderr__.flush()
+        err = sys.__stderr__
+        if err is not None:
+            err.write("\x1b[?1000l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?2004l\x1b[?1049l\x1b[?25h")
+            err.flush()
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSANOW, saved)
     except Exception:  # noqa: BLE001 - the terminal may be gone (SIGHUP); exiting matters more
         pass

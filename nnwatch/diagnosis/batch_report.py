@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -337,7 +337,7 @@ def _flag(
                 if out.any():
                     first = int(y[out].reshape(-1)[0])
                     s.flags.append(
-                        f"target out of range ({first} not in 0..{num_classes - 1})"
+                        f"target out of range ({first} not in 0..{num_classes - 1 if num_classes else '∞'})"
                         if y.ndim == 0
                         else f"{int(out.sum())} target(s) out of range (e.g. {first}, num_classes {num_classes})"
                     )
@@ -417,6 +417,9 @@ def _recompute_losses(
         model, loss_fn = (
             (made.get("model"), made.get("loss_fn")) if isinstance(made, dict) else (made, None)
         )
+        if model is None:
+            report.notes.append("per-sample loss skipped: the factory gave no model")
+            return
         state = snap.state()
         if "model" in state:
             model.load_state_dict(_match_prefix(state["model"], model))
@@ -547,7 +550,7 @@ def load_decoder(spec: str) -> Callable[[list[int]], str]:
     from nnwatch.diagnosis.replay import ReplayError, load_factory
 
     try:
-        return load_factory(spec)
+        return cast(Callable[[list[int]], str], load_factory(spec))
     except ReplayError as exc:
         raise ReportError(str(exc).replace("--model", "--decode")) from None
 

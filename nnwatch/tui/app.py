@@ -115,7 +115,7 @@ class NNWatchApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "nnwatch"
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[Binding]] = [  # type: ignore[assignment]  # only Bindings here
         Binding("s", "request_snapshot", "snap", id="snapshot", tooltip="write a snapshot now"),
         Binding("p", "toggle_pause", "pause", id="pause", tooltip="pause or resume training (asks first)"),
         Binding("c", "set_clip", "clip", id="clip", tooltip="set the grad clip threshold (asks first)"),
@@ -534,7 +534,7 @@ class NNWatchApp(App[int]):
         closed (in a thread, once its collector has stopped). False, with a note, if it cannot."""
         job = self.ranks.job if self.ranks is not None else None
         info = job.run_for(rank) if job is not None else None
-        if info is None:
+        if job is None or info is None:
             self.notify(f"Rank {rank} is not on this machine.", title="rank", severity="warning")
             return False
         if rank == self.source.meta.rank:
@@ -580,7 +580,10 @@ class NNWatchApp(App[int]):
 
     def action_reconnect(self) -> None:
         self.notify("Reconnecting…", title="reconnect", timeout=3)
-        self.collector.reconnect(lambda ok, msg: self.post_message(Reconnected(ok, msg)))
+        def done(ok: bool, msg: str) -> None:
+            self.post_message(Reconnected(ok, msg))
+
+        self.collector.reconnect(done)
 
     def action_show_help(self) -> None:
         def available(b: Binding) -> str:

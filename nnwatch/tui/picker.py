@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label
 
 from nnwatch.tui import format as fmt
@@ -90,7 +90,7 @@ class RunPickerApp(App[Any]):
     #runs { height: 1fr; }
     #hint { height: auto; padding: 0 1; color: $text-muted; width: 1fr; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "pick", "open", id="picker.open", priority=True),
         Binding("r", "refresh", "refresh", id="picker.refresh"),
         Binding("q,escape", "quit", "quit", id="picker.quit"),

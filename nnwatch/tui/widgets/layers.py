@@ -202,8 +202,8 @@ class LayerTable(Widget, can_focus=True):
         out = Text(no_wrap=True, overflow="crop", end="")
         head_style = pal.text + Style(bold=True)
         for i, (label, w) in enumerate(zip(COLUMNS, widths, strict=True)):
-            cell = label[:w]
-            out.append((cell.rjust(w) if i in right else cell.ljust(w)) + " ", style=head_style)
+            head = label[:w]
+            out.append((head.rjust(w) if i in right else head.ljust(w)) + " ", style=head_style)
         vis = self._visible
         cursor_style = Style(reverse=True) if self.has_focus else None
         for k, r in enumerate(self.rows[self.top : self.top + vis]):

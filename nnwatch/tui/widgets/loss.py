@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from rich.style import Style
 from textual.app import RenderResult
 
 from nnwatch.tui import format as fmt
@@ -34,9 +35,9 @@ def cursor_column(cursor: float | None, x0: float, x1: float, pw: int) -> int | 
     return col if 0 <= col < pw else None
 
 
-def bad_markers(cols: Columns, pw: int, glyph: str, style: object) -> dict[int, tuple[str, object]]:
+def bad_markers(cols: Columns, pw: int, glyph: str, style: Style) -> dict[int, tuple[str, Style]]:
     """Marker-row glyphs over the cell columns whose dot columns held a non-finite value."""
-    out: dict[int, tuple[str, object]] = {}
+    out: dict[int, tuple[str, Style]] = {}
     for dot in np.flatnonzero(cols.bad > 0):
         out[int(dot) // 2] = (glyph, style)
     return {c: m for c, m in out.items() if c < pw}
@@ -85,7 +86,7 @@ class LossPane(Pane):
         ema_now = st.ema("loss", EMA_ALPHA) if view.cursor is None else _last_finite(ema)
         compact = w < 56
         title = f"[b]Loss[/b] {fmt.num(value)}  [$accent]━ ema {fmt.num(ema_now)}[/]"
-        if rules and not compact:
+        if k and k > 1 and not compact:
             title += f"  [$foreground-muted]┄ ln({k}) {fmt.num(math.log(k))}[/]"
         self.border_title = title
         picture = render_plot(plot, w, h, pal.muted)

@@ -28,9 +28,9 @@ def to_rgb(x: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]
             a = a[..., 0]
         elif a.shape[-1] == 4:
             a = a[..., :3]
-    bad = ~np.isfinite(a)
+    bad: np.ndarray = ~np.isfinite(a)
     if a.ndim == 3:
-        bad = bad.any(axis=-1)
+        bad = np.asarray(bad.any(axis=-1))
     span = hi - lo if hi > lo else 1.0
     v = np.clip((np.where(np.isfinite(a), a, lo) - lo) / span, 0.0, 1.0)
     px = (v * 255 + 0.5).astype(np.uint8)
