@@ -36,6 +36,8 @@ from torch import nn
 import nnwatch
 from nnwatch.probe import watch as watch_mod
 from nnwatch.probe.budget import UPDATE_EVERY
+from nnwatch.probe.layer_hooks import LayerHooks
+from nnwatch.probe.schedule import WARMUP_STEPS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,23 +185,25 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         net = copy.deepcopy(model)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
         timer = DirectTimer()
-        cls = watch_mod.Watch
+        cls, hooks_cls = watch_mod.Watch, LayerHooks
         saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step",
-                                                "_on_backward", "_make_layer_hook")}
-        for n in ("_on_forward_start", "_before_optimizer_step", "_on_backward"):
+                                                "_on_backward")}
+        make_layer_hook = hooks_cls.make
+        for n in saved:
             setattr(cls, n, timer.wrap(saved[n]))
-        cls._make_layer_hook = lambda self, i: timer.wrap(saved["_make_layer_hook"](self, i))  # type: ignore[method-assign]
+        hooks_cls.make = lambda self, i: timer.wrap(make_layer_hook(self, i))  # type: ignore[method-assign]
         try:
             w = nnwatch.watch(net, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
                               channel=True, **opts)
         finally:
             for n, f in saved.items():
                 setattr(cls, n, f)
+            hooks_cls.make = make_layer_hook  # type: ignore[method-assign]
         # queued at the end of each backward through the instance: time it there too
         w._on_backward_end = timer.wrap(w._on_backward_end)  # type: ignore[method-assign]
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
-        train_steps(watch_mod.WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
+        train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
 
         def block() -> None:
             timed_block(v, timer, step, net=net, opt=opt)

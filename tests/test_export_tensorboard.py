@@ -135,7 +135,7 @@ def test_the_live_export_adds_no_hook(tmp_path: Path) -> None:
             model(torch.randn(2, 4)).sum().backward()
             w.step()
             if tb is not None:
-                assert any(getattr(o, "__self__", None) is w._exporter for o in w._log.observers)
+                assert any(getattr(o, "__self__", None) is w.files.exporter for o in w.files.log.observers)
     assert counts[0] == counts[1] > 0
 
 
@@ -162,7 +162,7 @@ def test_a_broken_export_target_leaves_training_alone(
         for _ in range(4):
             model(torch.randn(2, 3)).sum().backward()
             w.step()
-    assert w.disabled is None and w._exporter is None
+    assert w.disabled is None and w.files.exporter is None
     assert len(nnwatch.load_run(w.run_dir)) == 4
     assert "TensorBoard export is off" in caplog.text
 

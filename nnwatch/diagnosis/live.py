@@ -35,7 +35,7 @@ class Diagnosis:
         self.spikes = SpikeTrigger()
         self._lock = threading.Lock()
         self.rows_seen = 0
-        if getattr(w, "_guard_tripped", False) and int(getattr(w, "step_index", 0)) == 0:
+        if getattr(w, "guard_tripped", False) and int(getattr(w, "step_index", 0)) == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
             self.on_nonfinite_grads(0)
@@ -91,7 +91,7 @@ class Diagnosis:
 
         Read only when the guard trips (on CUDA it syncs, but the guard has synced already).
         """
-        buf = getattr(self.w, "_buf", None)
+        buf = getattr(self.w, "buffers", None)
         out: list[np.ndarray | None] = []
         for name in ("act_sum", "grad_layer"):
             t = getattr(buf, name, None)

@@ -126,7 +126,7 @@ def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> Non
         w.add_finding(finding)
     except Exception:  # noqa: BLE001 - the exception below still tells the probe
         pass
-    ring = getattr(getattr(w, "_channel", None), "ring", None)
+    ring = getattr(w.files.channel, "ring", None)
     if ring is not None and hasattr(ring, "set_log_error"):
         ring.set_log_error(why)  # monitors read the cause from the ring header
 

@@ -369,7 +369,7 @@ class LiveExport:
 def attach_live(w: Watch, option: TensorBoard | str | os.PathLike[str]) -> LiveExport | None:
     """Start the live export of ``w``'s run (called at its first step). Never raises."""
     options = option if isinstance(option, TensorBoard) else TensorBoard(option)
-    log_writer = getattr(w, "_log", None)
+    log_writer = w.files.log
     if log_writer is None:
         return None
     try:

@@ -35,18 +35,12 @@ def detach_step_pre_hook(w: Watch) -> bool:
     hooks = getattr(opt, "_optimizer_step_pre_hooks", None)
     if opt is None or hooks is None:
         return False
-    for handle in list(w._handles):
-        hook = hooks.get(getattr(handle, "id", None))
-        if getattr(hook, "__self__", None) is w:
-            handle.remove()
-            w._handles.remove(handle)
-            return True
-    return False
+    return w.attachment.detach_step_pre_hook()
 
 
 def before_optimizer_step(w: Watch, optimizer: Any) -> None:
     """The probe's own pre-step work (non-finite guard, snapshot of the pre-update weights)."""
-    w._before_optimizer_step(optimizer, (), {})
+    w.before_update()
 
 
 def record_clip_after(w: Watch, max_norm: float | None) -> None:
@@ -60,7 +54,7 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
     try:
         from nnwatch import grad as gradmath
 
-        b = w._buf
+        b = w.buffers
         post = gradmath.global_norm(list(w.plan.params)).to(b.dev.device, torch.float32)
         pre = b.slot("grad_norm")
         b.slot("grad_norm_clipped").copy_(post)
@@ -71,7 +65,7 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
         else:
             b.slot("clipped").copy_(post < pre)
     except Exception as exc:  # noqa: BLE001
-        w._warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
+        w.warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
 
 
 def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None:
@@ -82,7 +76,7 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
     if w.disabled or not isinstance(pre_total, torch.Tensor):
         return
     try:
-        b = w._buf
+        b = w.buffers
         pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float32)
         measured = b.slot("grad_norm").clone()
         scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
@@ -97,7 +91,7 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
                 w.grads.threshold = float(min(max_norm, w.clip_override))
             b.slot("clipped").copy_(pre > w.grads.threshold)
     except Exception as exc:  # noqa: BLE001
-        w._warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
+        w.warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
 
 
 def loss_of(output: Any) -> torch.Tensor | None:

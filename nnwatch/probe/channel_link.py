@@ -42,14 +42,14 @@ class ChannelLink:
         self.ring_path = registry.ring_path(w.run_dir, rank)
         self.ring = RingWriter(self.ring_path, w.schema.record_size, meta_json=w.meta.to_json())
         self.ring.set_status("running")
-        w._sysmon.beats.append(self.ring.beat)
+        w.sysmon.beats.append(self.ring.beat)
         self.server: CommandServer | None = None
         self.entry_path: Path | None = None
         self.instance = _claim_instance()
         try:
             self._start(w, rank)
         except BaseException:
-            w._sysmon.beats.remove(self.ring.beat)
+            w.sysmon.beats.remove(self.ring.beat)
             if self.server is not None:
                 self.server.close()
             self.ring.close("crashed", unlink=True)

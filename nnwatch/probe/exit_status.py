@@ -118,3 +118,25 @@ class ExitObserver:
 
 #: The one observer of this process.
 OBSERVER = ExitObserver()
+
+
+def taken_over(mid_step: bool) -> Ending:
+    """How an earlier, still open watch of a model ends when a new watch of it takes over.
+
+    "interrupted" when Ctrl-C stopped it in the middle of a step (what a notebook's interrupted
+    cell leaves behind: IPython keeps that exception in ``sys.last_type``), else "finished".
+    """
+    last = getattr(sys, "last_type", None)
+    if mid_step and isinstance(last, type) and issubclass(last, KeyboardInterrupt):
+        return Ending("interrupted", "KeyboardInterrupt (Ctrl-C) in the middle of a step")
+    return Ending("finished", "a new watch of the same model took over")
+
+
+def close_at_exit(ref: Any) -> None:
+    """The ``atexit`` handler: ``ref`` is a weak reference to a watch's closing method."""
+    method = ref()
+    if method is not None:
+        try:
+            method()
+        except Exception:  # noqa: BLE001
+            pass

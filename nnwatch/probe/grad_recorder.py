@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from nnwatch import grad as gradmath
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.grad_norms import LayerReducer, squared_norms, total_norm
 from nnwatch.probe.layers import LayerPlan
@@ -217,6 +218,49 @@ class GradientRecorder:
         coef = (max_norm / (tt + _CLIP_EPS)).clamp(max=1.0)
         b.slot("grad_norm_clipped").copy_(tt * coef)
         b.slot("clipped").copy_(tt > max_norm)
+
+    def clip(
+        self,
+        params: list[torch.Tensor],
+        max_norm: float | None,
+        norm_type: float,
+        error_if_nonfinite: bool,
+        foreach: bool | None,
+        *,
+        per_layer: bool,
+        record: bool,
+        warn: Callable[[str, str], None],
+    ) -> torch.Tensor:
+        """``w.clip_grad_norm_``: clip like torch (bitwise) at ``max_norm`` or the monitor's
+        threshold, and record both norms (with ``record``; the per-layer ones with ``per_layer``,
+        when the model's own parameters are clipped). Returns the total norm, as torch does."""
+        limit = self.override if self.override is not None else max_norm
+        if not record:
+            if limit is None:
+                return gradmath.global_norm(params, norm_type)
+            return gradmath.clip_grad_norm_(params, limit, norm_type, error_if_nonfinite, foreach)
+        total, present, norms = gradmath.param_grad_norms(params, norm_type, foreach)
+        if error_if_nonfinite and not bool(torch.isfinite(total)):
+            raise RuntimeError(
+                f"The total norm of order {norm_type} for gradients from `parameters` is "
+                "non-finite, so it cannot be clipped. To disable this error and scale the "
+                "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`"
+            )
+        if limit is not None:
+            gradmath.clip_grads_with_norm_(params, limit, total, foreach)
+        try:
+            b = self.buf
+            tot32 = total.to(device=b.dev.device, dtype=torch.float32)
+            b.slot("grad_norm").copy_(tot32)
+            b.slot("nonfinite_grads").copy_(~torch.isfinite(tot32))
+            if per_layer and norms:
+                self.reducer.write(torch.stack([n.float() for n in norms]), present, b.grad_layer, norm_type)
+            if limit is not None:
+                self.record_clip(tot32, float(limit))
+            self.done, self.total = True, tot32
+        except Exception as exc:  # noqa: BLE001 - clipping happened; recording must not raise
+            warn("clip-record", f"could not record the clip: {exc!r}")
+        return total
 
     def apply_override(self) -> None:
         """A monitor set a threshold and nobody clipped this step: clip here, as torch would."""

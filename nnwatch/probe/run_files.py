@@ -1,0 +1,279 @@
+"""The run's directory, what the probe writes into it, and where each record goes from there.
+
+The directory is made when the watch starts (an explicit ``run_dir``, never reused for a second
+run, or a fresh one under the private root); the run's metadata (:class:`~nnwatch.schema.RunMeta`)
+is fixed at the first step, when the layer order is known, and the run log opens with it,
+followed by the live channel (ring file and command socket in the same directory), the detectors
+and the TensorBoard export, which read what the log drains. The last records are also kept in
+memory, raw, for snapshots and detectors.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nnwatch._version import __version__
+from nnwatch.distributed import job_extra
+from nnwatch.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
+from nnwatch.runlog import RunLogWriter
+from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.summary import RunSummary, last_finite
+
+RECENT_STEPS = 500  # records kept in memory for snapshots
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def detect(cls) -> RankInfo:
+        """From torch.distributed when it is initialised, else from the launcher's variables."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls(
+                    dist.get_rank(),
+                    int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+                    dist.get_world_size(),
+                )
+        except Exception:  # noqa: BLE001 - a broken process group must not stop the probe
+            pass
+        env = os.environ
+        return cls(
+            int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1))
+        )
+
+
+def gpu_uuids(device: torch.device) -> list[str]:
+    """The UUID of the run's GPU, so a monitor can match it in NVML whatever the index order."""
+    if device.type != "cuda":
+        return []
+    try:
+        return [str(torch.cuda.get_device_properties(device).uuid)]
+    except Exception:  # noqa: BLE001 - a driver hiccup must not stop the run
+        return []
+
+
+def choose_run_dir(
+    run_dir: str | os.PathLike[str] | None,
+    name: str,
+    started: float,
+    rank: RankInfo,
+    warn: Callable[[str, str], None],
+) -> Path:
+    """Make the run's directory: ``run_dir`` (or a fresh sibling when it holds a run), else a
+    new one under the private root named after the run, its start time, pid and rank."""
+    if run_dir is not None:
+        path = Path(run_dir).expanduser()
+        if (path / "meta.json").exists():  # an earlier run's directory: never mix two logs
+            n = 2
+            while (path.parent / f"{path.name}-{n}").exists():
+                n += 1
+            fresh = path.parent / f"{path.name}-{n}"
+            warn("run-dir-reused", f"{path} already holds a run; this one is written to {fresh} instead")
+            path = fresh
+        return make_run_dir(path)  # never another user's directory, never a symlink
+    root = ensure_private_dir(default_root())
+    runs = ensure_private_dir(root / "runs")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40] or "run"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    suffix = f"-r{rank.rank}" if rank.world_size > 1 else ""
+    base = f"{safe}-{stamp}-{os.getpid()}{suffix}"
+    for n in range(1000):  # two watches of one name in the same second get -2, -3, ...
+        path = runs / (base if n == 0 else f"{base}-{n + 1}")
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise RunDirError(f"could not create a fresh run directory under {runs}")
+
+
+def build_meta(
+    *,
+    name: str,
+    schema: RunSchema,
+    started: float,
+    device: torch.device,
+    num_classes: int | None,
+    rank: RankInfo,
+    extra: dict[str, Any],
+) -> RunMeta:
+    """The run's metadata, at its first step (the schema's layer order is known then)."""
+    return RunMeta(
+        name=name,
+        schema=schema,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        started=started,
+        device=str(device),
+        num_classes=num_classes,
+        rank=rank.rank,
+        local_rank=rank.local_rank,
+        world_size=rank.world_size,
+        nnwatch_version=__version__,
+        torch_version=torch.__version__,
+        extra={
+            "argv": list(sys.argv),
+            "cwd": os.getcwd(),
+            **extra,
+            "gpu_uuids": gpu_uuids(device),
+            **job_extra(),
+        },
+    )
+
+
+def optimizer_has_state(optimizer: Any) -> bool:
+    """Whether an optimizer has stepped before (Adam's moments, SGD's momentum buffers).
+
+    Plain SGD keeps no state, so a resumed plain-SGD run is not recognised: a hint, not a proof.
+    """
+    try:
+        return any(bool(v) for v in optimizer.state.values()) if optimizer is not None else False
+    except Exception:  # noqa: BLE001 - an optimizer-like object without the usual state dict
+        return False
+
+
+def optimizer_step(optimizer: Any) -> int:
+    """How many steps an optimizer has taken (Adam's and most others' per-parameter ``step``).
+
+    Read once, when the watch starts; 0 for a fresh optimizer or one that keeps no count.
+    """
+    try:
+        counts = [
+            int(state["step"]) for state in optimizer.state.values()
+            if isinstance(state, dict) and "step" in state
+        ] if optimizer is not None else []
+    except Exception:  # noqa: BLE001 - an optimizer-like object with its own bookkeeping
+        return 0
+    return max(counts, default=0)
+
+
+class RunFiles:
+    """Owns the run directory, the run log, the live channel, the log's observers (detectors,
+    TensorBoard) and the in-memory tail of recent records."""
+
+    def __init__(self) -> None:
+        self.dir = Path()
+        self.log: RunLogWriter | None = None
+        self.recent: deque[bytes] | None = None  # the last records, raw, for snapshots
+        self.channel: Any = None  # the ring file and command socket (ChannelLink)
+        self.diagnosis: Any = None  # the detectors (nnwatch.diagnosis.Diagnosis)
+        self.exporter: Any = None  # the live TensorBoard export
+
+    def open(self, meta: RunMeta, on_error: Callable[[str], None]) -> None:
+        """Start the run log (at the first step). Raises OSError when it cannot be written."""
+        self.recent = deque(maxlen=RECENT_STEPS)
+        self.log = RunLogWriter(self.dir, meta)
+        self.log.on_error.append(on_error)
+
+    def start_outputs(self, w: Any, *, channel: bool, detectors: bool, tensorboard: Any) -> None:
+        """After the log: the channel first, so that a step-0 finding reaches monitors, then the
+        detectors and the TensorBoard export (``w`` is the watch they report to)."""
+        run_log = self.log
+        assert run_log is not None
+        if channel:
+            self.channel = _make_channel(w)
+            if self.channel is not None:
+                run_log.keep_within(self.channel.ring.slots)
+                # a failed log shows in the ring header, so monitors say why history stopped
+                run_log.on_error.append(self.channel.ring.set_log_error)
+        if detectors:
+            self.diagnosis = _make_diagnosis(w, run_log)
+        if tensorboard is not None:
+            from nnwatch.export.tensorboard import attach_live
+
+            self.exporter = attach_live(w, tensorboard)
+
+    def publish(self, data: bytes, record: memoryview) -> None:
+        if self.recent is not None:
+            self.recent.append(data)
+        if self.log is not None:
+            self.log.put(data)
+        if self.channel is not None:
+            self.channel.publish(record)
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.log is not None:
+            self.log.event(event)
+        if self.channel is not None:
+            self.channel.event(event)
+
+    def close(self, status: str, step: int, ending: dict[str, Any]) -> None:
+        """After the last records were flushed: detectors, log (``end.json``), export, channel."""
+        if self.diagnosis is not None:
+            self.diagnosis.close()
+        run_log = self.log
+        if run_log is not None:
+            run_log.close(status, step, ending)
+        if self.exporter is not None:
+            self.exporter.close()  # after the log's last drain reached it
+        if self.channel is not None:
+            # Once the log holds every record the ring is only a 16 MiB copy in RAM (/dev/shm):
+            # remove it. Keep it when the log failed, since it may hold steps the log lacks.
+            self.channel.close(
+                "stopped" if status == "interrupted" else status,
+                remove_ring=run_log is not None and run_log.error is None,
+            )
+
+    def summary(self, name: str, status: str, steps: int, schema: RunSchema, findings: list[Any]) -> RunSummary:
+        """The run in a few lines (a notebook's view): the last loss and grad norm from the tail."""
+        rows = self.recent_records(schema)
+        names = rows.dtype.names or () if len(rows) else ()
+        return RunSummary(
+            name=name, status=status, steps=steps,
+            loss=last_finite(rows["loss"]) if "loss" in names else None,
+            grad_norm=last_finite(rows["grad_norm"]) if "grad_norm" in names else None,
+            run_dir=str(self.dir),
+            findings=[f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
+        )
+
+    def recent_records(self, schema: RunSchema) -> np.ndarray:
+        """Up to the last 500 step records, oldest first."""
+        if not self.recent:
+            return np.zeros(0)
+        raw = b"".join(self.recent.copy())  # deque.copy() is atomic under the GIL
+        rows = np.frombuffer(raw, dtype=schema.record_dtype()).copy()
+        rows = rows[np.isfinite(rows["step"])]
+        return rows[np.argsort(rows["step"], kind="stable")]
+
+
+def _make_channel(w: Any) -> Any:
+    try:
+        from nnwatch.probe.channel_link import ChannelLink
+    except ImportError:
+        return None
+    try:
+        return ChannelLink(w)
+    except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
+        w.warn_once("channel", f"live monitoring is off: {exc!r}")
+        return None
+
+
+def _make_diagnosis(w: Any, run_log: RunLogWriter) -> Any:
+    try:
+        from nnwatch.diagnosis import Diagnosis
+    except ImportError:
+        return None
+    try:
+        diag = Diagnosis(w)
+    except Exception as exc:  # noqa: BLE001
+        w.warn_once("diagnosis", f"detectors are off: {exc!r}")
+        return None
+    run_log.observers.append(diag.observe)
+    return diag

@@ -1,0 +1,135 @@
+"""Snapshots of one step: asked for ahead, prepared while the step runs, written at ``w.step()``.
+
+A snapshot holds what an exact replay of the step needs: the batch, the RNG states at the start
+of the step, and the weights (and optimizer state) from *before* its update. So a request arms
+the next step at its forward start (RNG), the state is copied right before ``optimizer.step()``,
+and :mod:`nnwatch.diagnosis.snapshot` writes it all when the step is recorded.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class SnapshotOwner(Protocol):
+    """What taking a snapshot needs of the watch (which it also hands to the snapshot writer)."""
+
+    @property
+    def step_index(self) -> int: ...
+
+    def log_event(self, event: dict[str, Any]) -> None: ...
+
+    def warn_once(self, key: str, message: str) -> None: ...
+
+
+def capture_rng(full: bool = True) -> dict[str, Any]:
+    """RNG states at the start of a step, for an exact replay of its forward pass.
+
+    torch's own generators cost about 1 us and are taken on every guarded step; numpy's and
+    Python's (about 40 us together) only when a snapshot was asked for ahead of the step, since a
+    model's forward rarely draws from them.
+    """
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if full:
+        state["numpy"] = np.random.get_state()
+        state["python"] = random.getstate()
+    return state
+
+
+def to_cpu(obj: Any) -> Any:
+    """A detached CPU copy of a nested structure of tensors (a state_dict, a batch)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [to_cpu(v) for v in obj]
+        return type(obj)(items) if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def draws_random_numbers(model: nn.Module) -> bool:
+    """Whether the forward pass may draw from the RNG (dropout and friends, by module type).
+
+    Capturing the RNG state costs ~50 us a step on a CPU right after a step; a model without such
+    modules replays exactly without it (functional ``F.dropout`` calls are not seen here: the
+    replay then reports that it diverged).
+    """
+    random_types: tuple[type, ...] = (nn.modules.dropout._DropoutNd, nn.RReLU)
+    return any(isinstance(m, random_types) or "dropout" in type(m).__name__.lower() for m in model.modules())
+
+
+class SnapshotTaker:
+    """Owns the pending snapshot request and what the step it arms keeps for it."""
+
+    def __init__(self, model: nn.Module, optimizer: Any, scaler: Any, owner: SnapshotOwner) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.owner = owner
+        self.reason: str | None = None  # a snapshot is pending, and why
+        self.armed = False  # a snapshot was pending when this step's forward began
+        self.rng_at_start: dict[str, Any] | None = None
+        self.pre_state: dict[str, Any] | None = None  # the weights before this step's update
+        self.random_forward = draws_random_numbers(model)
+
+    def request(self, reason: str = "requested") -> None:
+        """Snapshot the next step: its batch, RNG, and the weights from before its update."""
+        if self.reason is None:
+            self.reason = reason
+
+    def arm(self, guard: bool) -> None:
+        """At a step's forward start: keep the RNG state when this step may be snapshotted."""
+        self.armed = self.reason is not None
+        if self.armed:
+            self.rng_at_start = capture_rng(full=True)
+        elif guard and self.random_forward:
+            # the guard may snapshot this step; its replay needs the RNG the forward drew from
+            self.rng_at_start = capture_rng(full=False)
+        else:
+            self.rng_at_start = None
+
+    def capture_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": to_cpu(self.model.state_dict())}
+        if self.optimizer is not None:
+            state["optimizer"] = to_cpu(self.optimizer.state_dict())
+            state["lr"] = [g.get("lr") for g in self.optimizer.param_groups]
+        if self.scaler is not None and hasattr(self.scaler, "state_dict"):
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def for_nonfinite(self) -> None:
+        """The guard tripped for the first time: this very step is snapshotted, before its update."""
+        if not self.armed:
+            self.reason = None  # a request that arrived mid-step gives way
+        self.request("nonfinite")
+        self.armed = True
+        if self.pre_state is None:
+            self.pre_state = self.capture_state()
+
+    def write(self, batch: Any) -> None:
+        owner = self.owner
+        reason = self.reason or "requested"
+        self.reason = None
+        state = self.pre_state or self.capture_state()
+        self.pre_state = None
+        rng = self.rng_at_start or capture_rng()
+        try:
+            from nnwatch.diagnosis.snapshot import write_snapshot
+        except ImportError:
+            owner.warn_once("no-snapshot", "snapshots are not available in this build")
+            return
+        try:
+            path = write_snapshot(owner, reason=reason, state=state, rng=rng, batch=batch)
+        except Exception as exc:  # noqa: BLE001 - a failed snapshot is a finding, never a crash
+            owner.log_event({"type": "snapshot_failed", "step": owner.step_index, "error": str(exc)})
+            owner.warn_once("snapshot-failed", f"could not write the snapshot: {exc}")
+            return
+        owner.log_event({"type": "snapshot", "step": owner.step_index, "reason": reason, "path": str(path)})
