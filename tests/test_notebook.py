@@ -209,3 +209,29 @@ def test_two_watches_open_in_one_process_each_have_a_socket() -> None:
     finally:
         for w in watches:
             w.close()
+
+
+def test_resume_true_goes_on_in_the_same_run() -> None:
+    """A cell re-run with ``resume=True`` appends to the same run directory and step count."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cell = CELL.replace('nnwatch.watch(model, opt, name="nb")', 'nnwatch.watch(model, opt, name="nb", resume=True)')
+    scope: dict[str, Any] = {"nnwatch": nnwatch, "torch": torch, "model": model, "opt": opt}
+    runs = []
+    for _ in range(3):
+        exec(cell, scope)  # noqa: S102
+        runs.append(scope["w"])
+    assert len({w.run_dir for w in runs}) == 1
+    assert [w.closed for w in runs] == [True, True, False]
+    first_run = runs[-1].run_dir
+    # the loop now has two LR groups: the rows have another layout and cannot share the log,
+    # so the resumed watch goes on in a sibling directory and the first run stays whole
+    opt2 = torch.optim.SGD([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=0.01)
+    scope["opt"] = opt2
+    exec(cell, scope)  # noqa: S102
+    scope["w"].close()
+    assert scope["w"].run_dir != first_run
+    run = nnwatch.load_run(first_run)
+    assert run["step"].tolist() == list(range(15))  # 3 cells x 5 steps, one count
+    assert run.status == "finished" and _hooks(model) == 0
+    assert nnwatch.load_run(scope["w"].run_dir)["step"].tolist() == list(range(15, 20))

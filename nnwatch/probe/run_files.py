@@ -75,11 +75,19 @@ def choose_run_dir(
     started: float,
     rank: RankInfo,
     warn: Callable[[str, str], None],
+    *,
+    append: bool = False,
 ) -> Path:
     """Make the run's directory: ``run_dir`` (or a fresh sibling when it holds a run), else a
-    new one under the private root named after the run, its start time, pid and rank."""
+    new one under the private root named after the run, its start time, pid and rank.
+
+    ``append``: ``run_dir`` is the run this watch continues (``resume=True``): its log will be
+    appended to (see :func:`same_layout`).
+    """
     if run_dir is not None:
         path = Path(run_dir).expanduser()
+        if append and (path / "meta.json").exists():
+            return make_run_dir(path)  # still ours, still not a symlink
         if (path / "meta.json").exists():  # an earlier run's directory: never mix two logs
             n = 2
             while (path.parent / f"{path.name}-{n}").exists():
@@ -102,6 +110,15 @@ def choose_run_dir(
         except FileExistsError:
             continue
     raise RunDirError(f"could not create a fresh run directory under {runs}")
+
+
+def same_layout(run_dir: Path, schema: RunSchema) -> bool:
+    """Whether the run in ``run_dir`` records rows of exactly ``schema``'s layout."""
+    try:
+        earlier = RunMeta.from_json((Path(run_dir) / "meta.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return earlier.schema == schema
 
 
 def build_meta(

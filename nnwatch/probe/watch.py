@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -55,6 +55,7 @@ from nnwatch.probe.run_files import (
     choose_run_dir,
     optimizer_has_state,
     optimizer_step,
+    same_layout,
 )
 from nnwatch.probe.schedule import AFTER_TROUBLE as AFTER_TROUBLE
 from nnwatch.probe.schedule import WARMUP_STEPS as WARMUP_STEPS
@@ -98,10 +99,16 @@ class Watch:
         max_interval: int = 32,
         batch_size: int | None = None,
         start_step: int | None = None,
+        resume: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
-        _take_over(model)
+        earlier = _take_over(model, resume)
+        if earlier is not None:  # resume=True: go on in the same run, with its name and count
+            name = name or earlier.name
+            start_step = earlier.step if start_step is None else start_step
+            run_dir = earlier.run_dir
+        self._append = earlier is not None
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.num_classes = num_classes
         #: the optimizer already holds state (a resumed run, or a second watch of one loop): the
@@ -163,7 +170,9 @@ class Watch:
             log.info("nnwatch: NNWATCH_DISABLE is set; %s is not watched", self.name)
             return
         try:
-            self.files.dir = choose_run_dir(run_dir, self.name, self._started, self.rank, self.warn_once)
+            self.files.dir = choose_run_dir(
+                run_dir, self.name, self._started, self.rank, self.warn_once, append=self._append
+            )
         except (OSError, RunDirError) as exc:
             self._disable(f"cannot use the run directory ({exc}); monitoring is off for this run")
             return
@@ -370,6 +379,14 @@ class Watch:
             extra={"layer_interval": self.layer_interval, "resumed": self.resumed,
                    "start_step": self.start_step, "tied": dict(plan.tied)},
         )
+        if self._append and same_layout(self.files.dir, self.schema):
+            (self.files.dir / "end.json").unlink(missing_ok=True)  # the run goes on
+        elif self._append:
+            # the earlier run's records have another layout (other layers, other LR groups):
+            # never mix two layouts in one log; go on in a fresh sibling directory instead
+            self.files.dir = choose_run_dir(
+                self.files.dir, self.name, self._started, self.rank, self.warn_once
+            )
         try:
             self.files.open(self.meta, self._on_log_error)
         except OSError as exc:
@@ -531,18 +548,35 @@ def _param_device(plan: LayerPlan, model: nn.Module) -> torch.device:
 _LIVE: weakref.WeakKeyDictionary[nn.Module, Watch] = weakref.WeakKeyDictionary()
 
 
-def _take_over(model: nn.Module) -> None:
-    """Close the earlier, still open watch of ``model``, saying so."""
+class _Continued(NamedTuple):
+    """What a ``resume=True`` watch takes from the watch it continues."""
+
+    name: str
+    step: int
+    run_dir: Path
+
+
+def _take_over(model: nn.Module, resume: bool = False) -> _Continued | None:
+    """Close the earlier, still open watch of ``model``, saying so; with ``resume`` return it, so
+    that the new watch goes on in its run."""
     earlier = _LIVE.get(model)
     if earlier is None or earlier.closed:
-        return
-    ending = taken_over(earlier._step_open or earlier._backward_seen)
+        return None
+    if resume and not earlier.disabled:
+        ending = Ending("finished", "continued by a new watch of the same model (resume=True)")
+    else:
+        ending = taken_over(earlier._step_open or earlier._backward_seen)
     print(
         f"nnwatch: {model.__class__.__name__} was already watched ({earlier.name} -> "
-        f"{earlier.run_dir}); that run ends as {ending.status}, the new watch takes over",
+        f"{earlier.run_dir}); "
+        + ("the new watch goes on in that run" if resume else
+           f"that run ends as {ending.status}, the new watch takes over"),
         file=sys.stderr,
     )
     earlier.close(ending)
+    if not resume or earlier.disabled:
+        return None
+    return _Continued(str(earlier.name), int(earlier.step_index), Path(earlier.run_dir))
 
 
 def watch(
@@ -565,6 +599,7 @@ def watch(
     max_interval: int = 32,
     batch_size: int | None = None,
     start_step: int | None = None,
+    resume: bool = False,
 ) -> Watch:
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
@@ -600,5 +635,5 @@ def watch(
         layer_interval=layer_interval, stat_cap=stat_cap, guard=guard,
         skip_nonfinite=skip_nonfinite, channel=channel, detectors=detectors,
         tensorboard=tensorboard, consistency_every=consistency_every, budget=budget,
-        max_interval=max_interval, batch_size=batch_size, start_step=start_step,
+        max_interval=max_interval, batch_size=batch_size, start_step=start_step, resume=resume,
     )
