@@ -20,6 +20,8 @@ bench: setup
 	.venv/bin/python bench/channel.py
 	.venv/bin/python bench/tui.py
 	.venv/bin/python bench/detection.py
+	.venv/bin/python bench/remote.py
+	.venv/bin/python bench/corpus.py
 
 screenshots: setup
 	.venv/bin/python scripts/screenshots.py

@@ -29,6 +29,7 @@ COVERED = {
     "nnwatch ls --json | grep socket": "test_monitor_commands_find_a_live_run",
     "ssh -N -L /tmp/run.sock:/dev/shm/nnwatch-1000/s/12345-r0.sock gpu-host &": "tests/test_ssh_forward.py",
     "nnwatch attach --connect /tmp/run.sock": "tests/test_ssh_forward.py",
+    "nnwatch attach gpu-host:mnist-mlp": "tests/test_remote_ssh.py (HOST:RUN through a real sshd)",
     "nnwatch demo nan_log --headless --keep": "test_snapshot_and_replay_commands",
     "nnwatch replay RUN_DIR --model nnwatch.demos.nan_log:make --anomaly": "test_snapshot_and_replay_commands",
     "nnwatch check tests.fixtures.check_factories:healthy": "test_check_command",

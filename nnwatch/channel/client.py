@@ -15,6 +15,7 @@ import os
 import select
 import socket
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def connect(path: Path | str, timeout: float = DEFAULT_TIMEOUT) -> socket.socket
         sock.close()
         raise ChannelError(
             f"nobody answers at {path}: the run (or the ssh tunnel to it) is gone and left "
-            "its socket behind (`nnwatch gc` cleans up a run's)"
+            f"its socket file behind. For a tunnel: `rm {path}` and run ssh again with "
+            "`-o StreamLocalBindUnlink=yes` (or let `nnwatch attach HOST:RUN` manage the "
+            "tunnel); for a local run, `nnwatch gc` removes it"
         ) from None
     except PermissionError:
         sock.close()
@@ -74,6 +77,7 @@ class LineReader:
         self.limit = limit
         self.buf = bytearray()
         self.eof = False
+        self.received = 0  # bytes read from the socket, for benchmarks
 
     def _take_line(self) -> bytes | None:
         nl = self.buf.find(b"\n")
@@ -85,6 +89,38 @@ class LineReader:
         del self.buf[: nl + 1]
         return line
 
+    def read_exact(self, n: int, timeout: float | None) -> bytes | None:
+        """Exactly ``n`` bytes (the payload after a binary message's header line), or None when
+        the other end closed or ``timeout`` passed first (what arrived stays buffered)."""
+        if n > self.limit:
+            raise ChannelError(f"the run announced a message of {n} bytes (limit {self.limit})")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self.buf) < n:
+            if self.eof or not self._fill(deadline):
+                return None
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def _fill(self, deadline: float | None) -> bool:
+        """Read once from the socket; False when nothing came before ``deadline``."""
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([self.sock], [], [], wait)
+        if not ready:
+            return False
+        try:
+            data = self.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            self.eof = True
+            return True
+        self.received += len(data)
+        self.buf += data
+        return True
+
     def readline(self, timeout: float | None) -> bytes | None:
         """The next line, or None when ``timeout`` passed first or the other end closed."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -94,20 +130,8 @@ class LineReader:
                 return line
             if self.eof:
                 return None
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.sock], [], [], wait)
-            if not ready:
+            if not self._fill(deadline):
                 return None
-            try:
-                data = self.sock.recv(1 << 20)
-            except (BlockingIOError, InterruptedError, TimeoutError):
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self.eof = True
-                continue
-            self.buf += data
 
 
 def _reply(obj: dict[str, Any]) -> CommandReply:
@@ -215,7 +239,9 @@ class Subscription:
 
     ``poll()`` returns the messages that arrived, with ``rows`` already decoded (``scalars``,
     ``layers`` and ``records`` messages). ``ended`` is set by the ``end`` message; ``lost`` when the
-    connection dropped without one.
+    connection dropped without one. To resume rather than restart, pass what the monitor already
+    holds: ``after_step`` (its last step), ``start`` (the next ring sequence, a record's
+    ``next_seq``) and ``events_offset`` (an events message's ``offset``).
     """
 
     def __init__(
@@ -226,9 +252,18 @@ class Subscription:
         start: str | int = "oldest",
         max_hz: float = 20.0,
         timeout: float = DEFAULT_TIMEOUT,
+        after_step: float | None = None,
+        events_offset: int = 0,
+        binary: bool = True,
     ) -> None:
         self.path = Path(path)
         args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
+        if after_step is not None:
+            args["after_step"] = float(after_step)
+        if events_offset:
+            args["events_offset"] = int(events_offset)
+        if binary:
+            args["binary"] = True
         command = validate("subscribe", args, 1)
         self.sock = connect(self.path, timeout)
         try:
@@ -236,6 +271,7 @@ class Subscription:
         except OSError:
             pass
         self._lines = LineReader(self.sock)
+        t0 = time.monotonic()
         try:
             self.sock.sendall(encode_request(command))
             line = self._lines.readline(timeout)
@@ -246,6 +282,13 @@ class Subscription:
             ) from None
         if line is None:
             self.close()
+            if self._lines.eof:
+                raise ChannelError(
+                    f"the connection at {self.path} closed after "
+                    f"{time.monotonic() - t0:.2g} s without an answer: whatever listens there "
+                    "(an ssh tunnel?) could not reach the run; check that the run is still "
+                    "alive on its host (`nnwatch ls` there) and forward its socket again"
+                )
             raise ChannelError(
                 f"the run at {self.path} did not answer subscribe within {timeout:g} s"
             )
@@ -269,8 +312,27 @@ class Subscription:
             "layers": schema.layer_row_dtype(),
             "records": schema.record_dtype(),
         }
+        self._head: dict[str, Any] | None = None  # a binary message whose bytes are still due
         self.ended: dict[str, Any] | None = None
         self.lost = False
+
+    @property
+    def received(self) -> int:
+        """Bytes read from the connection so far."""
+        return self._lines.received
+
+    def _decode(self, msg: dict[str, Any], raw: bytes) -> bool:
+        kind = msg["type"]
+        try:
+            if msg.pop("zlib", False):
+                raw = zlib.decompress(raw)
+            rows = np.frombuffer(raw, dtype=self._dtypes[kind]).copy()
+        except (ValueError, TypeError, zlib.error):
+            return False
+        msg["rows"] = rows
+        msg.pop("data", None)
+        msg.pop("bytes", None)
+        return True
 
     def poll(
         self, timeout: float = 0.0, *, budget: float = 0.1, max_messages: int = 10_000
@@ -278,13 +340,25 @@ class Subscription:
         """Messages that arrived, waiting up to ``timeout`` for the first one.
 
         While more keeps coming (a backlog larger than the socket buffer), it goes on reading for
-        up to ``budget`` seconds, so that a monitor polling a few times a second catches up.
+        up to ``budget`` seconds, so that a monitor polling a few times a second catches up. A
+        message whose bytes have not all arrived stays for the next poll: nothing is lost.
         """
         out: list[dict[str, Any]] = []
         wait: float | None = timeout
         until = time.monotonic() + timeout + budget
         while len(out) < max_messages and not self.lost:
             try:
+                if self._head is not None:
+                    raw = self._lines.read_exact(int(self._head["bytes"]), wait)
+                    if raw is None:
+                        if self._lines.eof and self.ended is None:
+                            self.lost = True
+                        break
+                    msg, self._head = self._head, None
+                    if self._decode(msg, raw):
+                        out.append(msg)
+                    wait = min(_BURST_WAIT, max(0.0, until - time.monotonic()))
+                    continue
                 line = self._lines.readline(wait)
             except ChannelError:
                 self.lost = True
@@ -302,12 +376,15 @@ class Subscription:
                 continue
             kind = msg.get("type")
             if kind in self._dtypes:
+                if isinstance(msg.get("bytes"), int):
+                    self._head = msg  # its bytes follow the line
+                    continue
                 try:
                     raw = base64.b64decode(msg.get("data") or "")
-                    msg["rows"] = np.frombuffer(raw, dtype=self._dtypes[kind]).copy()
                 except (ValueError, TypeError):
                     continue
-                msg.pop("data", None)
+                if not self._decode(msg, raw):
+                    continue
             elif kind == "end":
                 self.ended = msg
             elif kind is None and msg.get("ok") is False:  # e.g. the stream process failed

@@ -130,6 +130,10 @@ COMMANDS: dict[str, CommandSpec] = {
             "history": _flag("history"),
             "start": _start,
             "max_hz": _number("max_hz", low=0.0, high=1000.0),
+            # resume: only rows after this step, events after this byte of events.jsonl
+            "after_step": _number("after_step", low=-1e18, high=1e18, allow_none=True),
+            "events_offset": _integer("events_offset", low=0, high=2**62),
+            "binary": _flag("binary"),  # rows as length-prefixed raw bytes, not base64
         },
         applied_by_trainer=False,
     ),

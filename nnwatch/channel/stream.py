@@ -7,14 +7,30 @@ work per monitor. The command server normally runs it in a separate process
 (``python -m nnwatch.channel.stream --fd N ...``), which keeps even its CPU time and GIL use away
 from the training process, and lets it report the trainer's crash after the trainer is gone.
 
-Messages, one JSON object per line after the ``subscribe`` reply (whose ``data.meta`` holds the
-run's RunMeta JSON). Binary rows travel as base64 of their little-endian bytes::
+Resume, never restart: a monitor that reconnects sends what it holds (``after_step``: its last
+step; ``start``: the next ring sequence it wants; ``events_offset``: how far into events.jsonl it
+has read) and receives only what is new. When the ring no longer holds what the monitor needs (it
+was away, or the link stalled), the steps in between are read from the run log; only steps that
+neither holds are reported, as a ``gap`` with their count.
 
-    {"type": "scalars", "rows": n, "data": ...}   history rows of schema.scalar_dtype()
-    {"type": "layers", "rows": n, "data": ...}    history rows of schema.layer_row_dtype()
-    {"type": "records", "rows": n, "seq": s, "dropped": d, "torn": t, "data": ...}  live records
-    {"type": "events", "events": [...]}           lines of events.jsonl
-    {"type": "status", "state": ..., "message": ..., "heartbeat_age": ..., ...}
+A stalled link costs the trainer nothing: the stream writes without blocking into a buffer of at
+most ``OUT_LIMIT`` bytes; while it is full it stops reading the ring (which then overwrites what
+this stream has not read, counted, and later filled from the log), and it goes on once the link
+moves again. Only a monitor that closes its end, or one that takes nothing for ``STALL_LIMIT``
+seconds, ends the stream.
+
+Messages, one JSON object per line after the ``subscribe`` reply (whose ``data.meta`` holds the
+run's RunMeta JSON, ``data.history_rows`` how many history rows follow and ``data.latest_step``
+the trainer's newest step). Rows travel as their little-endian bytes: with ``binary`` the header
+line says ``"bytes": B`` (and ``"zlib": true`` when compressed) and B raw bytes follow it;
+without, as base64 in ``data``. A message never holds 0 rows::
+
+    {"type": "scalars", "rows": n, ...}   history rows of schema.scalar_dtype()
+    {"type": "layers", "rows": n, ...}    history rows of schema.layer_row_dtype()
+    {"type": "records", "rows": n, "seq": s, "next_seq": s2, "torn": t, ...}  live records
+    {"type": "gap", "after_step": a, "before_step": b, "missing": m}   steps neither ring nor log has
+    {"type": "events", "events": [...], "offset": o}   lines of events.jsonl, read up to byte o
+    {"type": "status", "state": ..., "message": ..., "latest_step": ..., "caught_up": ..., ...}
     {"type": "end", "state": "finished" | "crashed", "message": ...}   then the stream closes
 """
 
@@ -23,10 +39,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import select
 import socket
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -38,46 +56,183 @@ from nnwatch.channel.history import gap_rows, load_history
 from nnwatch.channel.ring import RingError, RingReader
 from nnwatch.channel.tail import EventTail
 
-#: A monitor that accepts nothing for this long is cut off (it only loses its own stream).
-SEND_TIMEOUT = 10.0
-#: Raw bytes per message, before base64; bounds each line a client must buffer.
+#: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
+OUT_LIMIT = 8 * 1024 * 1024
+#: A monitor that takes nothing at all for this long is given up (a half-open connection).
+STALL_LIMIT = 600.0
+#: Raw bytes per message; bounds each message a client must buffer.
 CHUNK_BYTES = 1024 * 1024
 STATUS_EVERY = 0.5
 DEFAULT_MAX_HZ = 20.0
+#: Backlog (records) under which the stream counts as caught up with the trainer.
+CAUGHT_UP_RECORDS = 4096
 
 
 class _Gone(Exception):
-    """The monitor closed its end or stopped reading."""
+    """The monitor closed its end or stopped reading for good."""
 
 
-def _send(sock: socket.socket, message: dict[str, Any] | bytes) -> None:
-    line = message if isinstance(message, bytes) else (json.dumps(message) + "\n").encode()
-    try:
-        sock.sendall(line)
-    except OSError as exc:  # includes the send timeout
-        raise _Gone from exc
+class _Out:
+    """Non-blocking sender with a bounded buffer: the stream never waits on a slow link for
+    longer than one poll period, and it knows when to stop producing."""
+
+    def __init__(self, sock: socket.socket, limit: int = OUT_LIMIT) -> None:
+        self.sock = sock
+        self.limit = limit
+        self.buf = bytearray()
+        self.sent = 0
+        self.progress = time.monotonic()
+        sock.setblocking(False)
+
+    @property
+    def full(self) -> bool:
+        return len(self.buf) >= self.limit
+
+    def put(self, data: bytes) -> None:
+        self.buf += data
+        self.push()
+
+    def push(self) -> None:
+        """Send what the socket takes now."""
+        while self.buf:
+            try:
+                n = self.sock.send(self.buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise _Gone from exc
+            if n <= 0:
+                break
+            del self.buf[:n]
+            self.sent += n
+            self.progress = time.monotonic()
+        if self.buf and time.monotonic() - self.progress > STALL_LIMIT:
+            raise _Gone
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the link to take more or the monitor to speak or close."""
+        want_w = [self.sock] if self.buf else []
+        try:
+            r, w, _ = select.select([self.sock], want_w, [], timeout)
+        except (OSError, ValueError) as exc:
+            raise _Gone from exc
+        if r:
+            try:
+                if not self.sock.recv(65536):
+                    raise _Gone  # the monitor closed its end
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                raise _Gone from exc
+        self.push()
+
+    def drain(self, timeout: float) -> None:
+        """Send everything buffered, waiting up to ``timeout`` (for the last message)."""
+        deadline = time.monotonic() + timeout
+        while self.buf and time.monotonic() < deadline:
+            self.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-def _rows_message(kind: str, rows: np.ndarray, **extra: Any) -> dict[str, Any]:
-    data = base64.b64encode(np.ascontiguousarray(rows).tobytes()).decode("ascii")
-    return {"type": kind, "rows": int(len(rows)), **extra, "data": data}
+def _json_line(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message) + "\n").encode()
 
 
-def _send_rows(sock: socket.socket, kind: str, rows: np.ndarray) -> None:
-    per = max(1, CHUNK_BYTES // max(1, rows.dtype.itemsize))
-    for i in range(0, len(rows), per):
-        _send(sock, _rows_message(kind, rows[i : i + per]))
+def _rows_bytes(kind: str, rows: np.ndarray, binary: bool, **extra: Any) -> bytes:
+    raw = np.ascontiguousarray(rows).tobytes()
+    head: dict[str, Any] = {"type": kind, "rows": int(len(rows)), **extra}
+    if not binary:
+        head["data"] = base64.b64encode(raw).decode("ascii")
+        return _json_line(head)
+    packed = zlib.compress(raw, 1)
+    if len(packed) < len(raw):
+        head["zlib"] = True
+        raw = packed
+    head["bytes"] = len(raw)
+    return _json_line(head) + raw
 
 
-def _send_history(sock: socket.socket, run_dir: Path) -> float | None:
-    """Send the run log's scalars and layer rows; returns the last step sent, if any."""
-    loaded = load_history(run_dir)
-    if loaded is None:
-        return None
-    scalars, layers = loaded
-    _send_rows(sock, "scalars", scalars)
-    _send_rows(sock, "layers", layers)
-    return float(scalars["step"][-1]) if len(scalars) else None
+class _Stream:
+    def __init__(self, out: _Out, reader: RingReader, run_dir: Path, args: dict[str, Any]) -> None:
+        self.out = out
+        self.reader = reader
+        self.run_dir = run_dir
+        self.binary = bool(args.get("binary", False))
+        after = args.get("after_step")
+        #: the last step this monitor holds (-inf: none yet; None: it wants no history at all)
+        self.last_step: float | None = float(after) if after is not None else -math.inf
+        self.per_message = max(1, CHUNK_BYTES // reader.record_size)
+        self.pending_dropped = 0
+        self.check_gap = False
+        self.missing = 0
+
+    def rows(self, kind: str, rows: np.ndarray, **extra: Any) -> None:
+        """Queue rows in messages of at most CHUNK_BYTES; never a message of 0 rows."""
+        if not len(rows):
+            return
+        per = max(1, CHUNK_BYTES // max(1, rows.dtype.itemsize))
+        for i in range(0, len(rows), per):
+            self.out.put(_rows_bytes(kind, rows[i : i + per], self.binary, **extra))
+            while self.out.full:
+                self.out.wait(1.0)
+
+    def history(self, scalars: np.ndarray, layers: np.ndarray) -> None:
+        after = self.last_step if self.last_step is not None else -math.inf
+        self.rows("scalars", scalars[scalars["step"] > after])
+        self.rows("layers", layers[layers["step"] > after])
+        if len(scalars):
+            self.last_step = max(after, float(scalars["step"][-1]))
+        self.check_gap = True
+
+    def read_ring(self) -> None:
+        """Queue what the ring has, filling from the log what it lost; stop while the link is full."""
+        reader, per = self.reader, self.per_message
+        while not self.out.full:
+            batch = reader.read_batch(max_records=per)
+            self.pending_dropped += batch.dropped
+            records, seqs = batch.records, batch.seqs
+            if len(records) and self.last_step is not None:
+                keep = records["step"] > self.last_step
+                records, seqs = records[keep], seqs[keep]
+            if len(records):
+                first = float(records["step"][0])
+                last = self.last_step
+                if last is None:  # no history wanted: what the ring lost is simply lost
+                    if self.pending_dropped:
+                        self.report_gap(None, first, self.pending_dropped)
+                elif (self.pending_dropped or self.check_gap) and first > last + 1:
+                    self.fill_gap(last, first)
+                # else: the ring lost only steps this monitor already holds
+                self.pending_dropped = 0
+                self.check_gap = False
+                self.out.put(_rows_bytes(
+                    "records", records, self.binary, seq=int(seqs[0]), next_seq=reader.next_seq,
+                    torn=batch.torn,
+                ))  # fmt: skip
+                self.last_step = float(records["step"][-1])
+            if len(batch.records) + batch.dropped + batch.torn < per:
+                break
+
+    def fill_gap(self, last: float, first: float) -> None:
+        gap = gap_rows(self.run_dir, last, first)
+        recovered = 0
+        if gap is not None:
+            recovered = len(gap[0])
+            self.rows("scalars", gap[0])
+            self.rows("layers", gap[1])
+        if math.isfinite(last):
+            lacking = int(max(0.0, first - last - 1 - recovered))
+            missing = min(self.pending_dropped, lacking)
+        else:  # nothing held yet: what the log gave back is not missing
+            missing = max(0, self.pending_dropped - recovered)
+        if missing:
+            self.report_gap(last, first, missing)
+
+    def report_gap(self, last: float | None, first: float, missing: int) -> None:
+        self.missing += missing
+        after = last if last is not None and math.isfinite(last) else None
+        self.out.put(_json_line(
+            {"type": "gap", "after_step": after, "before_step": first, "missing": missing}
+        ))  # fmt: skip
 
 
 def serve_subscription(
@@ -95,22 +250,31 @@ def serve_subscription(
         pass
 
 
+def _latest_step(reader: RingReader) -> float | None:
+    try:
+        rec = reader.latest()
+    except Exception:  # noqa: BLE001 - a progress figure only
+        return None
+    return float(rec["step"][0]) if rec is not None and len(rec) else None
+
+
 def _serve(
     sock: socket.socket, ring_path: Path, run_dir: Path, request: dict[str, Any], mode: str
 ) -> None:
-    sock.settimeout(SEND_TIMEOUT)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 1024 * 1024)
     except OSError:
         pass
+    out = _Out(sock)
     rid = request.get("id")
     args = request.get("args") or {}
     history = bool(args.get("history", True))
-    period = 1.0 / float(args.get("max_hz", DEFAULT_MAX_HZ))
+    period = 1.0 / max(0.1, float(args.get("max_hz", DEFAULT_MAX_HZ)))
     try:
         reader = RingReader(ring_path, start=args.get("start", "oldest"))
     except RingError as exc:
-        _send(sock, encode_reply(rid, ok=False, error=str(exc)))
+        out.put(encode_reply(rid, ok=False, error=str(exc)))
+        out.drain(2.0)
         return
     try:
         meta_json = reader.meta_json
@@ -119,66 +283,64 @@ def _serve(
                 meta_json = (run_dir / "meta.json").read_text()
             except OSError:
                 meta_json = ""
+        stream = _Stream(out, reader, run_dir, args)
+        if not history and args.get("after_step") is None:
+            stream.last_step = None
+        start = args.get("start")
+        resumed_in_ring = (
+            isinstance(start, int) and reader.next_seq == start
+            and reader.state().write_seq - start <= reader.slots
+        )  # fmt: skip
+        # a resume the ring still covers needs nothing from the log
+        loaded = load_history(run_dir) if history and not resumed_in_ring else None
+        after = stream.last_step if stream.last_step is not None else -math.inf
+        n_hist = int(np.count_nonzero(loaded[0]["step"] > after)) if loaded is not None else 0
         data = {
             "meta": meta_json, "mode": mode, "run_dir": str(run_dir), "ring": str(ring_path),
             "pid": reader.pid, "slots": reader.slots, "record_size": reader.record_size,
+            "history_rows": n_hist, "latest_step": _latest_step(reader),
+            "published": reader.state().write_seq,
         }  # fmt: skip
-        _send(sock, encode_reply(rid, ok=True, data=data))
-        last_step = _send_history(sock, run_dir) if history else None
-        check_gap = last_step is not None
+        out.put(encode_reply(rid, ok=True, data=data))
+        if loaded is not None:
+            stream.history(*loaded)
+            del loaded
         events = EventTail(run_dir / "events.jsonl")
+        events.offset = int(args.get("events_offset") or 0)
         meta = reader.meta
         liveness = Liveness(host=meta.host if meta else None, run_dir=run_dir)
-        per_message = max(1, CHUNK_BYTES // reader.record_size)
-        shown: tuple[str, str] | None = None
+        shown: tuple[str, str, bool] | None = None
         last_status = 0.0
         while True:
-            while True:
-                batch = reader.read_batch(max_records=per_message)
-                records, seqs = batch.records, batch.seqs
-                if last_step is not None and len(records) and meta is not None:
-                    keep = records["step"] > last_step
-                    records, seqs = records[keep], seqs[keep]
-                    first = float(records["step"][0]) if len(records) else last_step
-                    if check_gap and first > last_step + 1:
-                        gap = gap_rows(run_dir, last_step, first)
-                        if gap is not None:
-                            _send_rows(sock, "scalars", gap[0])
-                            _send_rows(sock, "layers", gap[1])
-                    check_gap = False
-                    if len(records):
-                        last_step = float(records["step"][-1])
-                if len(records) or batch.dropped or batch.torn:
-                    first = int(seqs[0]) if len(seqs) else reader.next_seq
-                    _send(sock, _rows_message(
-                        "records", records, seq=first, dropped=batch.dropped, torn=batch.torn
+            stream.read_ring()
+            if not out.full:
+                new_events = events.read()
+                if new_events:
+                    out.put(_json_line(
+                        {"type": "events", "events": new_events, "offset": events.offset}
                     ))  # fmt: skip
-                if len(batch.records) + batch.dropped + batch.torn < per_message:
-                    break
-            new_events = events.read()
-            if new_events:
-                _send(sock, {"type": "events", "events": new_events})
             now = time.time()
             state = reader.state()
             health = liveness.judge(state, now)
-            if (health.state, health.message) != shown or now - last_status >= STATUS_EVERY:
-                shown, last_status = (health.state, health.message), now
-                _send(sock, {
+            caught_up = reader.pending < CAUGHT_UP_RECORDS and not out.full
+            key = (health.state, health.message, caught_up)
+            if not out.full and (key != shown or now - last_status >= STATUS_EVERY):
+                shown, last_status = key, now
+                out.put(_json_line({
                     "type": "status", "state": health.state, "message": health.message,
                     "heartbeat_age": health.heartbeat_age, "last_step_age": health.last_step_age,
                     "step_interval": health.step_interval, "published": state.write_seq,
-                    "dropped": reader.dropped, "torn": reader.torn, "time": now,
-                })  # fmt: skip
-            if health.ended and reader.pending == 0:
-                _send(sock, {"type": "end", "state": health.state, "message": health.message})
+                    "latest_step": _latest_step(reader), "caught_up": caught_up,
+                    "missing": stream.missing, "torn": reader.torn, "time": now,
+                    "buffered": len(out.buf),
+                }))  # fmt: skip
+            if health.ended and reader.pending == 0 and not out.full:
+                out.put(_json_line(
+                    {"type": "end", "state": health.state, "message": health.message}
+                ))  # fmt: skip
+                out.drain(5.0)
                 return
-            ready, _, _ = select.select([sock], [], [], period)
-            if ready:
-                try:
-                    if not sock.recv(4096):
-                        return  # the monitor closed its end
-                except OSError:
-                    return
+            out.wait(period)
     finally:
         reader.close()
 

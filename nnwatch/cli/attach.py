@@ -5,7 +5,10 @@ The ranks of a ``torch.distributed`` job share one name, so a job's name attache
 rank 0's dashboard (the lowest rank on this machine) with the ranks pane, where ``[``/``]``
 switch rank; ``NAME:RANK`` opens that rank first. When a name matches several jobs (an old
 crashed one and its restart), the one with live ranks is taken.
-``--connect SOCKET`` follows a run through a forwarded command socket instead (``ssh -L``).
+``HOST:RUN`` follows a run on another machine: it runs your own ``ssh`` (so ~/.ssh/config,
+ProxyJump and agents apply), finds RUN with ``nnwatch ls --json`` there, forwards its socket to a
+private local path and reconnects by itself when the link drops (``HOST:`` takes the only live
+run there). ``--connect SOCKET`` follows a run through a socket you forwarded yourself.
 Quitting the monitor never stops training, and a pause it asked for lifts when it goes.
 """
 
@@ -15,14 +18,17 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nnwatch.channel.registry import RunInfo
     from nnwatch.distributed import Job
 
 COMMAND = "attach"
-HELP = "open the live dashboard on a running trainer or job (by name, NAME:RANK, pid or directory)"
+HELP = (
+    "open the live dashboard on a running trainer or job (by name, NAME:RANK, pid or directory; "
+    "HOST:RUN over ssh)"
+)
 _NAME_RANK = re.compile(r"(?P<name>.+):(?P<rank>\d+)")
 
 
@@ -30,9 +36,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nnwatch.tui.launch import add_monitor_arguments
 
     parser.add_argument(
-        "run", metavar="RUN", nargs="?", help="run or job name, NAME:RANK, pid or run directory"
+        "run",
+        metavar="RUN",
+        nargs="?",
+        help="run or job name, NAME:RANK, pid or run directory; HOST:RUN for a run over ssh",
     )
     parser.add_argument("--connect", metavar="SOCKET", help="follow the run through this socket")
+    parser.add_argument(
+        "--remote-nnwatch", default="nnwatch", metavar="CMD",
+        help="for HOST:RUN, the command that runs nnwatch on HOST (default: nnwatch)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ssh", default="ssh", metavar="PROGRAM", help="for HOST:RUN, the ssh program to run"
+    )
+    parser.add_argument(
+        "--ssh-arg", action="append", default=[], metavar="ARG", dest="ssh_args",
+        help="for HOST:RUN, an extra argument for ssh (repeat it: --ssh-arg=-p --ssh-arg=2222)",
+    )  # fmt: skip
     add_monitor_arguments(parser)
 
 
@@ -89,16 +109,39 @@ def _describe(job: Job) -> str:
     return f"job {job.label} ({pids})"
 
 
-def open_live(spec: str | None, connect: str | None) -> tuple[object, list[str], Job | None]:
-    """The source for RUN (or the socket), the uuids of the run's GPUs where the registry knows
-    them, and the distributed job RUN belongs to (None for a single process or a socket)."""
+def _remote_spec(spec: str) -> tuple[str, str] | None:
+    """``HOST:RUN`` (or ``HOST:`` for the only live run there) as (host, run); None otherwise.
+    Only asked once ``spec`` matched no local run, so ``NAME:RANK`` of a local job wins."""
+    host, sep, run_spec = spec.partition(":")
+    if not sep or not host or "/" in host:
+        return None
+    return host, run_spec
+
+
+def open_live(
+    spec: str | None, connect: str | None, remote_options: dict[str, Any] | None = None
+) -> tuple[object, list[str], Job | None]:
+    """The source for RUN (or the socket, or ``HOST:RUN`` through ssh), the uuids of the run's
+    GPUs where the registry knows them, and the distributed job RUN belongs to (None for a single
+    process, a socket or a remote run)."""
+    from nnwatch.sources.base import SourceError
     from nnwatch.sources.live import ConnectedSource, LiveSource
     from nnwatch.tui.launch import gpu_uuids_for
 
     if connect:
         return ConnectedSource(connect), [], None
     assert spec is not None
-    info, job = resolve(spec)
+    try:
+        info, job = resolve(spec)
+    except SourceError:
+        remote = _remote_spec(spec)
+        if remote is None:
+            raise
+        from nnwatch.sources.remote import RemoteSource
+
+        host, run_spec = remote
+        opts = remote_options or {}
+        return RemoteSource(host, run_spec, **opts), [], None
     if info is None:
         return LiveSource(spec), [], None
     source = LiveSource.from_info(info)
@@ -117,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        source, uuids, job = open_live(args.run, args.connect)
+        remote = {
+            "ssh": args.ssh, "ssh_args": list(args.ssh_args),
+            "remote_nnwatch": args.remote_nnwatch,
+        }  # fmt: skip
+        source, uuids, job = open_live(args.run, args.connect, remote)
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1

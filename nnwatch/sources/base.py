@@ -25,6 +25,8 @@ class SourceStatus:
     dropped: int = 0  # records lost because this reader fell behind the ring
     torn: int = 0  # slots caught mid-write and skipped
     message: str = ""  # plain words for the header, e.g. "trainer pid 123 is gone"
+    #: (last step held, the trainer's latest step) while a monitor is still catching up
+    catching_up: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

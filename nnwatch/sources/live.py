@@ -257,27 +257,91 @@ class LiveSource(RunSource):
             self._client.close()
 
 
-class ConnectedSource(RunSource):
-    """Follow a run through nothing but its command socket (e.g. forwarded with ``ssh -L``)."""
+#: Waits between reconnection attempts after the stream was lost (then the last one, repeated).
+BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 
-    def __init__(self, socket: Path | str, *, timeout: float = 10.0, max_hz: float = 20.0) -> None:
+
+def _split(rows: np.ndarray, schema: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``split_records`` that takes 0 rows too (a message may carry none)."""
+    if not len(rows):
+        dtypes = schema_dtypes(schema)
+        return np.zeros(0, dtypes[0]), np.zeros(0, dtypes[1])
+    return split_records(rows, schema)
+
+
+def _event_key(event: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(event, sort_keys=True, default=str)
+
+
+class ConnectedSource(RunSource):
+    """Follow a run through nothing but its command socket (e.g. forwarded with ``ssh -L``).
+
+    It resumes rather than restarts: after a lost connection or a ``reconnect`` it subscribes
+    again with the last step, ring sequence and events offset it holds, so only what is new comes
+    down the link, and it does so by itself, with back-off (``BACKOFF``), while the run is not
+    known to have ended. Nothing read from the link is dropped: rows decoded in a poll are kept
+    until a poll returns them, whatever else that poll meets.
+    """
+
+    def __init__(
+        self,
+        socket: Path | str,
+        *,
+        timeout: float = 10.0,
+        max_hz: float = 20.0,
+        auto_reconnect: bool = True,
+    ) -> None:
         self.socket_path = Path(socket).expanduser()
         self.timeout = timeout
         self.max_hz = max_hz
+        self.auto_reconnect = auto_reconnect
         self._filter = _StepFilter()
         self._client: ChannelClient | None = None
         self._status_msg: dict[str, Any] = {}
-        self._dropped = 0
+        self._dropped = 0  # steps neither the ring nor the run log had (gap messages)
         self._torn = 0
+        self.gaps: list[tuple[float | None, float, int]] = []
+        self._next_seq: int | None = None
+        self._events_offset = 0
+        self._seen_events: set[str] = set()
+        self._latest_step: float | None = None
+        self._caught_up = False
         self._closed = False
+        self._attempt = 0
+        self._next_try = 0.0
+        self._reconnect_error = ""
+        self._pending: tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]] = (
+            [], [], []
+        )  # fmt: skip
+        self.subscriptions = 0
+        self.received_before = 0  # bytes read by earlier subscriptions
         self._sub = self._subscribe()
         self._meta = self._sub.meta
 
     def _subscribe(self) -> Subscription:
+        resume = self._filter.last_scalar > -np.inf
         try:
-            return Subscription(self.socket_path, max_hz=self.max_hz, timeout=self.timeout)
+            sub = Subscription(
+                self.socket_path, max_hz=self.max_hz, timeout=self.timeout,
+                after_step=self._filter.last_scalar if resume else None,
+                start=self._next_seq if self._next_seq is not None else "oldest",
+                events_offset=self._events_offset,
+            )  # fmt: skip
         except ChannelError as exc:
             raise SourceError(str(exc)) from None
+        self.subscriptions += 1
+        self._caught_up = False
+        latest = sub.info.get("latest_step")
+        if isinstance(latest, (int, float)):
+            self._latest_step = float(latest)
+        return sub
+
+    @property
+    def received(self) -> int:
+        """Bytes read from the run over every connection so far."""
+        return self.received_before + self._sub.received
 
     @property
     def meta(self) -> RunMeta:
@@ -287,29 +351,59 @@ class ConnectedSource(RunSource):
     def can_command(self) -> bool:
         return not self._sub.lost and self._status().state in STEERABLE
 
+    def _take(self, msg: dict[str, Any]) -> None:
+        """File one message's content into the pending parts (rows filtered by step)."""
+        scalar_parts, layer_parts, events = self._pending
+        kind = msg.get("type")
+        if kind == "scalars":
+            scalar_parts.append(self._filter.scalars(msg["rows"]))
+        elif kind == "layers":
+            layer_parts.append(self._filter.layers(msg["rows"]))
+        elif kind == "records":
+            self._torn += int(msg.get("torn") or 0)
+            self._dropped += int(msg.get("dropped") or 0)  # an older stream's count
+            if isinstance(msg.get("next_seq"), int):
+                self._next_seq = int(msg["next_seq"])
+            scalars, layers = _split(msg["rows"], self._meta.schema)
+            scalar_parts.append(self._filter.scalars(scalars))
+            layer_parts.append(self._filter.layers(layers))
+        elif kind == "gap":
+            missing = int(msg.get("missing") or 0)
+            self._dropped += missing
+            after = msg.get("after_step")
+            self.gaps.append((
+                float(after) if isinstance(after, (int, float)) else None,
+                float(msg.get("before_step") or 0.0), missing,
+            ))  # fmt: skip
+        elif kind == "events":
+            if isinstance(msg.get("offset"), int):
+                self._events_offset = int(msg["offset"])
+            for e in msg.get("events") or []:
+                if not isinstance(e, dict):
+                    continue
+                key = _event_key(e)
+                if key in self._seen_events:
+                    continue  # a reconnect that repeats an event
+                self._seen_events.add(key)
+                events.append(e)
+        elif kind in ("status", "end", "error"):
+            self._status_msg = msg
+            if kind == "status":
+                latest = msg.get("latest_step")
+                if isinstance(latest, (int, float)):
+                    self._latest_step = float(latest)
+                self._caught_up = bool(msg.get("caught_up", True))
+
     def poll(self) -> SourceUpdate:
         if self._closed:
             raise SourceError("this source is closed")
-        schema = self._meta.schema
-        scalar_parts: list[np.ndarray] = []
-        layer_parts: list[np.ndarray] = []
-        events: list[dict[str, Any]] = []
+        if self._sub.lost and self._sub.ended is None and self.auto_reconnect:
+            self._retry()
         for msg in self._sub.poll(0.0):
-            kind = msg.get("type")
-            if kind == "scalars":
-                scalar_parts.append(self._filter.scalars(msg["rows"]))
-            elif kind == "layers":
-                layer_parts.append(self._filter.layers(msg["rows"]))
-            elif kind == "records":
-                self._dropped += int(msg.get("dropped") or 0)
-                self._torn += int(msg.get("torn") or 0)
-                scalars, layers = split_records(msg["rows"], schema)
-                scalar_parts.append(self._filter.scalars(scalars))
-                layer_parts.append(self._filter.layers(layers))
-            elif kind == "events":
-                events.extend(e for e in msg.get("events") or [] if isinstance(e, dict))
-            elif kind in ("status", "end", "error"):
-                self._status_msg = msg
+            self._take(msg)
+        schema = self._meta.schema
+        scalar_parts, layer_parts, events = self._pending
+        self._pending = ([], [], [])
         return SourceUpdate(
             scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
             layers=_concat(layer_parts, schema_dtypes(schema)[1]),
@@ -317,25 +411,57 @@ class ConnectedSource(RunSource):
             status=self._status(),
         )
 
+    def _retry(self) -> None:
+        """One reconnection attempt when its back-off has passed."""
+        now = time.monotonic()
+        if now < self._next_try:
+            return
+        try:
+            self._resubscribe()
+        except SourceError as exc:
+            self._reconnect_error = str(exc)
+            self._next_try = time.monotonic() + BACKOFF[min(self._attempt, len(BACKOFF) - 1)]
+            self._attempt += 1
+            return
+        self._attempt = 0
+        self._reconnect_error = ""
+
+    def _resubscribe(self) -> None:
+        sub = self._subscribe()
+        self.received_before += self._sub.received
+        self._sub.close()
+        self._sub = sub
+        self._status_msg = {}
+
     def _status(self) -> SourceStatus:
         msg = self._status_msg
         if self._sub.ended is not None:
             msg = self._sub.ended
         elif self._sub.lost:
+            message = f"the connection to {self.socket_path} closed (the tunnel or the run is gone)"
+            if self.auto_reconnect:
+                wait = max(0.0, self._next_try - time.monotonic())
+                message += f"; reconnecting (attempt {self._attempt + 1}"
+                message += f", in {wait:.0f} s)" if wait >= 1 else ")"
             return SourceStatus(
-                "lost", dropped=self._dropped, torn=self._torn,
-                message=f"the connection to {self.socket_path} closed (the tunnel or the run is gone)",
+                "lost", dropped=self._dropped, torn=self._torn, message=message,
             )  # fmt: skip
         if msg.get("type") == "error":
             return SourceStatus("lost", message=str(msg.get("message", "")))
         state = _STATE.get(str(msg.get("state", "running")), "live")
         age = msg.get("heartbeat_age")
+        behind = None
+        if not self._caught_up and self._latest_step is not None and state in STEERABLE:
+            have = self._filter.last_scalar
+            if have < self._latest_step:
+                behind = (have if have > -np.inf else 0.0, self._latest_step)
         return SourceStatus(
             state=state,
             heartbeat_age=float(age) if isinstance(age, (int, float)) else None,
             dropped=self._dropped,
             torn=self._torn,
             message=str(msg.get("message") or ""),
+            catching_up=behind,
         )
 
     def command(self, name: str, **args: Any) -> CommandReply:
@@ -343,10 +469,9 @@ class ConnectedSource(RunSource):
         return reply
 
     def reconnect(self) -> None:
-        """Subscribe again (history included; rows already shown are filtered out by step)."""
-        self._sub.close()
-        self._sub = self._subscribe()
-        self._status_msg = {}
+        """Subscribe again, resuming after what is held: only what is new comes down the link."""
+        self._resubscribe()
+        self._attempt = 0
 
     def close(self) -> None:
         if self._closed:

@@ -286,6 +286,9 @@ class NNWatchApp(App[int]):
             self.notify("The run finished.", title="finished")
         elif state == "live" and message.previous in ("lost", "hung", "paused"):
             self.notify("The run is live again.", title="live")
+        if state != "paused" and self.view.outcome.startswith(("paused", "pause:")):
+            self.view.outcome, self.view.outcome_error = "", False  # the pause it told of ended
+            self.state.touch("header")
         self.refresh_bindings()
 
     def on_reader_failed(self, message: ReaderFailed) -> None:

@@ -9,6 +9,7 @@ events, however long the run. No UI library is imported here.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections import deque
@@ -40,6 +41,15 @@ def _sig(*values: float) -> tuple[float | None, ...]:
     """Values to compare for "did this pane's picture change": NaN (not measured) as None,
     since NaN != NaN would make an idle pane look changed on every poll."""
     return tuple(v if math.isfinite(v) else None for v in values)
+
+
+#: Events remembered for de-duplication (far more than a run emits; bounds a pathological one).
+MAX_EVENT_KEYS = 100_000
+
+
+def _event_key(event: dict[str, Any]) -> str:
+    """An event's identity: its whole content (events carry their step and time)."""
+    return json.dumps(event, sort_keys=True, default=str)
 
 
 def is_finding(event: dict[str, Any]) -> bool:
@@ -77,6 +87,7 @@ class RunState:
         self.layer_rows: deque[np.ndarray] = deque(maxlen=max_layer_rows)
         self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
         self.events_total = 0
+        self._event_keys: dict[str, None] = {}  # events seen, oldest first, for de-duplication
         self.findings_by_severity: dict[str, int] = {}
         self.status = SourceStatus("connecting")
         self.hardware: HardwareReading | None = None
@@ -125,7 +136,16 @@ class RunState:
                     self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
                 changed.add("layers")
             snapshots, commands = [], []
+            fresh = []
             for ev in update.events:
+                key = _event_key(ev)
+                if key in self._event_keys:
+                    continue  # delivered again by a reconnect: listed once
+                self._event_keys[key] = None
+                if len(self._event_keys) > MAX_EVENT_KEYS:
+                    del self._event_keys[next(iter(self._event_keys))]
+                fresh.append(ev)
+            for ev in fresh:
                 self.events.append(ev)
                 self.events_total += 1
                 if is_finding(ev):
@@ -135,7 +155,7 @@ class RunState:
                     snapshots.append(ev)
                 elif ev.get("type") == "command":
                     commands.append(ev)
-            if update.events:
+            if fresh:
                 changed |= {"events", "header"}
             before = self.status.state
             if update.status != self.status:

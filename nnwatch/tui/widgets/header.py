@@ -23,6 +23,7 @@ BADGES = {
     "recorded": "▣ RECORDED",
     "running": "● RUNNING",
     "connecting": "… CONNECTING",
+    "catching": "⟳ CATCHING UP",  # live, but the monitor is still receiving the past
     "failed": "✖ READER FAILED",  # the monitor's own reader broke (the run itself may be fine)
 }
 
@@ -33,6 +34,7 @@ def badge_style(state: str, pal: Palette) -> Style:
         "running": pal.success,
         "paused": pal.warning,
         "hung": pal.warning,
+        "catching": pal.warning,
         "finished": pal.primary,
         "recorded": pal.primary,
         "crashed": pal.error,
@@ -40,7 +42,9 @@ def badge_style(state: str, pal: Palette) -> Style:
         "failed": pal.error,
     }.get(state, pal.muted).color
     return Style(
-        bgcolor=color, color="#000000" if state in ("paused", "hung") else "#ffffff", bold=True
+        bgcolor=color,
+        color="#000000" if state in ("paused", "hung", "catching") else "#ffffff",
+        bold=True,
     )
 
 
@@ -98,8 +102,14 @@ class RunHeader(Pane):
             right.append(f"clip {fmt.num(clip)}  ", style=pal.muted)
         failure = st.reader_failure
         state = "failed" if "reader" in st.reader_errors else status.state
-        badge = f" {BADGES.get(state, state.upper())} "
         note = view.outcome or status.message
+        if status.catching_up is not None and state == "live":
+            have, of = status.catching_up
+            state = "catching"  # not LIVE while the screen shows the past
+            note = f"catching up: {fmt.count(have)} of {fmt.count(of)}" + (
+                f"  {view.outcome}" if view.outcome else ""
+            )
+        badge = f" {BADGES.get(state, state.upper())} "
         if failure:  # a monitor-side thread failed: that outranks every other note
             # cut to fit beside the badge (and a little of the run's name) on one line
             room = max(w - right.cell_len - len(badge) - 2 - (0 if h >= 2 else 24), 12)

@@ -1,0 +1,150 @@
+"""Remote monitoring at scale: what attaching to a long run through its socket costs.
+
+For runs of 100k and 1M steps (10M with ``--big``) from the synthetic trainer (16 layers, the
+real ring, run log, command socket and stream process), held paused so the target stays still:
+bytes and seconds until the first screen (the first poll that gives the monitor rows, ingested
+into the TUI's ``RunState`` as the app does) and until caught up (every step held, the stream
+says caught up). Then bytes/s while following a trainer at 1,000 steps/s.
+
+The socket is the run's own (what ``ssh -L`` forwards); ssh adds its own framing and
+encryption but not bytes of ours. Targets from the issue: first screen within 2 s and under
+2 MB whatever the run length; following under 20 KB/s at 1,000 steps/s.
+
+    python bench/remote.py [--sizes 100000,1000000] [--big] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from nnwatch.channel.client import ChannelClient  # noqa: E402
+from nnwatch.channel.ring import RingReader  # noqa: E402
+from nnwatch.sources.live import ConnectedSource  # noqa: E402
+from nnwatch.tui.model import RunState  # noqa: E402
+
+
+class Synthetic:
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nnwatch.channel.synthetic", *args],
+            stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        info = json.loads(self.proc.stdout.readline())
+        self.ring, self.socket = Path(info["ring"]), Path(info["socket"])
+
+    def published(self) -> int:
+        with RingReader(self.ring) as r:
+            return r.state().write_seq
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def attach(trainer: Synthetic, steps: int) -> dict[str, Any]:
+    pause = ChannelClient(trainer.socket)
+    assert pause.request("pause").ok
+    time.sleep(0.3)
+    last = trainer.published() - 1
+    t0 = time.perf_counter()
+    source = ConnectedSource(trainer.socket)
+    state = RunState(source.meta)
+    first: dict[str, float] | None = None
+    while True:
+        update = source.poll()
+        state.ingest(update)
+        now = time.perf_counter() - t0
+        if first is None and len(update.scalars):
+            first = {"s": now, "bytes": source.received}
+        if state.history.last_step >= last and update.status.catching_up is None:
+            break
+        if now > 600:
+            raise SystemExit("did not catch up within 10 minutes")
+        if not len(update.scalars):
+            time.sleep(0.01)
+    out = {
+        "steps": last + 1, "first_screen_s": first["s"] if first else None,
+        "first_screen_bytes": first["bytes"] if first else None,
+        "caught_up_s": time.perf_counter() - t0, "caught_up_bytes": source.received,
+        "bytes_per_step": source.received / (last + 1),
+    }  # fmt: skip
+    source.close()
+    pause.close()
+    return out
+
+
+def follow(env: dict[str, str], seconds: float) -> dict[str, Any]:
+    trainer = Synthetic(env, "--steps", "0", "--rate", "1000", "--name", "follow")
+    try:
+        while trainer.published() < 2000:
+            time.sleep(0.05)
+        source = ConnectedSource(trainer.socket)
+        state = RunState(source.meta)
+        while source.poll().status.catching_up is not None or state.history.rows == 0:
+            state.ingest(source.poll())
+            time.sleep(0.05)
+        b0, s0, t0 = source.received, trainer.published(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            state.ingest(source.poll())
+            time.sleep(1 / 4)  # the app polls at a few Hz
+        dt = time.perf_counter() - t0
+        rate = (trainer.published() - s0) / dt
+        out = {"steps_per_s": rate, "bytes_per_s": (source.received - b0) / dt,
+               "bytes_per_step": (source.received - b0) / dt / rate}  # fmt: skip
+        source.close()
+        return out
+    finally:
+        trainer.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", default="100000,1000000")
+    p.add_argument("--big", action="store_true", help="add a 10M-step run")
+    p.add_argument("--follow-s", type=float, default=5.0)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",") if x] + ([10_000_000] if args.big else [])
+    results: dict[str, Any] = {"attach": [], "follow": None}
+    with tempfile.TemporaryDirectory(prefix="nnw-bench-", dir="/tmp") as root:
+        env = dict(os.environ, NNWATCH_RUN_DIR=root, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        for n in sizes:
+            trainer = Synthetic(env, "--steps", "0", "--rate", "0", "--name", f"run{n}")
+            try:
+                while trainer.published() < n:
+                    time.sleep(0.05)
+                r = attach(trainer, n)
+            finally:
+                trainer.stop()
+            results["attach"].append(r)
+            print(
+                f"attach at {r['steps']:>10,} steps: first screen {r['first_screen_s']:.2f} s "
+                f"{r['first_screen_bytes'] / 1e6:.2f} MB; caught up {r['caught_up_s']:.2f} s "
+                f"{r['caught_up_bytes'] / 1e6:.1f} MB ({r['bytes_per_step']:.1f} B/step)",
+                flush=True,
+            )
+        f = follow(env, args.follow_s)
+        results["follow"] = f
+        print(
+            f"following at {f['steps_per_s']:,.0f} steps/s: {f['bytes_per_s'] / 1e3:.1f} KB/s "
+            f"({f['bytes_per_step']:.1f} B/step)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

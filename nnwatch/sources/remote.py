@@ -1,0 +1,224 @@
+"""A run on another machine, reached through the user's own ``ssh``: ``nnwatch attach HOST:RUN``.
+
+Nothing of ssh is reimplemented: the user's ``ssh`` program runs, so ``~/.ssh/config``, ProxyJump,
+agents and ControlMaster all apply. Two ssh calls: ``ssh HOST nnwatch ls --json`` finds the run
+and its command socket there, and ``ssh -N -L LOCAL:REMOTE HOST`` forwards that socket to a
+private local path (in a fresh 0700 directory this module creates and always removes). The
+monitor then follows the run like any forwarded socket (:class:`ConnectedSource`), and when the
+link drops, the tunnel is started again and the stream resumes after what is already on screen.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nnwatch.sources.base import SourceError
+from nnwatch.sources.live import ConnectedSource
+
+#: How long ssh gets to log in and forward (a ProxyJump over a slow link can take a while).
+CONNECT_TIMEOUT = 30.0
+
+
+def _ssh_base(ssh: str, ssh_args: Sequence[str]) -> list[str]:
+    return [*shlex.split(ssh), *ssh_args]
+
+
+def remote_runs(
+    host: str,
+    *,
+    ssh: str = "ssh",
+    ssh_args: Sequence[str] = (),
+    remote_nnwatch: str = "nnwatch",
+    timeout: float = CONNECT_TIMEOUT,
+) -> list[dict[str, Any]]:
+    """The runs ``nnwatch ls --json`` lists on ``host``, as its JSON rows."""
+    cmd = [*_ssh_base(ssh, ssh_args), host, f"{remote_nnwatch} ls --json"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SourceError(f"cannot run {cmd[0]!r}: is OpenSSH installed here?") from None
+    except subprocess.TimeoutExpired:
+        raise SourceError(f"ssh {host} did not answer within {timeout:g} s") from None
+    if done.returncode != 0:
+        err = done.stderr.strip().splitlines()
+        why = err[-1] if err else f"exit status {done.returncode}"
+        hint = (
+            "; is nnwatch installed there? (--remote-nnwatch names the command to run)"
+            if done.returncode == 127 or "not found" in why
+            else ""
+        )
+        raise SourceError(f"`nnwatch ls --json` on {host} failed: {why}{hint}")
+    try:
+        rows = json.loads(done.stdout)
+    except ValueError:
+        raise SourceError(
+            f"`{remote_nnwatch} ls --json` on {host} printed something that is not JSON "
+            "(a login banner on stdout?)"
+        ) from None
+    if not isinstance(rows, list):
+        raise SourceError(f"`{remote_nnwatch} ls --json` on {host} did not print a list")
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def pick_run(rows: list[dict[str, Any]], spec: str, host: str) -> dict[str, Any]:
+    """The run ``spec`` names among ``rows`` (name or its start, NAME:RANK, pid or run directory);
+    plain words when none or several match."""
+    live = [r for r in rows if r.get("socket") and not r.get("ended")]
+    if not live:
+        raise SourceError(f"no live run on {host} (`nnwatch ls` there lists none)")
+    if not spec:
+        if len(live) == 1:
+            return live[0]
+        names = ", ".join(_label(r) for r in live)
+        raise SourceError(f"{len(live)} live runs on {host}: {names}; name one (HOST:RUN)")
+    rank: int | None = None
+    name = spec
+    if ":" in spec and spec.rsplit(":", 1)[1].isdigit():
+        name, rank = spec.rsplit(":", 1)[0], int(spec.rsplit(":", 1)[1])
+
+    def matches(r: dict[str, Any], exact: bool) -> bool:
+        run_name = str(r.get("name", ""))
+        base = Path(str(r.get("run_dir", ""))).name
+        hit = (
+            str(r.get("pid")) == name or r.get("run_dir") == name or base == name
+            or run_name == name or (not exact and (run_name.startswith(name) or base.startswith(name)))
+        )  # fmt: skip
+        return hit and (rank is None or r.get("rank") == rank)
+
+    found = [r for r in live if matches(r, True)] or [r for r in live if matches(r, False)]
+    if rank is None and len(found) > 1:
+        found = sorted(found, key=lambda r: int(r.get("rank") or 0))
+        if len({r.get("name") for r in found}) == 1 and len({r.get("pid") for r in found}) > 1:
+            ranks = [r for r in found if (r.get("rank") or 0) == 0]
+            found = ranks[:1] or found[:1]  # a job: its rank 0
+    if not found:
+        names = ", ".join(_label(r) for r in live)
+        raise SourceError(f"no live run on {host} matches {spec!r}; there: {names}")
+    if len(found) > 1:
+        names = ", ".join(_label(r) for r in found)
+        raise SourceError(f"{spec!r} matches several runs on {host}: {names}; name one")
+    return found[0]
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r.get('name')} (pid {r.get('pid')}, rank {r.get('rank')})"
+
+
+class SshTunnel:
+    """``ssh -N -L LOCAL:REMOTE HOST`` to a private local path; ``close`` removes it all."""
+
+    def __init__(
+        self,
+        host: str,
+        remote_socket: str,
+        *,
+        ssh: str = "ssh",
+        ssh_args: Sequence[str] = (),
+        timeout: float = CONNECT_TIMEOUT,
+    ) -> None:
+        self.host = host
+        self.remote_socket = remote_socket
+        self.ssh = ssh
+        self.ssh_args = list(ssh_args)
+        self.timeout = timeout
+        # short, private and ours: a Unix socket path must stay under 108 bytes
+        self.dir = Path(tempfile.mkdtemp(prefix="nnw-", dir="/tmp"))
+        os.chmod(self.dir, 0o700)
+        self.local = self.dir / "run.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        atexit.register(self.close)  # removed however the monitor ends
+
+    def start(self) -> None:
+        """Start ssh and wait until the forwarded socket exists; SourceError if it cannot."""
+        self.stop()
+        self.local.unlink(missing_ok=True)
+        cmd = [
+            *_ssh_base(self.ssh, self.ssh_args), "-N",
+            "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
+            "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
+            "-L", f"{self.local}:{self.remote_socket}", self.host,
+        ]  # fmt: skip
+        err = self.dir / "ssh.err"
+        with open(err, "wb") as errf:
+            try:
+                self.proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf
+                )
+            except FileNotFoundError:
+                raise SourceError(f"cannot run {cmd[0]!r}: is OpenSSH installed here?") from None
+        self.starts += 1
+        deadline = time.monotonic() + self.timeout
+        while not self.local.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                text = err.read_text(errors="replace").strip().splitlines()
+                why = text[-1] if text else "it gave no reason"
+                raise SourceError(f"ssh could not forward the run's socket from {self.host}: {why}")
+            time.sleep(0.02)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.local.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RemoteSource(ConnectedSource):
+    """A run on ``host`` through an ssh tunnel this source starts, restarts and removes."""
+
+    def __init__(
+        self,
+        host: str,
+        spec: str = "",
+        *,
+        ssh: str = "ssh",
+        ssh_args: Sequence[str] = (),
+        remote_nnwatch: str = "nnwatch",
+        timeout: float = 10.0,
+        max_hz: float = 20.0,
+    ) -> None:
+        self.host = host
+        rows = remote_runs(host, ssh=ssh, ssh_args=ssh_args, remote_nnwatch=remote_nnwatch)
+        self.info = pick_run(rows, spec, host)
+        self.tunnel = SshTunnel(host, str(self.info["socket"]), ssh=ssh, ssh_args=ssh_args)
+        try:
+            self.tunnel.start()
+            super().__init__(self.tunnel.local, timeout=timeout, max_hz=max_hz)
+        except BaseException:
+            self.tunnel.close()
+            raise
+
+    def _resubscribe(self) -> None:
+        if not self.tunnel.alive:
+            self.tunnel.start()  # the link dropped and took ssh with it
+        super()._resubscribe()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.tunnel.close()
