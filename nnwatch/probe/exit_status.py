@@ -120,15 +120,21 @@ class ExitObserver:
 OBSERVER = ExitObserver()
 
 
-def taken_over(mid_step: bool) -> Ending:
+def last_exception() -> object:
+    """The last exception an interactive shell showed (IPython keeps it in ``sys.last_value``)."""
+    return getattr(sys, "last_value", None)
+
+
+def taken_over(seen_at_start: object) -> Ending:
     """How an earlier, still open watch of a model ends when a new watch of it takes over.
 
-    "interrupted" when Ctrl-C stopped it in the middle of a step (what a notebook's interrupted
-    cell leaves behind: IPython keeps that exception in ``sys.last_type``), else "finished".
+    "interrupted" when Ctrl-C stopped its cell: the shell's last exception is a
+    KeyboardInterrupt that was not there yet when that watch started (``seen_at_start``, from
+    :func:`last_exception`); else "finished".
     """
-    last = getattr(sys, "last_type", None)
-    if mid_step and isinstance(last, type) and issubclass(last, KeyboardInterrupt):
-        return Ending("interrupted", "KeyboardInterrupt (Ctrl-C) in the middle of a step")
+    last = last_exception()
+    if isinstance(last, KeyboardInterrupt) and last is not seen_at_start:
+        return Ending("interrupted", "KeyboardInterrupt (Ctrl-C) stopped the cell that trained")
     return Ending("finished", "a new watch of the same model took over")
 
 

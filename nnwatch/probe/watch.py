@@ -42,7 +42,14 @@ from nnwatch.probe.attachment import Attachment
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.consistency import ConsistencyCheck
-from nnwatch.probe.exit_status import OBSERVER, Ending, close_at_exit, from_exception, taken_over
+from nnwatch.probe.exit_status import (
+    OBSERVER,
+    Ending,
+    close_at_exit,
+    from_exception,
+    last_exception,
+    taken_over,
+)
 from nnwatch.probe.grad_norms import LayerReducer, sentinels_finite
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard
@@ -109,6 +116,8 @@ class Watch:
             start_step = earlier.step if start_step is None else start_step
             run_dir = earlier.run_dir
         self._append = earlier is not None
+        #: the interactive shell's last exception when this watch started (see taken_over)
+        self.shell_exception_at_start = last_exception()
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.num_classes = num_classes
         #: the optimizer already holds state (a resumed run, or a second watch of one loop): the
@@ -565,7 +574,7 @@ def _take_over(model: nn.Module, resume: bool = False) -> _Continued | None:
     if resume and not earlier.disabled:
         ending = Ending("finished", "continued by a new watch of the same model (resume=True)")
     else:
-        ending = taken_over(earlier._step_open or earlier._backward_seen)
+        ending = taken_over(earlier.shell_exception_at_start)
     print(
         f"nnwatch: {model.__class__.__name__} was already watched ({earlier.name} -> "
         f"{earlier.run_dir}); "
