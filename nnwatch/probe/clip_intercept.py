@@ -28,6 +28,8 @@ import torch
 import torch.nn.utils as nn_utils
 from torch.nn.utils import clip_grad as clip_module
 
+from nnwatch.probe.hook_hiding import compiling
+
 log = logging.getLogger("nnwatch")
 
 
@@ -53,13 +55,6 @@ _originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 _wrappers: dict[tuple[Any, str], Callable[..., Any]] = {}
 
 
-def _tracing() -> bool:
-    try:
-        return bool(torch.compiler.is_compiling())
-    except Exception:  # noqa: BLE001 - older torch without torch.compiler
-        return False
-
-
 def _tell(fn: Callable[[ClipListener], None]) -> None:
     for listener in list(_listeners):
         try:
@@ -77,7 +72,7 @@ def _wrap_total_norm(original: Callable[..., torch.Tensor]) -> Callable[..., tor
         tensors: Any, norm_type: float = 2.0, error_if_nonfinite: bool = False,
         foreach: bool | None = None,
     ) -> torch.Tensor:
-        if _tracing() or not _listeners:
+        if compiling() or not _listeners:
             return original(tensors, norm_type, error_if_nonfinite, foreach)
         grads = _as_list(tensors)
         total = original(grads, norm_type, error_if_nonfinite, foreach)
@@ -93,7 +88,7 @@ def _wrap_clip_with_norm(original: Callable[..., None]) -> Callable[..., None]:
     def clip_grads_with_norm_(
         parameters: Any, max_norm: float, total_norm: torch.Tensor, foreach: bool | None = None
     ) -> None:
-        if _tracing() or not _listeners:
+        if compiling() or not _listeners:
             return original(parameters, max_norm, total_norm, foreach)
         params = _as_list(parameters)
         limit = float(max_norm)
@@ -113,7 +108,7 @@ def _wrap_clip_with_norm(original: Callable[..., None]) -> Callable[..., None]:
 
 def _wrap_clip_value(original: Callable[..., None]) -> Callable[..., None]:
     def clip_grad_value_(parameters: Any, clip_value: float, foreach: bool | None = None) -> None:
-        if _tracing() or not _listeners:
+        if compiling() or not _listeners:
             return original(parameters, clip_value, foreach)
         params = _as_list(parameters)
         original(params, clip_value, foreach)

@@ -40,16 +40,20 @@ class ProbeHook:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _compiling():
+        if _is_compiling():
             return None
         return self.fn(*args, **kwargs)
 
 
-def _compiling() -> bool:
-    try:
-        return bool(torch.compiler.is_compiling())
-    except Exception:  # noqa: BLE001 - a torch without torch.compiler never compiles
-        return False
+#: torch.compile's "am I tracing?", looked up once (a torch without torch.compiler never compiles)
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", None
+) or (lambda: False)
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing right now: nnwatch's hooks and wrappers then stand aside."""
+    return bool(_is_compiling())
 
 
 _lock = threading.Lock()
