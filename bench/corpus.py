@@ -21,6 +21,7 @@ the spread.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -51,7 +52,9 @@ class ProgramFailed(RuntimeError):
     """A corpus program exited non-zero or printed no training time."""
 
 
-def train_seconds(name: str, *, watched: bool, workdir: Path, short: bool = False) -> tuple[float, float]:
+def train_seconds(
+    name: str, *, watched: bool, workdir: Path, short: bool = False
+) -> tuple[float, float, float]:
     """Run one program once, in its own working and run directory: its training-loop seconds and
     its steady step time (the median between updates over the second half of the run)."""
     env = dict(os.environ)
@@ -74,12 +77,22 @@ def train_seconds(name: str, *, watched: bool, workdir: Path, short: bool = Fals
     found = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()
              if line.startswith((MARK, STEP_MARK))}
     if proc.returncode == 0 and MARK in found:
-        return found[MARK], found.get(STEP_MARK, float("nan"))
+        return found[MARK], found.get(STEP_MARK, float("nan")), _own_share(workdir) if watched else float("nan")
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
     raise ProgramFailed(f"{name} ({'watched' if watched else 'bare'}) exited {proc.returncode}:\n{tail}")
 
 
-Runs = tuple[list[tuple[float, float]], list[tuple[float, float]]]
+Runs = tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]
+
+
+def _own_share(workdir: Path) -> float:
+    """What nnwatch's own work cost the watched run, as the probe timed it (end.json)."""
+    for end in (workdir / "nnw" / "runs").glob("*/end.json"):
+        try:
+            return float(json.loads(end.read_text()).get("nnwatch_own_share", "nan"))
+        except (OSError, ValueError, TypeError):
+            continue
+    return float("nan")
 
 
 def measure(name: str, rounds: int, root: Path, short: bool = False) -> Runs:
@@ -100,7 +113,7 @@ def measure(name: str, rounds: int, root: Path, short: bool = False) -> Runs:
 def report(results: dict[str, Runs]) -> list[str]:
     lines = [
         f"  {'program':<16} {'bare s':>8} {'watched s':>10} {'ratio':>7} "
-        f"{'min':>7} {'max':>7} {'step ms':>8} {'step ratio':>11} {'min':>7} {'max':>7}"
+        f"{'min':>7} {'max':>7} {'step ms':>8} {'step ratio':>11} {'min':>7} {'max':>7} {'own':>7}"
     ]
     for name, (bare, watched) in results.items():
         per_round = [w[0] / b[0] for b, w in zip(bare, watched, strict=True)]
@@ -110,7 +123,8 @@ def report(results: dict[str, Runs]) -> list[str]:
             f"{statistics.median(w[0] for w in watched):10.3f} {statistics.median(per_round):7.3f} "
             f"{min(per_round):7.3f} {max(per_round):7.3f} "
             f"{statistics.median(b[1] for b in bare) * 1e3:8.2f} {statistics.median(per_step):11.3f} "
-            f"{min(per_step):7.3f} {max(per_step):7.3f}"
+            f"{min(per_step):7.3f} {max(per_step):7.3f} "
+            f"{100 * statistics.median(w[2] for w in watched):6.2f}%"
         )
     return lines
 
@@ -135,7 +149,9 @@ def main() -> int:
           "(CORPUS_TRAIN_SECONDS: the watch's set-up and close included), bare with "
           "NNWATCH_DISABLE=1; ratio = median (min, max) of each round's watched / bare; step ms = "
           "the bare program's steady step (median time between updates over the second half of "
-          "a run); step ratio = median (min, max) of each round's watched / bare steady step.")
+          "a run); step ratio = median (min, max) of each round's watched / bare steady step; "
+          "own = nnwatch's own time on the training thread as a share of the time between steps, "
+          "as the probe timed it (end.json's nnwatch_own_share), median over the watched runs.")
     return 0
 
 

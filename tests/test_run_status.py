@@ -110,6 +110,8 @@ def test_a_clean_end_is_finished(name: str, subprocess_env: dict[str, str], tmp_
     assert code == 0
     assert end["status"] == "finished" and end["steps"] == 10
     assert not [e for e in events if e.get("type") == "run_ended"]
+    # what nnwatch's own work cost the run, as the probe timed it: a share, never 0 or NaN
+    assert 0 < end["nnwatch_own_share"] < 1
 
 
 def test_real_sigint_is_interrupted(subprocess_env: dict[str, str], tmp_path: Path) -> None:

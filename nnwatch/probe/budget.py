@@ -53,6 +53,9 @@ class CostBudget:
         self, fraction: float | None = 0.01, max_interval: int = 32, layer_interval: int = 10,
         stretch_stats: bool = True,
     ) -> None:
+        #: nnwatch's own seconds on the training thread and the steps' wall seconds, whole run
+        self.own_total = 0.0
+        self.wall_total = 0.0
         if fraction is not None and not fraction > 0:
             raise ValueError(
                 f"budget must be a positive fraction of the step time or None, got {fraction!r}"
@@ -77,10 +80,18 @@ class CostBudget:
         kind = 4 * measured + 2 * sampled
         acc[kind] += own
         acc[kind + 1] += 1
+        self.own_total += own
+        if step_time == step_time and step_time > 0:  # not NaN
+            self.wall_total += step_time
         times = self.times
         times.append(step_time)
         if len(times) >= UPDATE_EVERY:
             self.update()
+
+    @property
+    def own_share(self) -> float:
+        """nnwatch's own time on the training thread as a share of the run's step time so far."""
+        return self.own_total / self.wall_total if self.wall_total > 0 else float("nan")
 
     def set_layer_interval(self, n: int) -> None:
         """The user (or a monitor) chose the statistics interval: keep it from now on."""

@@ -513,7 +513,9 @@ class Watch:
             self.buffers.flush(self._publish)
         except Exception:  # noqa: BLE001
             pass
-        self.files.close(status, self.step_index, ending.to_dict())
+        share = self.budget.own_share
+        cost = {"nnwatch_own_share": round(share, 6)} if share == share else {}  # NaN: no step
+        self.files.close(status, self.step_index, {**ending.to_dict(), **cost})
 
     def __enter__(self) -> Watch:
         return self
