@@ -11,9 +11,6 @@ every step) and one not clipping at all (gradient norms only on measured steps).
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -23,40 +20,20 @@ import nnwatch
 from nnwatch.distributed import RankState, group_jobs, run_info_from_dir, summarize_runs
 from nnwatch.schema import RunSchema
 
-from .conftest import REPO
-from .test_distributed_ddp import TORCHRUN
+from .test_distributed_ddp import run_jobs
 
 STEPS, EVERY = 60, 20
 
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path], str]]:
-    root = tmp_path_factory.mktemp("ddp-budget")
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-    )  # fmt: skip
-    trainer = ["-m", "tests.trainers.ddp_trainer", "--steps", str(STEPS), "--every", str(EVERY)]
-    variants = {"clip": ["--clip", "1.0"], "no-clip": ["--clip", "0"]}
-    procs = {
-        name: subprocess.Popen(
-            [*TORCHRUN, *trainer, *args],
-            cwd=REPO,
-            env={**env, "NNWATCH_RUN_DIR": str(root / name)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for name, args in variants.items()
-    }
-    out = {}
-    for name, proc in procs.items():
-        text, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, text
-        dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
+    out = run_jobs(
+        tmp_path_factory.mktemp("ddp-budget"),
+        {"clip": ["--clip", "1.0"], "no-clip": ["--clip", "0"]},
+        "--steps", str(STEPS), "--every", str(EVERY),
+    )
+    for dirs, text in out.values():
         assert len(dirs) == 2, text
-        out[name] = (dirs, text)
     return out
 
 

@@ -26,6 +26,34 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 TRAINER = ["-m", "tests.trainers.ddp_trainer"]
 
 
+def run_jobs(
+    root: Path, variants: dict[str, list[str]], *trainer_args: str
+) -> dict[str, tuple[list[Path], str]]:
+    """Several 2-rank torchrun jobs of the DDP trainer at once, each with its own run root
+    (``root / name``); waits for all and returns each job's run directories and output."""
+    import os
+
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )  # fmt: skip
+    procs = {
+        name: subprocess.Popen(
+            [*TORCHRUN, *TRAINER, *trainer_args, *args],
+            cwd=REPO, env={**env, "NNWATCH_RUN_DIR": str(root / name)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for name, args in variants.items()
+    }
+    out = {}
+    for name, proc in procs.items():
+        text, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, text
+        out[name] = (sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text)), text)
+    return out
+
+
 def _wait_for(proc: subprocess.Popen[str], pattern: str, count: int, lines: list[str]) -> None:
     assert proc.stdout is not None
     deadline = time.monotonic() + 90

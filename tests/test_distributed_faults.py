@@ -14,8 +14,6 @@ The jobs run at the same time to keep the file short.
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import pytest
 
 from nnwatch.distributed import group_jobs, run_info_from_dir, summarize_runs
 
-from .conftest import REPO
+from .test_distributed_ddp import run_jobs
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 TRAINER = ["-m", "tests.trainers.ddp_trainer", "--steps", "15", "--every", "5"]
@@ -31,37 +29,14 @@ TRAINER = ["-m", "tests.trainers.ddp_trainer", "--steps", "15", "--every", "5"]
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path], str]]:
-    import os
-
-    root = tmp_path_factory.mktemp("ddp-faults")
-    env = dict(os.environ)
-    env.update(
-        NNWATCH_RUN_DIR=str(root), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-    )  # fmt: skip
     faults = {
         "nan": ["--nan-rank", "1", "--nan-step", "4"],
         "drift": ["--drift-rank", "1", "--drift-step", "7"],
         "rank0-only": ["--watch-ranks", "0"],
     }
-    procs = {
-        name: subprocess.Popen(
-            [*TORCHRUN, *TRAINER, *args],
-            cwd=REPO,
-            env={**env, "NNWATCH_RUN_DIR": str(root / name)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for name, args in faults.items()
-    }
-    out = {}
-    for name, proc in procs.items():
-        text, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, text
-        dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
+    out = run_jobs(tmp_path_factory.mktemp("ddp-faults"), faults)
+    for name, (dirs, text) in out.items():
         assert len(dirs) == (1 if name == "rank0-only" else 2), text
-        out[name] = (dirs, text)
     return out
 
 
