@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nnwatch.channel.client import ChannelClient  # noqa: E402
-from nnwatch.channel.ring import RingWriter  # noqa: E402
 from nnwatch.channel.synthetic import make_meta  # noqa: E402
+from nnwatch.store.ring import RingWriter  # noqa: E402
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -100,7 +100,7 @@ _LATENCY_READER = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
-    from nnwatch.channel.ring import RingReader
+    from nnwatch.store.ring import RingReader
     r = RingReader(sys.argv[1], start="latest")
     lat = []
     end = time.time() + float(sys.argv[2])
@@ -158,7 +158,7 @@ _PACED_PROBE_TRAINER = textwrap.dedent(
 
 
 def _registered(run_dir: Path, timeout: float = 60.0) -> object:
-    from nnwatch.channel.registry import list_runs
+    from nnwatch.store.registry import list_runs
 
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -410,7 +410,7 @@ def trainer_side_cost(root: Path, steps: int, rounds: int = 3) -> dict[str, dict
     process while monitors are absent, live, or frozen. Unlike whole-step times, this is not
     drowned by other load on the machine."""
     from nnwatch.channel.endpoint import RunEndpoint
-    from nnwatch.paths import ensure_private_dir
+    from nnwatch.store.paths import ensure_private_dir
 
     env = _env(root)
     meta = make_meta("cost", 128)

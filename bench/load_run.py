@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nnwatch.runlog import HEADER_SIZE, KIND_LAYERS, KIND_SCALARS, _header
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.store.runlog import HEADER_SIZE, KIND_LAYERS, KIND_SCALARS, _header
+from nnwatch.store.schema import RunMeta, RunSchema
 
 
 def write_run(run_dir: Path, steps: int) -> None:

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nnwatch.channel.client import ChannelClient  # noqa: E402
-from nnwatch.channel.ring import RingReader  # noqa: E402
 from nnwatch.sources.live import ConnectedSource  # noqa: E402
+from nnwatch.store.ring import RingReader  # noqa: E402
 from nnwatch.tui.model import RunState  # noqa: E402
 
 

@@ -171,7 +171,7 @@ def bench_follow(seconds: float, rate: float, layers: int) -> dict[str, float]:
 
 
 def _scalar_size(run_dir: Path) -> int:
-    from nnwatch.schema import RunMeta
+    from nnwatch.store.schema import RunMeta
 
     return RunMeta.from_json((run_dir / "meta.json").read_text()).schema.scalar_size
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nnwatch._version import __version__
-from nnwatch.runlog import Run, RunLogError, load_run
+from nnwatch.store.runlog import Run, RunLogError, load_run
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch, watch

@@ -89,7 +89,7 @@ def start_demo(name: str, steps: int, delay: float, env: dict[str, str]) -> subp
 
 
 def wait_registered(proc: subprocess.Popen[str], timeout: float = 120.0) -> Any:
-    from nnwatch.channel.registry import list_runs
+    from nnwatch.store.registry import list_runs
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from nnwatch.grad import global_norm
 from nnwatch.probe.budget import AIM, UPDATE_EVERY, CostBudget
 from nnwatch.probe.loss_trend import HOLD
 from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS
-from nnwatch.schema import RunMeta, RunSchema, sums_measured
+from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 
 def _feed(

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from nnwatch.channel.client import ChannelClient
-from nnwatch.channel.registry import gc, list_runs
-from nnwatch.channel.ring import RingReader
-from nnwatch.runlog import load_run
 from nnwatch.sources.live import ConnectedSource, LiveSource
+from nnwatch.store.registry import gc, list_runs
+from nnwatch.store.ring import RingReader
+from nnwatch.store.runlog import load_run
 
 PYTHON = sys.executable
 
@@ -109,7 +109,7 @@ def steps_of(updates: list) -> list[int]:
 _READER = textwrap.dedent(
     """
     import sys, time
-    from nnwatch.channel.ring import RingReader
+    from nnwatch.store.ring import RingReader
     r = RingReader(sys.argv[1])
     while True:
         n = len(r.read())

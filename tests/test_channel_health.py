@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from nnwatch.channel.health import judge
-from nnwatch.channel.ring import RingState
+from nnwatch.store.health import judge
+from nnwatch.store.ring import RingState
 
 NOW = 1_000_000.0
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.channel.registry import RunInfo, list_runs
 from nnwatch.cli import main as cli_main
-from nnwatch.runlog import load_run
 from nnwatch.sources.live import ConnectedSource, LiveSource
+from nnwatch.store.registry import RunInfo, list_runs
+from nnwatch.store.runlog import load_run
 from tests.test_channel_faults import poll_until, steps_of, wait_for
 
 pytest.importorskip("torch")

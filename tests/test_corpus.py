@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import nnwatch
-from nnwatch.runlog import Run
+from nnwatch.store.runlog import Run
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.channel.identity import same_process
-from nnwatch.channel.registry import list_runs
 from nnwatch.cli.demo import ORDER
+from nnwatch.store.identity import same_process
+from nnwatch.store.registry import list_runs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from nnwatch.diagnosis.episode import Episode, EpisodeArray
 from nnwatch.diagnosis.history import linear_fit, median, median_sigma, quantile
 from nnwatch.diagnosis.offline import diagnose_run
 from nnwatch.diagnosis.pipeline import Pipeline
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.store.schema import RunMeta, RunSchema
 
 LAYERS = ("fc1", "act1", "fc2", "act2", "head")
 KINDS = ("Linear", "ReLU", "Linear", "ReLU", "Linear")

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import nnwatch
-from nnwatch.distributed import RankState, group_jobs, run_info_from_dir, summarize_runs
-from nnwatch.schema import RunSchema
+from nnwatch.sources.job_monitor import RankState, summarize_runs
+from nnwatch.store.jobs import group_jobs, run_info_from_dir
+from nnwatch.store.schema import RunSchema
 
 from .test_distributed_ddp import run_jobs
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 import nnwatch
-from nnwatch.channel.registry import list_runs
-from nnwatch.distributed import JobMonitor, group_jobs, summarize_runs
+from nnwatch.sources.job_monitor import JobMonitor, summarize_runs
+from nnwatch.store.jobs import group_jobs
+from nnwatch.store.registry import list_runs
 
 from .conftest import REPO
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.distributed import group_jobs, run_info_from_dir, summarize_runs
+from nnwatch.sources.job_monitor import summarize_runs
+from nnwatch.store.jobs import group_jobs, run_info_from_dir
 
 from .test_distributed_ddp import run_jobs
 

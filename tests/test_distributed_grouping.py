@@ -13,13 +13,8 @@ import torch
 from torch import nn
 
 import nnwatch
-from nnwatch.distributed import (
-    RankState,
-    build_view,
-    group_jobs,
-    job_identity,
-    run_info_from_dir,
-)
+from nnwatch.sources.job_monitor import RankState, build_view
+from nnwatch.store.jobs import group_jobs, job_identity, run_info_from_dir
 
 
 def test_job_identity_from_the_launchers_variables() -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from nnwatch.channel.job_health import judge_job
-from nnwatch.channel.registry import list_runs
 from nnwatch.cli import main as cli_main
+from nnwatch.store.job_health import judge_job
+from nnwatch.store.registry import list_runs
 
 from .conftest import REPO
 from .test_distributed_ddp import TORCHRUN, TRAINER
@@ -179,8 +179,9 @@ def test_ranks_pane_names_the_first_rank_and_the_waiting_ones() -> None:
 
     from rich.console import Console
 
-    from nnwatch.distributed import Job, RankState, build_view
     from nnwatch.sources.fixture import FixtureSource
+    from nnwatch.sources.job_monitor import RankState, build_view
+    from nnwatch.store.jobs import Job
     from nnwatch.tui.model import RunState
     from nnwatch.tui.widgets.base import PaneContext, ViewSettings
     from nnwatch.tui.widgets.ranks import RanksPane

@@ -196,7 +196,7 @@ def test_cli_export_refuses_to_duplicate_and_explains(
 
 def test_importing_nnwatch_pulls_in_no_framework(subprocess_env: dict[str, str]) -> None:
     code = (
-        "import sys, nnwatch, nnwatch.probe.watch, nnwatch.export, nnwatch.distributed, "
+        "import sys, nnwatch, nnwatch.probe.watch, nnwatch.export, nnwatch.store.jobs, "
         "nnwatch.integrations, nnwatch.cli.export\n"
         "heavy = ('tensorboard', 'torch.utils.tensorboard', 'lightning', 'pytorch_lightning', "
         "'transformers', 'accelerate')\n"

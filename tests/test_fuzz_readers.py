@@ -18,14 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nnwatch.channel.commands import CommandError, parse_request
-from nnwatch.channel.health import clean_end, read_end
-from nnwatch.channel.registry import EntryError, validate_entry
-from nnwatch.channel.ring import RingError, RingReader, RingWriter
 from nnwatch.channel.synthetic import make_meta
-from nnwatch.channel.tail import EventTail
 from nnwatch.diagnosis.snapshot import SnapshotError, read_manifest, read_record
-from nnwatch.runlog import RunLogError, RunLogWriter, iter_events, load_run
-from nnwatch.schema import RunMeta
+from nnwatch.store.event_tail import EventTail
+from nnwatch.store.health import clean_end, read_end
+from nnwatch.store.registry import EntryError, validate_entry
+from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.runlog import RunLogError, RunLogWriter, iter_events, load_run
+from nnwatch.store.schema import RunMeta
 
 FAST = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow],

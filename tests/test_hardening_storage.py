@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel import registry
-from nnwatch.channel.ring import RingError, RingReader, RingWriter
 from nnwatch.channel.synthetic import make_meta
-from nnwatch.paths import RunDirError, make_run_dir, write_private_file
-from nnwatch.runlog import (
+from nnwatch.store import registry
+from nnwatch.store.paths import RunDirError, make_run_dir, write_private_file
+from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.runlog import (
     END_FILE,
     MAGIC_V1,
     SCALARS_FILE,
@@ -34,7 +34,7 @@ from nnwatch.runlog import (
     fold_ring_into_log,
     load_run,
 )
-from nnwatch.schema import RunMeta
+from nnwatch.store.schema import RunMeta
 
 from .small_disk import ROOT, fill
 
@@ -97,8 +97,8 @@ def test_readers_survive_a_sparse_ring_on_a_full_tmpfs(tmpfs: Path) -> None:
     fill(tmpfs / "filler")
     code = (
         "import sys\n"
-        "from nnwatch.channel.ring import RingReader, RingError\n"
-        "from nnwatch.runlog import load_run\n"
+        "from nnwatch.store.ring import RingReader, RingError\n"
+        "from nnwatch.store.runlog import load_run\n"
         "for p in sys.argv[1:3]:\n"
         "    try:\n"
         "        RingReader(p)\n"

@@ -1,4 +1,4 @@
-"""nnwatch.hardware: NVML behind one interface, with the no-driver path exercised for real.
+"""nnwatch.sources.hardware: NVML behind one interface, with the no-driver path exercised for real.
 
 This CI machine has nvidia-ml-py installed but no NVIDIA driver, so ``nvmlInit`` really fails
 here; on a GPU machine the NVML tests below check real devices instead.
@@ -13,7 +13,7 @@ import sys
 import pynvml
 import pytest
 
-from nnwatch.hardware import (
+from nnwatch.sources.hardware import (
     NA,
     GpuReading,
     Hardware,
@@ -114,6 +114,6 @@ def test_real_gpus_have_uuids_and_memory() -> None:
 
 
 def test_hardware_module_imports_no_ui_library() -> None:
-    code = "import sys, nnwatch.hardware; print(any(m in sys.modules for m in ('textual', 'rich')))"
+    code = "import sys, nnwatch.sources.hardware; print(any(m in sys.modules for m in ('textual', 'rich')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 import nnwatch
-from nnwatch.channel.identity import same_process
-from nnwatch.channel.registry import list_runs
+from nnwatch.store.identity import same_process
+from nnwatch.store.registry import list_runs
 
 from .terminal import Terminal
 

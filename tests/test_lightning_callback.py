@@ -59,7 +59,7 @@ class TinyModule(L.LightningModule):
                 float(torch.linalg.vector_norm(torch.cat([d.reshape(-1) for d in delta])))
             )
         if batch_idx == 3:
-            from nnwatch.channel.registry import list_runs
+            from nnwatch.store.registry import list_runs
 
             self.seen_by_monitor = [r.state for r in list_runs()]
 

@@ -174,7 +174,7 @@ def test_kernel_interrupt_then_rerun_then_restart(run_root: Path) -> None:
         assert hooks["status"] == "ok", hooks
         # the second run can be steered: it has a command socket of its own
         steer = kernel.run(
-            "from nnwatch.channel.registry import list_runs\n"
+            "from nnwatch.store.registry import list_runs\n"
             "mine = [r for r in list_runs() if str(r.run_dir) == str(w.run_dir)]\n"
             "assert mine and mine[0].socket, mine"
         )
@@ -192,7 +192,7 @@ def test_two_watches_open_in_one_process_each_have_a_socket() -> None:
     """Two models watched at once (an encoder pre-train beside a probe, a sweep in one process):
     both are listed as runs of this process and both can be steered."""
     from nnwatch.channel.client import ChannelClient
-    from nnwatch.channel.registry import list_runs
+    from nnwatch.store.registry import list_runs
 
     models = [nn.Linear(4, 1), nn.Linear(4, 1)]
     watches = [nnwatch.watch(m, None, name=f"pair-{i}") for i, m in enumerate(models)]

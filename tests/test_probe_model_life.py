@@ -200,7 +200,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def test_layer_names_drop_the_wrappers_prefixes() -> None:
-    from nnwatch.probe.layers import plan_layers, strip_wrapper_prefixes
+    from nnwatch.tensors.layers import plan_layers, strip_wrapper_prefixes
 
     inner = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
     compiled = torch.compile(inner, backend="eager")

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.channel import registry
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.channel.identity import own_start_time, process_start_time, same_process, this_host
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.cli import main as cli_main
-from nnwatch.paths import ensure_private_dir
+from nnwatch.store import registry
+from nnwatch.store.identity import own_start_time, process_start_time, same_process, this_host
+from nnwatch.store.paths import ensure_private_dir
 
 
 def _endpoint(root: Path, name: str = "reg") -> RunEndpoint:

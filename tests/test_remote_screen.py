@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel.synthetic import make_meta
-from nnwatch.schema import RunMeta
 from nnwatch.sources.base import RunSource, SourceStatus, SourceUpdate
+from nnwatch.store.schema import RunMeta
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.testing import fixed_hardware, wait_until
 from nnwatch.tui.widgets.header import RunHeader

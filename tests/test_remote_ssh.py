@@ -16,9 +16,9 @@ import pytest
 
 from nnwatch.channel.client import ChannelClient
 from nnwatch.cli.attach import open_live
-from nnwatch.runlog import load_run
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.remote import RemoteSource
+from nnwatch.store.runlog import load_run
 from tests.test_channel_faults import Trainer, poll_until, steps_of, wait_for
 from tests.test_ssh_forward import Tunnel, pytestmark, tunnel  # noqa: F401 - fixture, skip mark
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel.ring import RingError, RingReader, RingWriter
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.store.health import ring_health
+from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.schema import RunMeta, RunSchema
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -210,7 +211,7 @@ _STRESS_WRITER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from nnwatch.channel.ring import RingWriter
+    from nnwatch.store.ring import RingWriter
     path, n = sys.argv[1], int(sys.argv[2])
     w = RingWriter(path, 4096, slots=4)
     rec = np.zeros(512, np.int64)
@@ -263,9 +264,9 @@ def test_reader_reports_health_of_its_writer(tmp_path: Path) -> None:
     meta = _meta()
     w = _writer(tmp_path / "ring", meta)
     r = RingReader(tmp_path / "ring")
-    assert r.health().state == "starting" and r.last_step_age is None
+    assert ring_health(r).state == "starting" and r.last_step_age is None
     _publish(w, meta, range(3))
-    assert r.health().state == "running" and r.heartbeat_age < 5
+    assert ring_health(r).state == "running" and r.heartbeat_age < 5
     assert (r.pid, r.start_time) == (os.getpid(), w.start_time)
     w.close()
-    assert r.health().state == "finished"
+    assert ring_health(r).state == "finished"

@@ -17,10 +17,11 @@ from typing import Any
 
 from rich.console import Console
 
-from nnwatch.channel.registry import RunInfo, list_runs
-from nnwatch.distributed import Job, RankState, build_view
 from nnwatch.sources.fixture import FixtureSource
+from nnwatch.sources.job_monitor import RankState, build_view
 from nnwatch.sources.live import LiveSource
+from nnwatch.store.jobs import Job
+from nnwatch.store.registry import RunInfo, list_runs
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.model import RunState
 from nnwatch.tui.testing import fixed_hardware, settle, wait_until

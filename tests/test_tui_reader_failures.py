@@ -17,9 +17,9 @@ import numpy as np
 from textual.geometry import Region
 from textual.pilot import Pilot
 
-from nnwatch.hardware import HardwareReading
 from nnwatch.sources.base import SourceUpdate
 from nnwatch.sources.fixture import FixtureSource
+from nnwatch.sources.hardware import HardwareReading
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.base import Pane

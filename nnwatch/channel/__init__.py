@@ -1,13 +1,11 @@
-"""The way between a training process and its monitors: ring file, registry, command socket.
+"""The way between a training process and its monitors: the command socket and the stream.
 
-- :mod:`~nnwatch.channel.ring`: one mmap'd ring file per rank; the trainer publishes one record
-  per step without ever waiting, readers follow it and count what they missed.
-- :mod:`~nnwatch.channel.registry`: one atomically written entry per live run, so monitors can
-  find runs; liveness is pid + process start time + heartbeat.
 - :mod:`~nnwatch.channel.server` / :mod:`~nnwatch.channel.client`: a Unix socket with a small,
   validated JSON command set (:mod:`~nnwatch.channel.commands`), applied by the training thread
   at step boundaries; ``subscribe`` streams a run to a remote monitor (:mod:`~nnwatch.channel.stream`).
+- :mod:`~nnwatch.channel.endpoint`: the trainer's side of it all (ring, registry entry, socket).
 
+The files it serves (ring, registry, run log) live one floor down, in :mod:`nnwatch.store`.
 Nothing here imports torch or a UI library.
 """
 
@@ -15,9 +13,6 @@ from __future__ import annotations
 
 from nnwatch.channel.client import ChannelClient, ChannelError, Subscription
 from nnwatch.channel.commands import COMMANDS, Command, CommandError, parse_request, validate
-from nnwatch.channel.health import Health, Liveness
-from nnwatch.channel.registry import RunInfo, build_entry, gc, list_runs, register, unregister
-from nnwatch.channel.ring import RingBatch, RingError, RingReader, RingState, RingWriter
 from nnwatch.channel.server import CommandServer, PendingCommand
 
 __all__ = [
@@ -27,21 +22,8 @@ __all__ = [
     "Command",
     "CommandError",
     "CommandServer",
-    "Health",
-    "Liveness",
     "PendingCommand",
-    "RingBatch",
-    "RingError",
-    "RingReader",
-    "RingState",
-    "RingWriter",
-    "RunInfo",
     "Subscription",
-    "build_entry",
-    "gc",
-    "list_runs",
     "parse_request",
-    "register",
-    "unregister",
     "validate",
 ]

@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.channel.commands import CommandError, encode_request, validate
-from nnwatch.schema import RunMeta
-from nnwatch.sources.base import CommandReply
+from nnwatch.channel.commands import CommandError, CommandReply, encode_request, validate
+from nnwatch.store.schema import RunMeta
 
 #: Largest line accepted from a run: stream chunks are at most ~1.4 MB of base64.
 MAX_LINE_BYTES = 16 * 1024 * 1024

@@ -28,6 +28,16 @@ MAX_NOTE_CHARS = 200
 PROTOCOL_VERSION = 1
 
 
+
+@dataclass(frozen=True)
+class CommandReply:
+    """What a run answered to a command: accepted (and the step it applies at) or why not."""
+
+    ok: bool
+    applies_at_step: int | None = None
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
 class CommandError(ValueError):
     """A request that cannot be accepted. ``request_id`` is echoed in the error reply if known."""
 

@@ -13,16 +13,16 @@ import logging
 import os
 from pathlib import Path
 
-from nnwatch.channel.registry import (
+from nnwatch.channel.server import CommandServer, PendingCommand
+from nnwatch.store.registry import (
     build_entry,
     register,
     ring_path,
     socket_path,
     unregister,
 )
-from nnwatch.channel.ring import RingWriter
-from nnwatch.channel.server import CommandServer, PendingCommand
-from nnwatch.schema import RunMeta
+from nnwatch.store.ring import RingWriter
+from nnwatch.store.schema import RunMeta
 
 log = logging.getLogger("nnwatch")
 

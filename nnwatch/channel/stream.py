@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel.commands import encode_reply
-from nnwatch.channel.health import Liveness
-from nnwatch.channel.history import gap_rows, load_history
-from nnwatch.channel.ring import RingError, RingReader
-from nnwatch.channel.tail import EventTail
+from nnwatch.store.event_tail import EventTail
+from nnwatch.store.health import Liveness
+from nnwatch.store.log_catchup import gap_rows, load_history
+from nnwatch.store.ring import RingError, RingReader
 
 #: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
 OUT_LIMIT = 8 * 1024 * 1024

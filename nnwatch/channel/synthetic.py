@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.paths import default_root, ensure_private_dir
-from nnwatch.schema import RunMeta, RunSchema
+from nnwatch.store.paths import default_root, ensure_private_dir
+from nnwatch.store.schema import RunMeta, RunSchema
 
 
 def make_meta(name: str, layers: int, *, num_lr: int = 1) -> RunMeta:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     log = None
     if not args.no_log:
-        from nnwatch.runlog import RunLogWriter
+        from nnwatch.store.runlog import RunLogWriter
 
         log = RunLogWriter(run_dir, meta)
     else:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nnwatch.channel.registry import RunInfo
-    from nnwatch.distributed import Job
+    from nnwatch.store.jobs import Job
+    from nnwatch.store.registry import RunInfo
 
 COMMAND = "attach"
 HELP = (
@@ -63,9 +63,9 @@ def resolve(spec: str, root: Path | None = None) -> tuple[RunInfo | None, Job | 
     ``NAME:RANK`` gives that rank. ``(None, None)`` for a run directory that is not registered
     (it is opened from its files). Raises ``SourceError`` with plain words otherwise.
     """
-    from nnwatch.channel.registry import find_runs
-    from nnwatch.distributed import group_jobs
     from nnwatch.sources.base import SourceError
+    from nnwatch.store.jobs import group_jobs
+    from nnwatch.store.registry import find_runs
 
     spec = spec.strip()
     runs, rank = find_runs(spec, root), None

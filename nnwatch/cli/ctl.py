@@ -86,7 +86,7 @@ def _parse_arg(command: str, text: str | None) -> dict[str, Any]:
 
 def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path]]:
     """(label, socket path) of every run the command goes to."""
-    from nnwatch.channel.registry import find_runs
+    from nnwatch.store.registry import find_runs
 
     if args.connect:
         return [(args.connect, Path(args.connect).expanduser())]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nnwatch.channel.registry import RunInfo
+    from nnwatch.store.registry import RunInfo
 
 COMMAND = "demo"
 HELP = "watch a real training run go wrong (and fix it) in one command; --list describes the demos"
@@ -162,8 +162,8 @@ class Trainer:
 
     def wait_registered(self, timeout: float = REGISTER_TIMEOUT) -> RunInfo:
         """The trainer's registry entry (written at its first step); raises if it dies first."""
-        from nnwatch.channel.identity import this_host
-        from nnwatch.channel.registry import list_runs, recorded_runs
+        from nnwatch.store.identity import this_host
+        from nnwatch.store.registry import list_runs, recorded_runs
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -235,7 +235,7 @@ class Trainer:
 
     def remove_run(self, keep: bool) -> str | None:
         """Remove the run's files (unless ``keep``); return the run directory that remains, if any."""
-        from nnwatch.channel.registry import unregister
+        from nnwatch.store.registry import unregister
 
         info = self.info
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -256,7 +256,7 @@ class Trainer:
 
     def _made(self, run_dir: Path) -> bool:
         """Whether ``run_dir`` is the run this trainer wrote: only that one is ever deleted."""
-        from nnwatch.schema import RunMeta
+        from nnwatch.store.schema import RunMeta
 
         try:
             return RunMeta.from_json((run_dir / "meta.json").read_text()).pid == self.proc.pid
@@ -326,7 +326,7 @@ def finding_line(event: dict[str, Any]) -> str:
 
 def follow_headless(trainer: Trainer) -> int:
     """Print each finding as it is written to events.jsonl, until the trainer exits."""
-    from nnwatch.channel.tail import EventTail
+    from nnwatch.store.event_tail import EventTail
 
     assert trainer.info is not None, "follow a trainer after it registered"
     tail = EventTail(Path(trainer.info.run_dir) / "events.jsonl")

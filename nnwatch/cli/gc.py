@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nnwatch.channel.registry import fold_dead_rings, gc
-    from nnwatch.paths import RunDirError
+    from nnwatch.store.paths import RunDirError
+    from nnwatch.store.registry import fold_dead_rings, gc
 
     problems: list[str] = []
     try:

@@ -5,13 +5,13 @@ heartbeat is fresh; it is hung when no step came for many times its usual step t
 prints the same facts for scripts. ``--all`` adds finished and crashed runs that are still on disk.
 
 The ranks of one ``torch.distributed`` job are listed together under a line that names the job
-(``nnwatch.distributed.group_jobs``), indented; in ``--json`` every row has a ``"job"`` key (null
+(``nnwatch.store.jobs.group_jobs``), indented; in ``--json`` every row has a ``"job"`` key (null
 for a run outside a distributed job). Single-process runs are listed as they always were.
 
 When a rank of a job stopped, the first one and how it stopped are named under the job, and the
 ranks that followed are marked as stopped by the launcher; while a rank is dead or frozen and the
 others live, they are said to wait in a collective for it, since when
-(``nnwatch.channel.job_health``). ``--json`` has this in ``job.stops`` and each row's ``job_role``.
+(``nnwatch.store.job_health``). ``--json`` has this in ``job.stops`` and each row's ``job_role``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def job_mates(runs: list[Any], recorded: Any) -> list[Any]:
     """The ranks of the listed jobs that are no longer registered (a rank that crashed or was
     stopped after another one closed its entry): a job is shown whole or its story is lost.
     ``recorded`` returns the unregistered runs; it is only called when a job lacks ranks."""
-    from nnwatch.distributed import group_jobs
+    from nnwatch.store.jobs import group_jobs
 
     if not any(j.distributed and j.missing for j in group_jobs(runs)):
         return []
@@ -121,7 +121,8 @@ def job_mates(runs: list[Any], recorded: Any) -> list[Any]:
 
 def judged_jobs(runs: list[Any]) -> tuple[dict[str, Any], dict[int, Any]]:
     """Each run's job (by run directory), and each distributed job's ``JobStops`` (by ``id``)."""
-    from nnwatch.distributed import group_jobs, judge_stops
+    from nnwatch.sources.job_monitor import judge_stops
+    from nnwatch.store.jobs import group_jobs
 
     jobs = group_jobs(runs)
     job_of = {r.run_dir: job for job in jobs for r in job.runs}
@@ -157,7 +158,7 @@ def grouped_rows(
 
 def _hidden_count(shown: list[Any], root: Any) -> int:
     """How many finished or crashed runs ``--all`` would add to what is shown."""
-    from nnwatch.channel.registry import recorded_runs
+    from nnwatch.store.registry import recorded_runs
 
     try:
         extra = recorded_runs(root, problems=[])
@@ -168,8 +169,8 @@ def _hidden_count(shown: list[Any], root: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nnwatch.channel.registry import list_runs, recorded_runs, registry_dir
-    from nnwatch.paths import default_root
+    from nnwatch.store.paths import default_root
+    from nnwatch.store.registry import list_runs, recorded_runs, registry_dir
 
     root = args.root
     problems: list[str] = []

@@ -30,8 +30,8 @@ def resolve_run_dir(spec: str) -> Path | None:
     path = Path(spec).expanduser()
     if path.is_dir():
         return path
-    from nnwatch.channel.registry import list_runs, recorded_runs
-    from nnwatch.paths import default_root
+    from nnwatch.store.paths import default_root
+    from nnwatch.store.registry import list_runs, recorded_runs
 
     root = default_root()
     runs = list_runs(root) + recorded_runs(root) + recorded_runs(root / "runs")

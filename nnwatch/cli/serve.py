@@ -46,7 +46,7 @@ def monitor_command(spec: str) -> list[str] | None:
     from nnwatch.cli.open import resolve_run_dir
 
     try:
-        from nnwatch.channel.registry import list_runs
+        from nnwatch.store.registry import list_runs
 
         live = [r for r in list_runs() if spec in (r.name, Path(r.run_dir).name, r.run_dir)]
     except OSError:

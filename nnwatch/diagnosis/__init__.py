@@ -11,10 +11,10 @@ Nothing here imports a UI library; torch is imported only where a model is touch
 
 from __future__ import annotations
 
-from nnwatch.diagnosis.finding import KINDS, SEVERITIES, Finding
 from nnwatch.diagnosis.live import Diagnosis
 from nnwatch.diagnosis.offline import diagnose_run
 from nnwatch.diagnosis.replay import ReplayError, ReplayResult, Snapshot, load_snapshot, replay
+from nnwatch.store.finding import KINDS, SEVERITIES, Finding
 
 __all__ = [
     "KINDS",

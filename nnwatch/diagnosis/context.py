@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import RunMeta
+from nnwatch.store.schema import RunMeta
 
 #: Activation modules whose outputs are exactly zero where the unit is inactive.
 RECTIFIER_KINDS = frozenset({"ReLU", "ReLU6", "Threshold"})
@@ -107,7 +107,7 @@ class RunContext:
     @classmethod
     def from_watch(cls, w: Any) -> RunContext:
         base = cls.from_meta(w.meta)
-        from nnwatch.probe.layers import strip_wrapper_prefixes  # the names the probe recorded
+        from nnwatch.tensors.layers import strip_wrapper_prefixes  # the names the probe recorded
 
         modules = {strip_wrapper_prefixes(n, w.model): m for n, m in w.model.named_modules()}
         root = type(w.model).__name__
@@ -151,7 +151,7 @@ class RunContext:
 
 def _unwatched_before(model: Any, layer_names: tuple[str, ...]) -> dict[int, tuple[str, ...]]:
     """Leaf modules without hooks that sit (in registration order) just before each watched layer."""
-    from nnwatch.probe.layers import strip_wrapper_prefixes  # the names the probe recorded
+    from nnwatch.tensors.layers import strip_wrapper_prefixes  # the names the probe recorded
 
     watched = {n: i for i, n in enumerate(layer_names)}
     out: dict[int, tuple[str, ...]] = {}

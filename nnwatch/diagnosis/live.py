@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.spikes import SpikeTrigger
+from nnwatch.store.finding import Finding
 
 log = logging.getLogger("nnwatch")
 

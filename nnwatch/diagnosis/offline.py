@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.pipeline import Pipeline
-from nnwatch.runlog import Run, load_run
+from nnwatch.store.finding import Finding
+from nnwatch.store.runlog import Run, load_run
 
 
 def full_records(run: Run) -> tuple[np.ndarray, np.ndarray]:

@@ -18,9 +18,9 @@ from nnwatch.diagnosis.detectors import (
     LossDivergingDetector,
     NanOrInfDetector,
 )
-from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding
 
 log = logging.getLogger("nnwatch")
 

@@ -103,7 +103,7 @@ class Snapshot:
         run_dir = Path(self.manifest.get("run_dir", ""))
         for candidate in (self.path.parent.parent, run_dir):
             try:
-                from nnwatch.runlog import load_run
+                from nnwatch.store.runlog import load_run
 
                 run = load_run(candidate)
             except Exception:  # noqa: BLE001 - not a run directory: try the next
@@ -368,7 +368,7 @@ def replay(
         )
     rng = snp.rng()
     threads = int(man.get("num_threads") or torch.get_num_threads())
-    from nnwatch.probe.layers import plan_layers
+    from nnwatch.tensors.layers import plan_layers
 
     plan = plan_layers(model)
     first_bad: list[str] = []
@@ -519,7 +519,7 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
     import torch
 
     from nnwatch import grad as gradmath
-    from nnwatch.probe.grad_norms import squared_norms, total_norm
+    from nnwatch.tensors.grad_norms import squared_norms, total_norm
 
     if not grads:
         return np.float32(np.nan), np.float32(np.nan)
@@ -536,7 +536,7 @@ def _forward_watch(model: Any, first_bad: list[str]) -> list[Any]:
     """Module hooks that note the first module (in call order) whose output holds NaN/Inf."""
     import torch
 
-    from nnwatch.probe.layers import first_tensor
+    from nnwatch.tensors.layers import first_tensor
 
     hooks = []
     for name, mod in model.named_modules():

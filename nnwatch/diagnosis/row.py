@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import sums_measured
+from nnwatch.store.schema import sums_measured
 
 _SCALARS = (
     "step",

@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.diagnosis.finding import Finding
-from nnwatch.paths import (
+from nnwatch.store.finding import Finding
+from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
     describe_os_error,

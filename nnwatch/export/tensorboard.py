@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nnwatch.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta
+from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
@@ -279,7 +279,7 @@ def export_run(
     overwrite: bool = False,
 ) -> ExportSummary:
     """Write one run's history as TensorBoard events into ``OUT_DIR/<run directory name>``."""
-    from nnwatch.runlog import RunLogError, load_run
+    from nnwatch.store.runlog import RunLogError, load_run
 
     try:
         run = load_run(run_dir)
@@ -317,7 +317,7 @@ class LiveExport:
     """
 
     def __init__(self, w: Watch, options: TensorBoard) -> None:
-        from nnwatch.channel.tail import EventTail
+        from nnwatch.store.event_tail import EventTail
 
         self.meta = w.meta
         self.out_dir = target_dir(options.log_dir, w.run_dir)
@@ -335,7 +335,7 @@ class LiveExport:
         if self.error is not None or self.writer.closed:
             return
         try:
-            from nnwatch.runlog import split_records
+            from nnwatch.store.runlog import split_records
 
             scalars, layers = split_records(rows, self.meta.schema)
             self.writer.add_scalars(scalars)

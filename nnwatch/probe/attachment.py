@@ -19,7 +19,7 @@ from nnwatch.probe.exit_status import OBSERVER
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.hook_hiding import ProbeHook, hide_hooks, release_hooks
 from nnwatch.probe.layer_hooks import LayerHooks
-from nnwatch.probe.layers import LayerPlan
+from nnwatch.tensors.layers import LayerPlan
 
 
 class Attachment:

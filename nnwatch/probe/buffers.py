@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from nnwatch.schema import DEV_FIELDS, RunSchema
+from nnwatch.store.schema import DEV_FIELDS, RunSchema
 
 PIPELINE = 4
 DEV_INDEX = {name: i for i, name in enumerate(DEV_FIELDS)}

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nnwatch.channel import registry
-from nnwatch.channel.ring import RingWriter
 from nnwatch.channel.server import CommandServer
+from nnwatch.store import registry
+from nnwatch.store.ring import RingWriter
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from nnwatch.schema import sums_measured
+from nnwatch.store.schema import sums_measured
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
@@ -463,9 +463,9 @@ def make_finding(
     layer: str | None,
     evidence: dict[str, float],
 ) -> Any:
-    """A ``nnwatch.diagnosis.finding.Finding`` when the diagnosis package is there, else a dict."""
+    """A ``nnwatch.store.finding.Finding`` when the diagnosis package is there, else a dict."""
     try:
-        from nnwatch.diagnosis.finding import Finding
+        from nnwatch.store.finding import Finding
     except ImportError:
         where = f" in {layer}" if layer else ""
         message = f"step {step}: {kind.replace('_', ' ')}{where}: {summary} Fix: {remedy}"

@@ -30,8 +30,8 @@ import torch
 
 from nnwatch import grad as gradmath
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
-from nnwatch.probe.grad_norms import LayerReducer, squared_norms, total_norm
-from nnwatch.probe.layers import LayerPlan
+from nnwatch.tensors.grad_norms import LayerReducer, squared_norms, total_norm
+from nnwatch.tensors.layers import LayerPlan
 
 _GRAD_NORM = DEV_INDEX["grad_norm"]
 _NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from nnwatch.probe.buffers import StepBuffers
-from nnwatch.probe.grad_norms import sentinel_params
 from nnwatch.probe.layer_hooks import LayerHooks
-from nnwatch.probe.layers import LayerPlan
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
+from nnwatch.tensors.grad_norms import sentinel_params
+from nnwatch.tensors.layers import LayerPlan
 
 
 class GuardOwner(Protocol):

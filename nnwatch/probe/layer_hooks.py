@@ -21,8 +21,8 @@ from torch import nn
 from nnwatch.probe.activation_stats import StatBlock, layer_sum
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.hook_hiding import ProbeHook
-from nnwatch.probe.layers import LayerPlan, first_tensor
 from nnwatch.probe.schedule import Schedule
+from nnwatch.tensors.layers import LayerPlan, first_tensor
 
 
 class HookOwner(Protocol):

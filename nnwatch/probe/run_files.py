@@ -1,7 +1,7 @@
 """The run's directory, what the probe writes into it, and where each record goes from there.
 
 The directory is made when the watch starts (an explicit ``run_dir``, never reused for a second
-run, or a fresh one under the private root); the run's metadata (:class:`~nnwatch.schema.RunMeta`)
+run, or a fresh one under the private root); the run's metadata (:class:`~nnwatch.store.schema.RunMeta`)
 is fixed at the first step, when the layer order is known, and the run log opens with it,
 followed by the live channel (ring file and command socket in the same directory), the detectors
 and the TensorBoard export, which read what the log drains. The last records are also kept in
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from nnwatch._version import __version__
-from nnwatch.distributed import job_extra
-from nnwatch.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
-from nnwatch.runlog import RunLogWriter
-from nnwatch.schema import RunMeta, RunSchema
-from nnwatch.summary import RunSummary, last_finite
+from nnwatch.store.jobs import job_extra
+from nnwatch.store.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
+from nnwatch.store.runlog import RunLogWriter
+from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.store.summary import RunSummary, last_finite
 
 RECENT_STEPS = 500  # records kept in memory for snapshots
 

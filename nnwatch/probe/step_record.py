@@ -17,7 +17,7 @@ import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.sysmon import SystemSampler
-from nnwatch.schema import HOST_FIELDS
+from nnwatch.store.schema import HOST_FIELDS
 
 N_HOST = len(HOST_FIELDS)
 _HOST_PACK = struct.Struct(f"<{N_HOST}d")

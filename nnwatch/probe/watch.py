@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from nnwatch.paths import RunDirError
 from nnwatch.probe.attachment import Attachment
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
@@ -50,11 +49,9 @@ from nnwatch.probe.exit_status import (
     last_exception,
     taken_over,
 )
-from nnwatch.probe.grad_norms import LayerReducer, sentinels_finite
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard
 from nnwatch.probe.layer_hooks import LayerHooks
-from nnwatch.probe.layers import LayerPlan, plan_layers, sequence_first
 from nnwatch.probe.run_files import RankInfo as RankInfo
 from nnwatch.probe.run_files import (
     RunFiles,
@@ -70,8 +67,11 @@ from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.probe.step_record import StepRecord, batch_size_of
 from nnwatch.probe.sysmon import SystemSampler
-from nnwatch.schema import HOST_FIELDS, RunSchema
-from nnwatch.summary import RunSummary
+from nnwatch.store.paths import RunDirError
+from nnwatch.store.schema import HOST_FIELDS, RunSchema
+from nnwatch.store.summary import RunSummary
+from nnwatch.tensors.grad_norms import LayerReducer, sentinels_finite
+from nnwatch.tensors.layers import LayerPlan, plan_layers, sequence_first
 
 log = logging.getLogger("nnwatch")
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import RunMeta
+from nnwatch.channel.commands import CommandReply
+from nnwatch.store.schema import RunMeta
 
 #: Run states a source can report. "recorded" is a finished run read from disk.
 STATES = ("live", "paused", "hung", "finished", "crashed", "lost", "recorded")
@@ -37,14 +38,6 @@ class SourceUpdate:
     layers: np.ndarray  # rows of meta.schema.layer_row_dtype() (sampled or non-finite steps)
     events: list[dict[str, Any]] = field(default_factory=list)  # findings, snapshots, commands
     status: SourceStatus = SourceStatus("live")
-
-
-@dataclass(frozen=True)
-class CommandReply:
-    ok: bool
-    applies_at_step: int | None = None
-    error: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 class RunSource(ABC):

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import RunMeta, RunSchema, sums_measured
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
 FIXED_START = 1_700_000_000.0
@@ -386,8 +386,8 @@ def write_run(
     then fixed-size rows) for benchmark runs of millions of steps. A fixture whose ``end_state``
     is "crashed" gets no ``end.json``, as a killed trainer leaves none.
     """
-    from nnwatch.paths import ensure_private_dir
-    from nnwatch.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
+    from nnwatch.store.paths import ensure_private_dir
+    from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
 
     if source.steps is None:
         raise ValueError("an endless fixture cannot be written; give it a number of steps")

@@ -23,16 +23,16 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel.client import ChannelClient, ChannelError, Subscription
-from nnwatch.channel.health import Health, Liveness, read_end
-from nnwatch.channel.history import gap_rows, load_history
-from nnwatch.channel.registry import RunInfo, find_runs, list_runs, ring_path
-from nnwatch.channel.ring import RingError, RingReader
-from nnwatch.channel.tail import EventTail
-from nnwatch.runlog import schema_dtypes, split_records
-from nnwatch.schema import RunMeta
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.event_tail import EventTail
+from nnwatch.store.health import Health, Liveness, read_end
+from nnwatch.store.log_catchup import gap_rows, load_history
+from nnwatch.store.registry import RunInfo, find_runs, list_runs, ring_path
+from nnwatch.store.ring import RingError, RingReader
+from nnwatch.store.runlog import schema_dtypes, split_records
+from nnwatch.store.schema import RunMeta
 
-#: Health states (see nnwatch.channel.health) as the UI's source states.
+#: Health states (see nnwatch.store.health) as the UI's source states.
 _STATE = {
     "starting": "live",
     "running": "live",
@@ -207,7 +207,7 @@ class LiveSource(RunSource):
             if end is not None:
                 state = "crashed" if end.get("status") == "crashed" else "finished"
                 return SourceStatus(state, message="the run ended")
-            from nnwatch.channel.identity import same_process
+            from nnwatch.store.identity import same_process
 
             if self._meta.pid and not same_process(self._meta.pid, 0.0):
                 return SourceStatus("crashed", message=f"trainer pid {self._meta.pid} is gone")

@@ -25,9 +25,9 @@ from textual.app import App
 from textual.binding import Binding
 from textual.screen import Screen
 
-from nnwatch.distributed import Job
-from nnwatch.hardware import HardwareReading
 from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.sources.hardware import HardwareReading
+from nnwatch.store.jobs import Job
 from nnwatch.tui import format as fmt
 from nnwatch.tui.collectors import HardwareSampler, RankCollector, SourceCollector
 from nnwatch.tui.messages import (

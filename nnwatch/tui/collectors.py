@@ -18,9 +18,10 @@ from typing import Any
 
 from textual.message import Message
 
-from nnwatch.distributed import Job, JobMonitor, group_jobs, run_info_from_dir
-from nnwatch.hardware import Hardware, HardwareReading
 from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.sources.hardware import Hardware, HardwareReading
+from nnwatch.sources.job_monitor import JobMonitor
+from nnwatch.store.jobs import Job, group_jobs, run_info_from_dir
 from nnwatch.tui.messages import (
     CommandFinished,
     HardwareSampled,
@@ -266,7 +267,7 @@ class RankCollector(_Loop):
         self._monitor: JobMonitor | None = JobMonitor(job) if job is not None else None
 
     def _find_job(self) -> Job | None:
-        from nnwatch.channel.registry import list_runs
+        from nnwatch.store.registry import list_runs
 
         here = os.path.realpath(self.run_dir)
         try:

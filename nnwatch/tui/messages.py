@@ -13,8 +13,8 @@ from typing import Any
 
 from textual.message import Message
 
-from nnwatch.hardware import HardwareReading
 from nnwatch.sources.base import CommandReply
+from nnwatch.sources.hardware import HardwareReading
 
 
 class Fact(Message):
@@ -106,4 +106,4 @@ class Reconnected(Fact):
 class RanksUpdated(Fact):
     """A fresh per-rank summary of the distributed job this run belongs to (``JobMonitor.poll``)."""
 
-    view: Any  # nnwatch.distributed.JobView
+    view: Any  # nnwatch.sources.job_monitor.JobView

@@ -18,9 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from nnwatch.hardware import HardwareReading
-from nnwatch.schema import RunMeta
 from nnwatch.sources.base import SourceStatus, SourceUpdate
+from nnwatch.sources.hardware import HardwareReading
+from nnwatch.store.schema import RunMeta
 from nnwatch.tui.history import Columns, History, first_column, raw_columns
 
 PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "amp", "gpu", "events")

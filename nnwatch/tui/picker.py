@@ -62,8 +62,8 @@ def findings_count(run_dir: str | Path) -> int | None:
 
 def default_lister() -> list[Any]:
     """Live runs (registry), then runs on disk without an entry, newest first in each group."""
-    from nnwatch.channel.registry import list_runs, recorded_runs
-    from nnwatch.paths import default_root
+    from nnwatch.store.paths import default_root
+    from nnwatch.store.registry import list_runs, recorded_runs
 
     root = default_root()
     live = list_runs(root)

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nnwatch.hardware import HardwareReading, HostReading
 from nnwatch.sources.fixture import FIXED_START
+from nnwatch.sources.hardware import HardwareReading, HostReading
 
 GiB = float(1 << 30)
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import nnwatch
-from nnwatch.diagnosis.finding import Finding
+from nnwatch.store.finding import Finding
 
 from .common import Case
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 FIRST_STEPS = 3  # the first finite loss must come within these steps to count as "initial"
 HIGH_ABS, HIGH_REL = 0.75, 0.5

@@ -11,9 +11,9 @@ import math
 from typing import ClassVar
 
 from nnwatch.diagnosis.context import RunContext
-from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding
 
 
 class Detector:
@@ -31,7 +31,7 @@ class Detector:
 
 def lr_now(row: Row) -> str:
     """`` (now 0.1)`` when the run's LR is known, else nothing: a remedy never cites an unknown LR."""
-    from nnwatch.diagnosis.finding import fmt
+    from nnwatch.store.finding import fmt
 
     lr = row.lr0
     return f" (now {fmt(lr)})" if math.isfinite(lr) else ""

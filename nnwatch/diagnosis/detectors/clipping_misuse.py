@@ -18,9 +18,9 @@ import math
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import Ring, RunHistory, median
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 ZERO_STEPS = 3
 WINDOW = 50

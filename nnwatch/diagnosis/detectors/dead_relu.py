@@ -23,9 +23,9 @@ import numpy as np
 from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.episode import EpisodeArray
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 DEAD_FRACTION = 0.70  # DeepDiagnosis
 SURELY_DEAD = 0.90

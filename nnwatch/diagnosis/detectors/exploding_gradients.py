@@ -26,9 +26,9 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import Ring, RunHistory, median, median_sigma
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 MIN_HISTORY = 10  # finite norms needed before any verdict
 BASELINE = 128  # norms in the rolling baseline

@@ -35,7 +35,6 @@ import math
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
     Ring,
@@ -44,6 +43,7 @@ from nnwatch.diagnosis.history import (
     median,
 )
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 16  # the newest losses, judged against the stretch before them
 REF = 48  # losses in the base stretch

@@ -22,9 +22,9 @@ import math
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import Ring, RunHistory, median
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 REF = 32
 MIN_REF = 16

@@ -33,9 +33,9 @@ import numpy as np
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 NO_GRAD_STEPS = 5
 ZERO_LR_STEPS = 5

@@ -20,9 +20,9 @@ import numpy as np
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory, finite_median
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 #: Clean steps after which a new NaN counts as a new episode.
 RELEASE_STEPS = 50

@@ -40,7 +40,6 @@ import numpy as np
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import (
     Ring,
     RunHistory,
@@ -50,6 +49,7 @@ from nnwatch.diagnosis.history import (
     quantile,
 )
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 24
 HISTORY = 256

@@ -29,9 +29,9 @@ import numpy as np
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.episode import EpisodeArray
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 SATURATING_KINDS = {"Tanh": "tanh", "Sigmoid": "sigmoid"}
 SATURATED = 0.08  # mean derivative, as a fraction of the activation's largest derivative

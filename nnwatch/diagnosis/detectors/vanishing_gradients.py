@@ -24,9 +24,9 @@ from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.detectors.exploding_gradients import first_to_last
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.finding import Finding, fmt
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding, fmt
 
 TEXTBOOK_NORM = 1e-6
 RATIO_LIMIT = 1e-4

@@ -24,9 +24,9 @@ from nnwatch.diagnosis.context import SPARSE_GRAD_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.detectors.dead_relu import feeds_rectifier
 from nnwatch.diagnosis.episode import EpisodeArray
-from nnwatch.diagnosis.finding import Finding
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import Finding
 
 ZERO_STEPS = 3
 ABSENT_STEPS = 5

@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
 
-from nnwatch.hardware import GpuReading, HardwareReading
+from nnwatch.sources.hardware import GpuReading, HardwareReading
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 

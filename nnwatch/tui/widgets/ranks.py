@@ -2,7 +2,7 @@
 so that a straggler or a rank gone NaN stands out at a glance, and the rank being watched is marked.
 When a rank stopped, the first one is marked and the others read "stopped" (by the launcher); while
 a dead or frozen rank holds the job, the live ones read "waiting", and one line under the table
-says who holds whom since when (``nnwatch.channel.job_health``).
+says who holds whom since when (``nnwatch.store.job_health``).
 
 The rows come from ``JobMonitor.poll()`` in a collector thread (``RankCollector``), which hands the
 ``JobView`` to :meth:`RanksPane.show`; the pane only lays out what it was given.
@@ -68,7 +68,7 @@ class RanksPane(Pane):
 
     def __init__(self, ctx: Any, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(ctx, id=id, classes=classes)
-        self.view: Any = None  # the latest nnwatch.distributed.JobView
+        self.view: Any = None  # the latest nnwatch.sources.job_monitor.JobView
         self.border_title = "ranks"
 
     def show(self, view: Any) -> None:

@@ -7,7 +7,7 @@ while a rank is dead or frozen but the others live, the others only look idle ("
 11 s"), when in fact they wait in a collective for that one rank.
 
 This module compares the ranks of one job, from what any reader can see of each (a
-:class:`~nnwatch.channel.registry.RunInfo`): ``end.json`` with its time and reason, the ring's last
+:class:`~nnwatch.store.registry.RunInfo`): ``end.json`` with its time and reason, the ring's last
 heartbeat and last step, and whether the pid lives.
 
 - A rank that ended with ``end.json`` stopped at its ``ended`` time, exactly. One that vanished
@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nnwatch.channel.health import HEARTBEAT_STALE
+from nnwatch.store.health import HEARTBEAT_STALE
 
 #: The trainer's heartbeat thread beats once a second; a silent death lies within this (plus a
 #: little scheduling slack) after the last beat.

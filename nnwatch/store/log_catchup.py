@@ -17,7 +17,7 @@ import numpy as np
 def load_history(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(scalars, layer rows) from the run log, or None when there is no readable log yet."""
     try:
-        from nnwatch.runlog import load_run
+        from nnwatch.store.runlog import load_run
 
         run = load_run(run_dir)
     except Exception:  # noqa: BLE001 - no log yet (before the first step) or unreadable

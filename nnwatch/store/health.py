@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nnwatch.channel.identity import same_process, this_host
-from nnwatch.channel.ring import ENDED, RingState
-from nnwatch.paths import read_small_file
+from nnwatch.store.identity import same_process, this_host
+from nnwatch.store.paths import read_small_file
+from nnwatch.store.ring import ENDED, RingReader, RingState
 
 #: The heartbeat thread beats at 1 Hz; this many seconds without one means the process is frozen.
 HEARTBEAT_STALE = 5.0
@@ -166,3 +167,10 @@ class Liveness:
             state, now=now, writer_alive=self._alive, end=self._end,
             hung_factor=self.hung_factor, hung_min=self.hung_min,
         )  # fmt: skip
+
+
+def ring_health(reader: RingReader, **liveness: object) -> Health:
+    """Running, paused, hung, finished or crashed: the state of a ring's writer, judged now."""
+    host = reader.meta.host if reader.meta is not None else None
+    judge = Liveness(host=host, run_dir=reader.path.parent, **liveness)  # type: ignore[arg-type]
+    return judge.judge(reader.state(), time.time())

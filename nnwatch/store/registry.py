@@ -25,17 +25,22 @@ from pathlib import Path
 from typing import Any, cast
 
 from nnwatch._version import __version__
-from nnwatch.channel.health import HEARTBEAT_STALE, Health, Liveness, read_end
-from nnwatch.channel.identity import (
+from nnwatch.store.health import HEARTBEAT_STALE, Health, Liveness, read_end
+from nnwatch.store.identity import (
     START_TIME_TOLERANCE,
     own_start_time,
     process_start_time,
     same_process,
     this_host,
 )
-from nnwatch.channel.ring import RingError, RingReader
-from nnwatch.paths import default_root, ensure_private_dir, read_small_file, write_private_file
-from nnwatch.schema import RunMeta
+from nnwatch.store.paths import (
+    default_root,
+    ensure_private_dir,
+    read_small_file,
+    write_private_file,
+)
+from nnwatch.store.ring import RingError, RingReader, ring_path
+from nnwatch.store.schema import RunMeta
 
 REGISTRY_DIR = "registry"
 SOCKET_DIR = "s"
@@ -75,11 +80,6 @@ def socket_path(pid: int, rank: int, root: Path | None = None, instance: int = 1
     short = Path("/tmp") / f"nnwatch-{os.getuid()}-s"
     ensure_private_dir(short)
     return short / name
-
-
-def ring_path(run_dir: Path, rank: int = 0) -> Path:
-    """The ring file inside a run directory (``ring``, or ``ring-r<rank>`` for ranks above 0)."""
-    return Path(run_dir) / ("ring" if int(rank) == 0 else f"ring-r{int(rank)}")
 
 
 def cuda_device_uuids() -> list[str]:
@@ -180,7 +180,7 @@ class RunInfo:
     layers: int = 0
     nnwatch_version: str = ""
     #: When things happened, as wall times (what a job's ranks are compared by, see
-    #: ``nnwatch.channel.job_health``): the trainer's last heartbeat and last step (from the ring
+    #: ``nnwatch.store.job_health``): the trainer's last heartbeat and last step (from the ring
     #: header; None when the ring is gone), and ``end.json`` as the run wrote it (None without one).
     heartbeat_at: float | None = None
     last_step_at: float | None = None
@@ -453,7 +453,7 @@ def fold_dead_rings(
     """For every run of this host whose process is gone but whose ring file is still there (a
     crash, or a log that failed): move the steps only the ring holds into the log and remove the
     ring. Returns (run directory, steps recovered, what was done) per ring."""
-    from nnwatch.runlog import RunLogError, fold_ring_into_log
+    from nnwatch.store.runlog import RunLogError, fold_ring_into_log
 
     done: list[tuple[str, int, str]] = []
     seen: set[str] = set()

@@ -37,16 +37,13 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
-from nnwatch.channel.identity import own_start_time
-from nnwatch.paths import describe_os_error, is_tmpfs
-from nnwatch.schema import RunMeta
-
-if TYPE_CHECKING:
-    from nnwatch.channel.health import Health, Liveness
+from nnwatch.store.identity import own_start_time
+from nnwatch.store.paths import describe_os_error, is_tmpfs
+from nnwatch.store.schema import RunMeta
 
 log = logging.getLogger("nnwatch")
 
@@ -98,6 +95,11 @@ _SLOT_LENGTH = struct.Struct("<I")
 _EMA = 0.1
 
 
+
+def ring_path(run_dir: Path, rank: int = 0) -> Path:
+    """The ring file inside a run directory (``ring``, or ``ring-r<rank>`` for ranks above 0)."""
+    return Path(run_dir) / ("ring" if int(rank) == 0 else f"ring-r{int(rank)}")
+
 class RingError(RuntimeError):
     """A ring file cannot be used; the message says what is wrong in plain words."""
 
@@ -110,7 +112,7 @@ def _unlink_quietly(path: Path) -> None:
 
 
 def log_error_code(message: str) -> int:
-    """The header code for a failure message from :func:`nnwatch.paths.describe_os_error`."""
+    """The header code for a failure message from :func:`nnwatch.store.paths.describe_os_error`."""
     text = message.lower()
     if "disk is full" in text or "no space" in text or "quota" in text:
         return 1
@@ -494,7 +496,6 @@ class RingReader:
         self.dropped = 0
         self.torn = 0
         self.delivered = 0
-        self._liveness: Liveness | None = None
 
     # -- header ----------------------------------------------------------------------------------
     def state(self) -> RingState:
@@ -530,14 +531,6 @@ class RingReader:
         """Seconds since the last record was published (None before the first)."""
         return self.state().last_step_age()
 
-    def health(self, **liveness: object) -> Health:
-        """Running, paused, hung, finished or crashed, judged now (see :mod:`.health`)."""
-        from nnwatch.channel.health import Liveness
-
-        if self._liveness is None:
-            host = self.meta.host if self.meta is not None else None
-            self._liveness = Liveness(host=host, run_dir=self.path.parent, **liveness)  # type: ignore[arg-type]
-        return self._liveness.judge(self.state(), time.time())
 
     @property
     def next_seq(self) -> int:

@@ -2,7 +2,7 @@
 
 Layout in the run directory:
 
-- ``meta.json``   the run's :class:`~nnwatch.schema.RunMeta` (names, sizes, versions)
+- ``meta.json``   the run's :class:`~nnwatch.store.schema.RunMeta` (names, sizes, versions)
 - ``scalars.bin`` a 64-byte header, then one fixed-size row per step (``schema.scalar_dtype()``)
 - ``layers.bin``  the same header, then one row per step whose per-layer stats were sampled or that
                   held a non-finite value (``schema.layer_row_dtype()``)
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema, sums_measured
-from nnwatch.summary import RunSummary, last_finite
+from nnwatch.store.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema, sums_measured
+from nnwatch.store.summary import RunSummary, last_finite
 
 log = logging.getLogger("nnwatch")
 
@@ -77,7 +77,7 @@ class RowAppender:
     it. Every file is opened without following symlinks and must be a regular file of ours."""
 
     def __init__(self, path: Path, row_size: int, kind: int) -> None:
-        from nnwatch.paths import open_for_append
+        from nnwatch.store.paths import open_for_append
 
         self.path = path
         self.row_size = row_size
@@ -126,7 +126,7 @@ class RowAppender:
 
 
 def _read_head(path: Path) -> bytes:
-    from nnwatch.paths import open_regular
+    from nnwatch.store.paths import open_regular
 
     fd = open_regular(path)
     try:
@@ -207,7 +207,7 @@ class RunLogWriter:
         #: Called in the writer thread with each batch of new records (a structured array);
         #: the detectors live here, off the training thread.
         self.observers: list[Any] = []
-        from nnwatch.paths import check_own_dir, open_for_append, write_private_file
+        from nnwatch.store.paths import check_own_dir, open_for_append, write_private_file
 
         check_own_dir(self.run_dir)
         write_private_file(self.run_dir / META_FILE, meta.to_json().encode())
@@ -329,7 +329,7 @@ class RunLogWriter:
             self.written += len(rows)
         except OSError as exc:
             self.lost += len(rows)
-            from nnwatch.paths import describe_os_error
+            from nnwatch.store.paths import describe_os_error
 
             self._fail(
                 f"cannot append to the run log in {self.run_dir}: "
@@ -367,7 +367,7 @@ def _reserve_end(run_dir: Path) -> int:
     """Create ``.end.json.reserve`` with its space allocated now, while the disk has room, so
     that ``end.json`` can be written at the end whatever happened to the disk meanwhile. Returns
     its file descriptor, or -1 when it could not be made (``end.json`` is then written plainly)."""
-    from nnwatch.paths import create_exclusive
+    from nnwatch.store.paths import create_exclusive
 
     path = run_dir / END_RESERVE_FILE
     try:
@@ -391,7 +391,7 @@ def _reserve_end(run_dir: Path) -> int:
 def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
     """Write ``end.json``: into the reserved file, cut to size and renamed into place (no new
     space needed), else as a plain atomic write. A failure is logged, never raised."""
-    from nnwatch.paths import describe_os_error, write_private_file
+    from nnwatch.store.paths import describe_os_error, write_private_file
 
     data = json.dumps(end, default=_json_default).encode()
     if len(data) > END_RESERVE:
@@ -533,7 +533,7 @@ class Run:
 def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np.ndarray:
     """The rows of one log file, memory-mapped; rows whose checksum fails are left out (one
     warning names their steps), and a partial last row (a killed writer) is ignored."""
-    from nnwatch.paths import open_regular
+    from nnwatch.store.paths import open_regular
 
     try:
         fd = open_regular(path)
@@ -577,7 +577,7 @@ def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np
 
 def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.ndarray | None:
     """A mask of the rows whose block checksum fails, or None when every checked block is good."""
-    from nnwatch.paths import read_small_file
+    from nnwatch.store.paths import read_small_file
 
     try:
         table = read_small_file(crc_path(path), limit=1 << 31)
@@ -648,7 +648,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         raise RunLogError(
             f"{run_dir} has no {META_FILE}: it is not an nnwatch run, or the run never finished a step"
         )
-    from nnwatch.paths import read_small_file
+    from nnwatch.store.paths import read_small_file
 
     try:
         meta = RunMeta.from_json(read_small_file(meta_path))
@@ -664,7 +664,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     end: dict[str, Any] = {}
     end_path = run_dir / END_FILE
     if os.path.lexists(end_path):
-        from nnwatch.channel.health import clean_end
+        from nnwatch.store.health import clean_end
 
         try:
             cleaned = clean_end(json.loads(read_small_file(end_path, limit=1 << 20)))
@@ -686,8 +686,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
 def _ring_status(run_dir: Path, meta: RunMeta) -> str | None:
     """"finished" or "crashed" as the ring header says, when the run ended without ``end.json``."""
     try:
-        from nnwatch.channel.registry import ring_path
-        from nnwatch.channel.ring import RingError, RingReader
+        from nnwatch.store.ring import RingError, RingReader, ring_path
     except ImportError:
         return None
     try:
@@ -704,8 +703,7 @@ def _merge_ring_tail(
     """Append the records that reached the ring but not the log (the writer thread drains the
     log every ~100 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
     try:
-        from nnwatch.channel.registry import ring_path
-        from nnwatch.channel.ring import RingError, RingReader
+        from nnwatch.store.ring import RingError, RingReader, ring_path
     except ImportError:  # a build without the live channel has no ring to merge
         return scalars, layers
 
@@ -745,8 +743,8 @@ def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
     run = load_run(run_dir)  # raises RunLogError for what is not a readable run
     if run.status == "running":
         return 0, "still running"
-    from nnwatch.channel.registry import ring_path
-    from nnwatch.paths import describe_os_error
+    from nnwatch.store.paths import describe_os_error
+    from nnwatch.store.ring import ring_path
 
     path = ring_path(run_dir, run.meta.rank)
     if not os.path.lexists(path):

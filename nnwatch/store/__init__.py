@@ -1,0 +1,13 @@
+"""The ground floor: every file a run leaves behind, and nothing else of nnwatch.
+
+- :mod:`~nnwatch.store.schema`, :mod:`~nnwatch.store.summary`: the record layout of one step.
+- :mod:`~nnwatch.store.paths`: where runs live, and files opened without following symlinks.
+- :mod:`~nnwatch.store.runlog`: the append-only run log (scalars, layer rows, events, end).
+- :mod:`~nnwatch.store.ring`: one mmap'd ring per rank, written without ever waiting.
+- :mod:`~nnwatch.store.registry`, :mod:`~nnwatch.store.health`, :mod:`~nnwatch.store.identity`:
+  which runs exist and whether their process is alive.
+- :mod:`~nnwatch.store.finding`: the record a detector writes.
+
+Nothing here imports torch, a UI library, or any other part of nnwatch; every other layer
+builds on it.
+"""
