@@ -34,10 +34,10 @@ import torch
 from torch import nn
 
 import nnwatch
-from nnwatch.probe import watch as watch_mod
 from nnwatch.probe.budget import UPDATE_EVERY
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.schedule import WARMUP_STEPS
+from nnwatch.probe.step_cycle import StepCycle
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,9 +185,9 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         net = copy.deepcopy(model)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
         timer = DirectTimer()
-        cls, hooks_cls = watch_mod.Watch, LayerHooks
-        saved = {n: getattr(cls, n) for n in ("_on_forward_start", "_before_optimizer_step",
-                                                "_on_backward")}
+        cls, hooks_cls = StepCycle, LayerHooks
+        saved = {n: getattr(cls, n) for n in ("on_forward_start", "before_optimizer_step",
+                                                "on_backward")}
         make_layer_hook = hooks_cls.make
         for n in saved:
             setattr(cls, n, timer.wrap(saved[n]))
@@ -200,7 +200,7 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
                 setattr(cls, n, f)
             hooks_cls.make = make_layer_hook  # type: ignore[method-assign]
         # queued at the end of each backward through the instance: time it there too
-        w._on_backward_end = timer.wrap(w._on_backward_end)  # type: ignore[method-assign]
+        w.cycle.on_backward_end = timer.wrap(w.cycle.on_backward_end)  # type: ignore[method-assign]
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)

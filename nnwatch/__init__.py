@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nnwatch._version import __version__
-from nnwatch.store.runlog import Run, RunLogError, load_run
+from nnwatch.store.run_reader import Run, load_run
+from nnwatch.store.runlog import RunLogError
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch, watch

@@ -15,6 +15,8 @@ Shots:
   inspector-nan_log-80x24   the same in an 80x24 terminal
   inspector-digits-160x48   an image batch (8x8 digits, a real CNN run): the all-zero sample
   event-detail-160x48  ``e``, then ``d`` on the nan_or_inf finding: message, evidence, remedy
+  compare-160x48     the dead_relu run with the healthy run overlaid (``o``), layers filtered (``/``)
+  compare-80x24      the same overlay in an 80x24 terminal
 """
 
 from __future__ import annotations
@@ -146,20 +148,31 @@ def live_shots(steps_before_clip: int) -> None:
         proc.wait()
 
 
+_kept: dict[str, Path] = {}
+
+
+def kept_demo(name: str) -> Path:
+    """A demo run recorded headless and kept on disk (once per script run)."""
+    if name in _kept:
+        return _kept[name]
+    out = subprocess.run(
+        [sys.executable, "-m", "nnwatch", "demo", name, "--headless", "--keep"],
+        env=dict(os.environ), cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    kept = re.search(r"the run is kept in (\S+)", out.stderr)
+    if not kept:
+        raise SystemExit(f"screenshots: the {name} demo kept no run:\n{out.stderr[-2000:]}")
+    _kept[name] = Path(kept.group(1))
+    return _kept[name]
+
+
 def recorded_shots() -> None:
     from nnwatch.sources.recorded import RecordedSource
     from nnwatch.tui.app import NNWatchApp
     from nnwatch.tui.model import is_finding
     from nnwatch.tui.testing import settle
 
-    out = subprocess.run(
-        [sys.executable, "-m", "nnwatch", "demo", "dead_relu", "--headless", "--keep"],
-        env=dict(os.environ), cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    kept = re.search(r"the run is kept in (\S+)", out.stderr)
-    if not kept:
-        raise SystemExit(f"screenshots: the dead_relu demo kept no run:\n{out.stderr[-2000:]}")
-    run_dir = Path(kept.group(1))
+    run_dir = kept_demo("dead_relu")
 
     app = NNWatchApp(RecordedSource(run_dir))
 
@@ -183,14 +196,7 @@ def inspector_shots() -> None:
     from nnwatch.tui.screens.snapshot import SnapshotScreen
     from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 
-    out = subprocess.run(
-        [sys.executable, "-m", "nnwatch", "demo", "nan_log", "--headless", "--keep"],
-        env=dict(os.environ), cwd=REPO, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    kept = re.search(r"the run is kept in (\S+)", out.stderr)
-    if not kept:
-        raise SystemExit(f"screenshots: the nan_log demo kept no run:\n{out.stderr[-2000:]}")
-    nan_run = Path(kept.group(1))
+    nan_run = kept_demo("nan_log")
     from tests.fixtures.snapshot_runs import image_run
 
     digits_run = image_run(Path(os.environ["NNWATCH_RUN_DIR"]) / "digits").parent.parent
@@ -222,6 +228,31 @@ def inspector_shots() -> None:
     inspect(nan_run, "event-detail-160x48", (160, 48), detail=True)
 
 
+def compare_shots() -> None:
+    """The dead_relu run with the healthy one overlaid (``o``), the layers filtered to its ReLUs
+    (``/``); and the same overlay in an 80x24 terminal."""
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.tui.app import NNWatchApp
+    from nnwatch.tui.testing import fixed_hardware, settle, wait_until
+
+    dead, healthy = kept_demo("dead_relu"), kept_demo("healthy")
+    for size, name in (((160, 48), "compare-160x48"), ((80, 24), "compare-80x24")):
+        app = NNWatchApp(
+            RecordedSource(dead), compare=RecordedSource(healthy), hardware=fixed_hardware
+        )
+
+        async def body(pilot: Any, app: Any = app, name: str = name) -> None:
+            await settle(pilot, app, timeout=120)
+            await wait_until(pilot, lambda: app.overlay.state.history.rows > 0, 120)
+            if name == "compare-160x48":
+                await pilot.press("slash", *"relu", "enter", "escape")
+            await settle(pilot, app)
+            await pilot.pause(0.5)
+            save(app, name)
+
+        asyncio.run(drive(app, size, body))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -229,7 +260,7 @@ def main() -> int:
     ap.add_argument(
         "--clip-at", type=int, default=260, help="step at which to press c in the live shot"
     )
-    ap.add_argument("--only", choices=("live", "recorded", "inspector"), default=None)
+    ap.add_argument("--only", choices=("live", "recorded", "inspector", "compare"), default=None)
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="nnwatch-shots-"))
@@ -242,6 +273,8 @@ def main() -> int:
             recorded_shots()
         if args.only in (None, "inspector"):
             inspector_shots()
+        if args.only in (None, "compare"):
+            compare_shots()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(sorted(p.name for p in OUT.iterdir())))

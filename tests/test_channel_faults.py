@@ -26,7 +26,7 @@ from nnwatch.channel.client import ChannelClient
 from nnwatch.sources.live import ConnectedSource, LiveSource
 from nnwatch.store.registry import gc, list_runs
 from nnwatch.store.ring import RingReader
-from nnwatch.store.runlog import load_run
+from nnwatch.store.run_reader import load_run
 
 PYTHON = sys.executable
 

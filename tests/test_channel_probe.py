@@ -16,7 +16,7 @@ import pytest
 from nnwatch.cli import main as cli_main
 from nnwatch.sources.live import ConnectedSource, LiveSource
 from nnwatch.store.registry import RunInfo, list_runs
-from nnwatch.store.runlog import load_run
+from nnwatch.store.run_reader import load_run
 from tests.test_channel_faults import poll_until, steps_of, wait_for
 
 pytest.importorskip("torch")

@@ -19,6 +19,7 @@ import pytest
 
 from nnwatch.channel.client import ChannelClient, ChannelError
 from nnwatch.channel.commands import MAX_REQUEST_BYTES
+from nnwatch.channel.limits import Limits
 from nnwatch.channel.server import CommandServer, PendingCommand
 
 
@@ -144,6 +145,18 @@ def test_malformed_oversize_and_unknown_are_refused_and_the_connection_goes_on(
     assert server.rejected == 4
 
 
+def test_a_command_the_server_should_answer_but_cannot_is_refused_in_words(
+    served: tuple[CommandServer, LoopThread],
+) -> None:
+    server, loop = served
+    del server.answers["hello"]  # as if the spec had a server command this server lacks
+    with ChannelClient(server.path) as c:
+        reply = c.request("hello")
+        assert not reply.ok and reply.error == "this run does not serve hello"
+        assert c.command("resume").ok  # and the connection goes on
+    assert not any(p.name == "hello" for p in loop.applied)
+
+
 def test_pause_lifts_when_the_connection_that_asked_closes(
     served: tuple[CommandServer, LoopThread],
 ) -> None:
@@ -193,7 +206,8 @@ def test_explicit_resume_from_anyone_lifts_the_pause(
 
 
 def test_reply_never_blocks_even_when_the_client_reads_nothing(tmp_path: Path) -> None:
-    server = CommandServer(tmp_path / "s.sock", hello={"blob": "y" * 50000})
+    lots = Limits(first_lines=256, lines_burst=256)  # all 201 requests are read at once
+    server = CommandServer(tmp_path / "s.sock", hello={"blob": "y" * 50000}, limits=lots)
     server.start()
     try:
         s = _raw(server.path)

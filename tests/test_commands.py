@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,8 +15,10 @@ from nnwatch.channel.commands import (
     MAX_REQUEST_BYTES,
     Command,
     CommandError,
+    applied_by,
     encode_reply,
     encode_request,
+    keyed_commands,
     parse_request,
     validate,
 )
@@ -89,6 +92,48 @@ def test_every_command_has_a_summary_and_its_positional_argument_is_declared() -
         assert spec.summary, name
         if spec.positional is not None:
             assert spec.positional in spec.args, name
+
+
+def test_every_command_is_applied_where_the_spec_says(tmp_path: Path) -> None:
+    """The probe's dispatch table and the server's own answers cover exactly the spec's commands."""
+    from nnwatch.channel.server import CommandServer
+    from nnwatch.probe.command_handler import CommandHandler
+
+    assert set(CommandHandler.HANDLERS) == set(applied_by("trainer"))
+    server = CommandServer(tmp_path / "s.sock", hello={})
+    assert set(server.answers) == set(applied_by("server"))
+
+
+def test_ctl_help_and_arguments_come_from_the_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    from nnwatch.cli import main
+    from nnwatch.cli.ctl import _parse_arg
+
+    with pytest.raises(SystemExit):
+        main(["ctl", "--help"])
+    out = capsys.readouterr().out
+    for name, spec in COMMANDS.items():
+        if spec.not_for_ctl:
+            assert f"\n  {name} " not in out
+            with pytest.raises(CommandError, match="nnwatch attach"):
+                _parse_arg(name, None)
+        else:
+            assert f"\n  {spec.usage(name)} " in out and spec.summary in out, name
+    assert _parse_arg("set_clip", "off") == {"max_norm": None}
+    assert _parse_arg("set_clip", "2.5") == {"max_norm": 2.5}
+    assert _parse_arg("anomaly", "3") == {"steps": 3}
+    assert _parse_arg("snapshot", "look here") == {"reason": "look here"}
+    with pytest.raises(CommandError, match="set_clip needs a number or 'off', got 'x'"):
+        _parse_arg("set_clip", "x")
+    with pytest.raises(CommandError, match="set_layer_interval needs a whole number"):
+        _parse_arg("set_layer_interval", "2.5")
+    with pytest.raises(CommandError, match="pause takes no argument"):
+        _parse_arg("pause", "1")
+
+
+def test_the_tui_keys_are_in_the_spec() -> None:
+    keys = {name: spec.key for name, spec in keyed_commands().items()}
+    assert keys == {"snapshot": "s", "pause": "p", "set_clip": "c", "anomaly": "a"}
+    assert all(COMMANDS[name].applied_by == "trainer" for name in keys)
 
 
 def test_reply_encoding_survives_values_json_cannot_hold() -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import nnwatch
-from nnwatch.store.runlog import Run
+from nnwatch.store.run_reader import Run
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"

@@ -2,7 +2,8 @@
 
 Each case is a real training loop with ``nnwatch.watch`` attached (hooks, run log, detectors in the
 writer thread, the non-finite guard). This is the quality gate behind ``bench/detection.py``:
-recall 100%, no false alarms, a median delay of at most 5 steps after onset, and every finding
+recall 100%, no false alarms, a median delay of at most 5 steps after onset (per kind, but for the
+few in ``LATE_KINDS``), and every finding
 carrying its evidence, its remedy, and (where one applies) the culprit layer. Seed 0 runs case by
 case; ``test_targets_hold_on_two_more_seeds`` repeats the whole suite on fresh data and inits
 (seeds 1 and 2), which is what shows that the rules were not tuned to one draw.
@@ -25,6 +26,20 @@ from pathologies import CASES, CaseOutcome, run_case, score  # noqa: E402
 from nnwatch import load_run  # noqa: E402
 
 _OUTCOMES: dict[str, CaseOutcome] = {}
+
+#: Median delay bars per kind above the 5 steps every other kind meets. A divergence has 20 by the
+#: issue's bar; for the other two the README's detection section says why the evidence itself comes
+#: later (an LR set too high at step 0 explodes only ~13 steps later; a loss past the stability
+#: limit keeps falling for 6 steps before it swings).
+LATE_KINDS = {"loss_diverging": 20, "exploding_gradients": 20, "oscillating_loss": 20}
+
+
+def _per_kind_delays_hold(result: dict) -> list[str]:
+    return [
+        f"{k}: {v['median_delay']}"
+        for k, v in result["per_kind"].items()
+        if not v["median_delay"] <= LATE_KINDS.get(k, 5)
+    ]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -82,6 +97,7 @@ def test_suite_targets(tmp_path_factory, monkeypatch):
     assert sum(len(o.false_alarms) for o in outcomes) == 0
     delays = [o.delay for o in outcomes if o.delay is not None]
     assert statistics.median(delays) <= 5, delays
+    assert _per_kind_delays_hold(score(outcomes)) == []
     json.dumps([o.case.name for o in outcomes])  # the outcome list stays plain data
 
 
@@ -107,4 +123,4 @@ def test_targets_hold_on_two_more_seeds(tmp_path_factory, monkeypatch):
     ]
     assert flagged == []
     assert result["median_delay"] <= 5, result["median_delay"]
-    assert result["per_kind"]["loss_diverging"]["median_delay"] <= 20
+    assert _per_kind_delays_hold(result) == []

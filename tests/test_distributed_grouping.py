@@ -126,6 +126,7 @@ def test_the_view_marks_stragglers_and_the_nan_origin(monkeypatch: pytest.Monkey
         st = RankState()
         run = nnwatch.load_run(info.run_dir)
         st.update(np.asarray(run.scalars), np.asarray(run.layers))
+        st.step_times = [0.5]  # 2 steps/s, as a real job: 4 steps behind is 2 s behind
         states[info.rank] = st
     view = build_view(job, states, {0: "live", 1: "live"})
     assert view.stragglers == (1,)

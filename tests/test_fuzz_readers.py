@@ -24,7 +24,8 @@ from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import clean_end, read_end
 from nnwatch.store.registry import EntryError, validate_entry
 from nnwatch.store.ring import RingError, RingReader, RingWriter
-from nnwatch.store.runlog import RunLogError, RunLogWriter, iter_events, load_run
+from nnwatch.store.run_reader import iter_events, load_run
+from nnwatch.store.runlog import RunLogError, RunLogWriter
 from nnwatch.store.schema import RunMeta
 
 FAST = settings(

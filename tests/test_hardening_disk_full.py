@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from nnwatch.channel.synthetic import make_meta
-from nnwatch.store.runlog import END_FILE, RunLogWriter, iter_events, load_run
+from nnwatch.store.run_reader import iter_events, load_run
+from nnwatch.store.runlog import END_FILE, RunLogWriter
 
 from .small_disk import fill
 

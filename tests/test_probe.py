@@ -254,3 +254,32 @@ def test_stats_cap_bounds_the_elements_read() -> None:
     col = torch.zeros(5)
     write_stats(x, col, cap=100)
     assert col[2].item() == 1.0  # only the zero prefix was read
+
+
+def test_learning_rates_of_any_kind_are_recorded_and_never_stop_the_probe(tmp_path) -> None:
+    """The host block and the LRs are packed in one call: an LR that is a CPU tensor is read, an
+    LR that is not a number is NaN (the probe stays on), and a group added later is left out."""
+    model = _mlp()
+    first, last = list(model.parameters())[:2], list(model.parameters())[2:]
+    opt = torch.optim.SGD([{"params": first, "lr": torch.tensor(0.05)}, {"params": last, "lr": 0.1}])
+    g = torch.Generator().manual_seed(1)
+    with nnwatch.watch(model, opt, name="lrs", run_dir=tmp_path / "run") as w:
+        for step in range(4):
+            if step == 3:
+                opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))], "lr": 9.0})
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(10, 12, generator=g)), torch.zeros(10, dtype=torch.long)).backward()
+            opt.step()
+            if step == 2:
+                opt.param_groups[1]["lr"] = "warmup"  # what w.step() reads: not a number
+            elif step == 3:
+                opt.param_groups[1]["lr"] = np.float64(0.2)  # a float subclass
+            w.step()
+            opt.param_groups[1]["lr"] = 0.1
+        assert w.disabled is None
+    run = nnwatch.load_run(w.run_dir)
+    assert list(run.steps) == [0, 1, 2, 3]
+    lr = run["lr"]
+    assert lr.shape == (4, 2)  # the groups the watch started with
+    assert np.allclose(lr[:, 0], 0.05)
+    assert list(lr[:2, 1]) == [0.1, 0.1] and math.isnan(lr[2, 1]) and lr[3, 1] == 0.2

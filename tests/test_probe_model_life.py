@@ -97,7 +97,7 @@ def test_watched_model_saves_copies_and_pickles_without_nnwatch_in_it(tmp_path: 
         steps = w.step_index
         x = torch.randint(0, 30, (12, 5))
         twin(x)[0].sum().backward()  # an EMA/eval copy's forward and backward report nothing
-        assert w.step_index == steps and not w._step_open
+        assert w.step_index == steps and not w.cycle.step_open
         state = model.state_dict()
         assert all(isinstance(v, torch.Tensor) for v in state.values())
     assert not _all_hooks(model)  # close() leaves no hook behind

@@ -30,6 +30,9 @@ COVERED = {
     "ssh -N -L /tmp/run.sock:/dev/shm/nnwatch-1000/s/12345-r0.sock gpu-host &": "tests/test_ssh_forward.py",
     "nnwatch attach --connect /tmp/run.sock": "tests/test_ssh_forward.py",
     "nnwatch attach gpu-host:mnist-mlp": "tests/test_remote_ssh.py (HOST:RUN through a real sshd)",
+    "nnwatch attach --job JOB --hosts node01,node02": (
+        "tests/test_job_multinode.py (the fan-out and job screen it runs, two sshd 'nodes')"
+    ),
     "nnwatch demo nan_log --headless --keep": "test_snapshot_and_replay_commands",
     "nnwatch replay RUN_DIR --model nnwatch.demos.nan_log:make --anomaly": "test_snapshot_and_replay_commands",
     "nnwatch check tests.fixtures.check_factories:healthy": "test_check_command",

@@ -20,7 +20,7 @@ from nnwatch.channel.client import Subscription
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.live import ConnectedSource
-from nnwatch.store.runlog import load_run
+from nnwatch.store.run_reader import load_run
 from tests.test_channel_faults import Trainer, poll_until, steps_of, wait_for
 
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.fixture import DYING_LAYER, FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
-from nnwatch.tui.history import History
 from nnwatch.tui.model import RunState
+from nnwatch.tui.scalar_history import History
 from nnwatch.tui.widgets.chart import Plot, Trace, render_plot, trace_from
 from nnwatch.tui.widgets.grad import spike_columns
 

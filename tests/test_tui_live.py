@@ -147,7 +147,7 @@ def test_s_c_and_a_steer_the_trainer(trainer: tuple[subprocess.Popen[str], Path]
         await press_a_anomaly(pilot, app)
 
     follow(run_dir, body, proc)
-    from nnwatch.store.runlog import load_run
+    from nnwatch.store.run_reader import load_run
 
     run = load_run(run_dir)  # the durable log agrees on the new clip threshold
     steps, clip = run["step"], run["clip_threshold"]

@@ -91,3 +91,50 @@ def test_picker_survives_a_failing_lister() -> None:
             )
 
     asyncio.run(main())
+
+
+def test_picker_lists_finished_and_crashed_runs_with_their_findings_and_ls_counts_them(
+    run_root: Path, subprocess_env: dict[str, str], capsys: Any
+) -> None:
+    from nnwatch.cli import main as cli_main
+    from nnwatch.tui.model import is_finding
+
+    finished = write_run(FixtureSource(500), run_root / "runs" / "finished-run")
+    also = write_run(FixtureSource(300, seed=2, name="second"), run_root / "runs" / "second")
+    expected = sum(map(is_finding, FixtureSource(500).events()))
+    # no live run: `ls` says what `--all` would add instead of an empty table
+    assert cli_main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "`nnwatch ls --all` would add 2 finished or crashed runs" in out
+
+    crasher = subprocess.run(  # a real trainer killed by SIGKILL mid-run: its entry stays
+        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "200", "--name", "killed", "--crash-after", "40"],
+        env=subprocess_env, capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert crasher.returncode == -9
+    assert cli_main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "crashed" in out and "(--all would add 2 finished or crashed runs)" in out
+    assert cli_main(["ls", "--all"]) == 0
+    assert "would add" not in capsys.readouterr().out
+
+    app = RunPickerApp()
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 30)) as pilot:
+            await wait_until(pilot, lambda: len(app.runs) == 3, timeout=30)
+            table = app.query_one("#runs")
+            states = {r.name: r.state for r in app.runs}
+            assert states["killed"] == "crashed"
+            assert app.findings[str(finished)] == expected > 0
+            row = [
+                str(c)
+                for c in table.get_row_at(  # type: ignore[attr-defined]
+                    [Path(r.run_dir) for r in app.runs].index(finished)
+                )
+            ]
+            assert row[1] == "finished" and row[2] == str(expected)
+            assert str(also) in app.findings
+            assert "1 live" not in str(app.query_one("#hint").render())
+
+    asyncio.run(main())

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,7 @@ def test_pane_marks_nan_origin_stragglers_and_ranks_on_other_nodes() -> None:
     )
     states = {r: RankState() for r in (0, 1, 2)}
     for r, st in states.items():
-        st.step, st.loss, st.grad_norm, st.step_times = (7 if r == 2 else 10), 0.5, 1.2, [0.1]
+        st.step, st.loss, st.grad_norm, st.step_times = (7 if r == 2 else 10), 0.5, 1.2, [1.0]
     states[1].loss, states[1].first = math.nan, {"loss": 7}
     view = build_view(job, states, dict.fromkeys((0, 1, 2), "live"))
     pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
@@ -150,3 +152,68 @@ def test_ranks_pane_shows_both_ranks_and_brackets_switch_rank(
             out, _ = proc.communicate()
         lines += out.splitlines()
     assert proc.returncode == 0, "\n".join(lines)
+
+
+def _synthetic_job(env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """A 64-rank job on 8 simulated hosts (real rings and run logs, one process, no torch)."""
+    import json
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nnwatch.channel.synthetic_job", "--ranks", "64", "--hosts", "8",
+         "--rate", "10", "--seconds", "0", "--layers", "2", *extra],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    return proc, ready["run_dirs"]
+
+
+def test_pane_of_a_64_rank_job_sorts_strips_and_opens_a_rank(
+    subprocess_env: dict[str, str],
+) -> None:
+    from nnwatch.sources.job_monitor import JobMonitor
+    from nnwatch.store.jobs import group_jobs, run_info_from_dir
+    from nnwatch.tui.job_app import JobApp
+
+    proc, dirs = _synthetic_job(subprocess_env, "--straggler", "37", "--loss-rank", "5")
+    try:
+        (job,) = group_jobs([run_info_from_dir(d) for d in dirs])
+        assert job.world_size == 64 and len(job.runs) == 64
+        monitor = JobMonitor(job)
+        app = JobApp(monitor, interval=0.5)
+        got: dict[str, Any] = {}
+
+        async def main() -> None:
+            async with app.run_test(size=(160, 48)) as pilot:
+                pane = app.query_one(RanksPane)
+                for _ in range(200):
+                    await pilot.pause(0.1)
+                    view = pane.view
+                    if view is not None and {f.kind for f in view.findings} >= {"straggler", "loss_outlier"} and any(r.rank == 37 and r.status == "behind" for r in view.rows):
+                        break
+                got["text"], got["subtitle"] = pane.text, str(pane.border_subtitle)
+                got["strip"] = pane.build().renderables[0]  # type: ignore[union-attr]
+                await pilot.press("s")  # worst first -> by rank
+                got["sorted"] = str(pane.border_subtitle)
+                await pilot.press("down", "down", "enter")  # the third rank by rank: rank 2
+        asyncio.run(main())
+        monitor.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    text = got["text"]
+    assert "64/64 ranks" in got["subtitle"] and "sort: worst" in got["subtitle"]
+    assert "sort: rank" in got["sorted"]
+    assert app.return_value == 2  # Enter opened rank 2 (the app hands it to the dashboard)
+    # the heat strip: one cell per rank, the straggler's in the error colour
+    strip = got["strip"]
+    assert strip.plain.startswith("step time by rank") and strip.plain.count("█") == 64
+    pal = app.ctx.palette
+    cells = [s for s in strip.spans if s.end - s.start == 1]
+    red = [s.start - len(strip.plain) + 64 for s in cells if s.style == pal.error]
+    assert red == [37], red
+    assert "rank 37 on node04 takes 200 ms a step" in text, text
+    assert "rank 5: loss far from the job's median" in text
+    assert re.search(r"rows 1-\d+ of 64 \(sorted by worst", text), text
+    first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+\d+\s+node", ln))
+    assert first_row.split()[0] == "37", text  # worst first: the rank furthest behind leads

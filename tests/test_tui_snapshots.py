@@ -20,18 +20,24 @@ import textual
 from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle
+from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 UPDATE = bool(os.environ.get("NNWATCH_UPDATE_SNAPSHOTS"))
 
 
-def render(run_dir: Path, size: tuple[int, int], keys: tuple[str, ...] = ()) -> str:
-    app = NNWatchApp(RecordedSource(run_dir), hardware=fixed_hardware, fps=10)
+def render(
+    run_dir: Path, size: tuple[int, int], keys: tuple[str, ...] = (), compare: Path | None = None
+) -> str:
+    other = RecordedSource(compare) if compare is not None else None
+    app = NNWatchApp(RecordedSource(run_dir), hardware=fixed_hardware, fps=10, compare=other)
 
     async def main() -> str:
         async with app.run_test(size=size) as pilot:
             await settle(pilot, app, 3000)
+            if app.overlay is not None:
+                ov = app.overlay.state.history
+                await wait_until(pilot, lambda: ov.rows == OTHER_STEPS)
             if keys:
                 await pilot.press(*keys)
             await settle(pilot, app)
@@ -61,19 +67,38 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_run(FixtureSource(3000), tmp_path_factory.mktemp("snap") / "fixture-run")
 
 
+OTHER_STEPS = 1500
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second, shorter run to overlay (``o``, ``--compare``)."""
+    source = FixtureSource(OTHER_STEPS, seed=3, name="lr-high", spike_at=0.8)
+    return write_run(source, tmp_path_factory.mktemp("snap") / "other-run")
+
+
 @pytest.mark.parametrize(
-    ("name", "size", "keys"),
+    ("name", "size", "keys", "compare"),
     [
-        ("dashboard_80x24", (80, 24), ()),
-        ("dashboard_160x48", (160, 48), ()),
-        ("scrubbed_zoomed_160x48", (160, 48), ("home", *["shift+right"] * 4, "z")),
+        ("dashboard_80x24", (80, 24), (), False),
+        ("dashboard_160x48", (160, 48), (), False),
+        ("scrubbed_zoomed_160x48", (160, 48), ("home", *["shift+right"] * 4, "z"), False),
+        ("compare_80x24", (80, 24), (), True),
+        ("compare_filtered_160x48", (160, 48), ("slash", *"fc", "enter", "escape"), True),
     ],
 )
 def test_dashboard_matches_its_baseline(
-    recorded_run: Path, tmp_path: Path, name: str, size: tuple[int, int], keys: tuple[str, ...]
+    recorded_run: Path,
+    other_run: Path,
+    tmp_path: Path,
+    name: str,
+    size: tuple[int, int],
+    keys: tuple[str, ...],
+    compare: bool,
 ) -> None:
-    svg = render(recorded_run, size, keys)
-    assert render(recorded_run, size, keys) == svg, "two renders of the same run differ"
+    other = other_run if compare else None
+    svg = render(recorded_run, size, keys, other)
+    assert render(recorded_run, size, keys, other) == svg, "two renders of the same run differ"
     baseline = SNAPSHOTS / f"{name}.svg"
     if UPDATE or not baseline.exists():
         SNAPSHOTS.mkdir(exist_ok=True)

@@ -14,6 +14,7 @@ import json
 import os
 import select
 import socket
+import struct
 import time
 import zlib
 from pathlib import Path
@@ -21,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.channel.commands import CommandError, CommandReply, encode_request, validate
+from nnwatch.channel.commands import (
+    COMMANDS,
+    CommandError,
+    CommandReply,
+    encode_request,
+    validate,
+)
 from nnwatch.store.schema import RunMeta
 
 #: Largest line accepted from a run: stream chunks are at most ~1.4 MB of base64.
@@ -38,12 +45,28 @@ class ChannelError(RuntimeError):
 
 
 def connect(path: Path | str, timeout: float = DEFAULT_TIMEOUT) -> socket.socket:
-    """Connect to a run's command socket, turning OS errors into plain words."""
+    """Connect to a run's command socket, turning OS errors into plain words.
+
+    The run accepts connections at a bounded rate, so under a connection flood its listen backlog
+    may be full. A non-blocking connect would then fail at once; a blocking one with a send
+    timeout waits in the kernel's queue for a slot, in turn, for up to ``timeout`` seconds.
+    """
     path = os.fspath(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+    whole = int(max(0.0, timeout))
+    usec = int((max(0.0, timeout) - whole) * 1e6)
+    wait = struct.pack("ll", whole, usec if whole or usec else 1)  # (0, 0) would wait forever
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
         sock.connect(path)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 0))
+        sock.settimeout(timeout)
+    except BlockingIOError:
+        sock.close()
+        raise ChannelError(
+            f"the run at {path} did not take the connection within {timeout:g} s: its command "
+            "socket has a queue of connections (is something flooding it?); try again"
+        ) from None
     except FileNotFoundError:
         sock.close()
         raise ChannelError(
@@ -168,9 +191,9 @@ class ChannelClient:
             command = validate(name, args or {}, rid)
         except CommandError as exc:
             return CommandReply(False, error=exc.message)
-        if name == "subscribe":
+        if COMMANDS[name].takes_connection:
             return CommandReply(
-                False, error="use Subscription for subscribe; it takes the connection"
+                False, error=f"use Subscription for {name}; it takes the connection"
             )
         try:
             self.sock.sendall(encode_request(command))
@@ -254,9 +277,11 @@ class Subscription:
         after_step: float | None = None,
         events_offset: int = 0,
         binary: bool = True,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
         args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
+        args.update(extra or {})  # e.g. the overview mode of nnwatch.channel.stream_summary
         if after_step is not None:
             args["after_step"] = float(after_step)
         if events_offset:
@@ -325,6 +350,10 @@ class Subscription:
         try:
             if msg.pop("zlib", False):
                 raw = zlib.decompress(raw)
+            if kind not in self._dtypes:  # a payload its reader decodes (e.g. summaries)
+                msg["raw"] = raw
+                msg.pop("bytes", None)
+                return True
             rows = np.frombuffer(raw, dtype=self._dtypes[kind]).copy()
         except (ValueError, TypeError, zlib.error):
             return False
@@ -384,6 +413,9 @@ class Subscription:
                     continue
                 if not self._decode(msg, raw):
                     continue
+            elif isinstance(msg.get("bytes"), int):
+                self._head = msg  # a payload of another kind: its bytes follow the line too
+                continue
             elif kind == "end":
                 self.ended = msg
             elif kind is None and msg.get("ok") is False:  # e.g. the stream process failed

@@ -11,13 +11,20 @@ Wire format, one JSON object per line (newline-delimited JSON)::
     reply    {"id": 7, "ok": true, "applies_at_step": 1234, "error": "", "data": {}}
 
 ``id`` is optional (an int or a short string) and is echoed back, so a client can match replies.
+
+:data:`COMMANDS` is the one specification of the command set: each :class:`CommandSpec` says what
+the command does, its arguments (type, range, help, how ``nnwatch ctl`` reads one from the command
+line), who applies it (the server thread at once, or the training thread at a step boundary), how
+often the run takes it, and the TUI key that sends it. The server's validation, the client's
+request building, ``nnwatch ctl``'s help and parsing and the probe's dispatch table all derive from
+it; adding a command is adding one entry here (and its handler where it is applied).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +33,8 @@ MAX_REQUEST_BYTES = 64 * 1024
 MAX_ID_CHARS = 64
 MAX_NOTE_CHARS = 200
 PROTOCOL_VERSION = 1
-
+#: The commands that take and lift a pause held by the connection that asked (see the server).
+PAUSE, RESUME = "pause", "resume"
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class CommandReply:
     applies_at_step: int | None = None
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+
 
 class CommandError(ValueError):
     """A request that cannot be accepted. ``request_id`` is echoed in the error reply if known."""
@@ -117,17 +126,89 @@ def _start(value: Any) -> str | int:
     raise CommandError(f'start must be "oldest", "latest" or a record number, got {_show(value)}')
 
 
+# -- command-line text to argument values (``nnwatch ctl RUN COMMAND ARG``) ---------------------
+
+
+def _from_text_number_or_off(text: str) -> float | None:
+    if text.lower() in ("off", "none", "null", "default"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise CommandError(f"needs a number or 'off', got {text!r}") from None
+
+
+def _from_text_integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise CommandError(f"needs a whole number, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument: its checker (returns the normalised value or raises CommandError), a help
+    text, and how a command line's text becomes the value the checker takes."""
+
+    check: Callable[[Any], Any]
+    help: str = ""
+    from_text: Callable[[str], Any] = str
+    #: How help texts show the command-line value, e.g. ``N`` or ``NORM|off``.
+    metavar: str = "TEXT"
+
+    def __call__(self, value: Any) -> Any:
+        return self.check(value)
+
+
 @dataclass(frozen=True)
 class CommandSpec:
-    """One command: what it does (for help texts), its arguments, which are required."""
+    """One command: what it does (for help texts), its arguments, which are required, who applies
+    it, how often, and the TUI key that sends it. ``args`` values may be :class:`Arg` or plain
+    checkers (wrapped into an ``Arg``)."""
 
     summary: str
-    args: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
     required: tuple[str, ...] = ()
     #: The argument ``nnwatch ctl RUN COMMAND ARG`` fills from its positional ARG.
     positional: str | None = None
     #: True when the training thread applies it; False when the server answers it on its own.
     applied_by_trainer: bool = True
+    #: The TUI key that sends it (the TUI's keymap id is the command name), if any.
+    key: str | None = None
+    #: At most this many per second from all monitors together; more are refused with the reason
+    #: (for commands whose every use costs the trainer real work, like a snapshot).
+    per_s: float | None = None
+    #: Why ``nnwatch ctl`` does not send it (empty: it does).
+    not_for_ctl: str = ""
+    #: The connection that sends it becomes something else (a stream): no reply line follows.
+    takes_connection: bool = False
+
+    def __post_init__(self) -> None:
+        wrapped = {k: v if isinstance(v, Arg) else Arg(v) for k, v in self.args.items()}
+        object.__setattr__(self, "args", wrapped)
+
+    @property
+    def applied_by(self) -> str:
+        """Who applies it: "trainer" (at the next step boundary) or "server" (at once)."""
+        return "trainer" if self.applied_by_trainer else "server"
+
+    def usage(self, name: str) -> str:
+        """``set_clip NORM|off``: the command as ``nnwatch ctl`` takes it."""
+        if self.positional is None:
+            return name
+        return f"{name} {self.args[self.positional].metavar}"
+
+    def from_text(self, name: str, text: str | None) -> dict[str, Any]:
+        """The arguments for a command line's optional ARG, with plain-words errors."""
+        if text is None:
+            return {}
+        if self.positional is None:
+            raise CommandError(f"{name} takes no argument (got {text!r})")
+        try:
+            value = self.args[self.positional].from_text(text)
+        except CommandError as exc:
+            raise CommandError(f"{name} {exc.message}") from None
+        return {self.positional: value}
 
 
 COMMANDS: dict[str, CommandSpec] = {
@@ -144,35 +225,86 @@ COMMANDS: dict[str, CommandSpec] = {
             "after_step": _number("after_step", low=-1e18, high=1e18, allow_none=True),
             "events_offset": _integer("events_offset", low=0, high=2**62),
             "binary": _flag("binary"),  # rows as length-prefixed raw bytes, not base64
+            # a far monitor: summaries sized to its screen, recent rows, live aggregates
+            "overview": _flag("overview"),
+            "buckets": _integer("buckets", low=16, high=65536),
+            "window": _integer("window", low=0, high=1_000_000),
+            "live_points": _number("live_points", low=0.0, high=1e6),
         },
         applied_by_trainer=False,
+        not_for_ctl="subscribe is for monitors; use `nnwatch attach`",
+        takes_connection=True,
     ),
     "snapshot": CommandSpec(
         "save model, optimizer and recent records at the next step boundary",
-        {"reason": _text("reason", limit=MAX_NOTE_CHARS)},
+        {
+            "reason": Arg(
+                _text("reason", limit=MAX_NOTE_CHARS),
+                "why, kept with the snapshot",
+                metavar="REASON",
+            )
+        },
         positional="reason",
+        key="s",
+        per_s=1.0,
     ),
-    "pause": CommandSpec("hold training at the next step boundary until resumed or disconnected"),
-    "resume": CommandSpec("let paused training go on"),
+    PAUSE: CommandSpec(
+        "hold training at the next step boundary until resumed or disconnected", key="p"
+    ),
+    RESUME: CommandSpec("let paused training go on"),
     "set_clip": CommandSpec(
-        "clip gradients to this global norm from the next step (null: the script's own value)",
-        {"max_norm": _number("max_norm", low=0.0, high=1e12, allow_none=True)},
+        "clip gradients to this global norm from the next step (off: the script's own value)",
+        {
+            "max_norm": Arg(
+                _number("max_norm", low=0.0, high=1e12, allow_none=True),
+                "the global norm; null (off) removes the override",
+                from_text=_from_text_number_or_off,
+                metavar="NORM|off",
+            )
+        },
         required=("max_norm",),
         positional="max_norm",
+        key="c",
     ),
     "set_layer_interval": CommandSpec(
-        "sample per-layer activation stats every n steps",
-        {"n": _integer("n", low=1, high=1_000_000)},
+        "sample per-layer activation stats every N steps",
+        {
+            "n": Arg(
+                _integer("n", low=1, high=1_000_000),
+                "steps between full per-layer stats",
+                from_text=_from_text_integer,
+                metavar="N",
+            )
+        },
         required=("n",),
         positional="n",
     ),
     "anomaly": CommandSpec(
-        "run the next steps under torch.autograd.detect_anomaly",
-        {"steps": _integer("steps", low=1, high=100_000)},
+        "run the next STEPS steps (default 1) under torch.autograd.detect_anomaly",
+        {
+            "steps": Arg(
+                _integer("steps", low=1, high=100_000),
+                "how many steps",
+                from_text=_from_text_integer,
+                metavar="STEPS",
+            )
+        },
         positional="steps",
+        key="a",
+        per_s=1.0,
     ),
     "stop": CommandSpec("set w.should_stop so the training loop can end cleanly"),
 }
+
+
+def keyed_commands() -> dict[str, CommandSpec]:
+    """The commands the TUI sends from a key, by name (``spec.key`` is the default key)."""
+    return {name: spec for name, spec in COMMANDS.items() if spec.key is not None}
+
+
+def applied_by(where: str) -> Iterator[str]:
+    """Names of the commands applied by the "trainer" or by the "server"."""
+    return (name for name, spec in COMMANDS.items() if spec.applied_by == where)
 
 
 def _show(value: Any) -> str:

@@ -1,17 +1,17 @@
 """The command socket: how monitors steer a run without ever making the training thread wait.
 
 One idle thread serves a Unix stream socket (no TCP listener, ever). It checks each peer's uid
-with SO_PEERCRED, reads newline-delimited JSON, validates every request with
-:mod:`nnwatch.channel.commands`, and queues the valid ones. It applies nothing itself: the
-training thread calls :meth:`CommandServer.drain` at each step boundary, applies what it finds,
-and answers with :meth:`PendingCommand.reply`, saying at which step the command takes effect.
-``drain`` with nothing pending is one truth test of a deque: no lock, no syscall.
+with SO_PEERCRED (:mod:`~nnwatch.channel.admission`), reads newline-delimited JSON within the
+budgets of :mod:`~nnwatch.channel.limits`, validates every request with
+:mod:`nnwatch.channel.commands`, and queues the ones the training thread applies. It applies
+nothing itself: the training thread calls :meth:`CommandServer.drain` at each step boundary,
+applies what it finds, and answers with :meth:`PendingCommand.reply`, saying at which step the
+command takes effect. ``drain`` with nothing pending is one truth test of a deque: no lock, no
+syscall.
 
-Two requests are answered by the server thread alone: ``hello`` (the run's description) and
-``subscribe``, which turns the connection into a stream of the run's history, records, events and
-status. The stream is served by a separate process (``python -m nnwatch.channel.stream``) that
-reads the ring and the run log from disk, so a remote monitor costs the trainer nothing more; if
-that process cannot be started, a thread in this process serves it instead.
+Requests the specification marks as applied by the server are answered by this thread alone:
+``hello`` (the run's description) and ``subscribe``, which hands the connection to a streamer
+(:mod:`~nnwatch.channel.handoff`).
 
 A pause lifts itself when the connection that asked for it closes: when the last connection
 holding a pause goes away without a ``resume``, the server queues a *synthetic* ``resume``
@@ -23,129 +23,36 @@ tells whether the asker is still connected.
 from __future__ import annotations
 
 import collections
-import errno
-import json
-import logging
 import os
-import selectors
-import socket
-import stat
-import struct
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nnwatch.channel.commands import (
     COMMANDS,
     MAX_REQUEST_BYTES,
+    PAUSE,
     PROTOCOL_VERSION,
+    RESUME,
     Command,
     CommandError,
     encode_reply,
     parse_request,
 )
+from nnwatch.channel.connection import TOO_LONG, WAIT, Connection, PendingCommand
+from nnwatch.channel.handoff import StreamHandoff
+from nnwatch.channel.limits import Bucket, Limits
+from nnwatch.channel.loop import ConnectionLoop
 
-log = logging.getLogger("nnwatch")
-
-#: A client that does not read its replies is cut off once this much is waiting for it.
-MAX_OUTBOX_BYTES = 1024 * 1024
-MAX_CONNECTIONS = 32
-#: What one connection may send: request lines per second (and a burst), bytes per second (and
-#: a burst that holds one request of the largest size). Beyond it the server stops reading from
-#: that connection until its budget refills, so a flooding client is slowed by its own socket
-#: buffer filling up, at no cost to the trainer.
-LINES_PER_S, LINES_BURST = 100.0, 256.0
-BYTES_PER_S, BYTES_BURST = 64.0 * 1024, float(2 * MAX_REQUEST_BYTES)
-#: The same for all connections together, which bounds the server thread's CPU (JSON parsing
-#: takes the GIL from the training thread) whatever the number of clients.
-TOTAL_LINES_PER_S, TOTAL_BYTES_PER_S = 500.0, 512.0 * 1024
-TOTAL_LINES_BURST = 512.0
-#: A connection that has sent no complete request this long after connecting is closed; one that
-#: has been silent this long is closed too, unless it holds a pause (its monitor is the one to
-#: lift it). Monitors reconnect when they next need to send.
-HANDSHAKE_TIMEOUT = 10.0
-IDLE_TIMEOUT = 120.0
 #: At close, how long streams served from threads get to send their last records and "end".
 STREAM_FLUSH_S = 1.0
-_PEERCRED = struct.Struct("3i")  # pid, uid, gid
+
+__all__ = ["CommandServer", "Limits", "PendingCommand", "wait_for_socket"]
 
 
-class _Connection:
-    """One accepted client. Its outbox is filled by the training thread and sent by the server."""
-
-    __slots__ = (
-        "sock", "fd", "inbuf", "outbox", "outbuf", "skipping", "closed", "peer_pid",
-        "holds_pause", "writing", "lines", "bytes", "refilled", "connected", "last_request",
-        "valid", "throttled_until", "mask",
-    )  # fmt: skip
-
-    def __init__(self, sock: socket.socket, peer_pid: int) -> None:
-        now = time.monotonic()
-        self.lines = LINES_BURST  # token buckets, see LINES_PER_S
-        self.bytes = BYTES_BURST
-        self.refilled = now
-        self.connected = now
-        self.last_request: float | None = None  # a complete line, valid or not
-        self.valid = 0  # requests that passed validation: the mark of a real monitor
-        self.throttled_until = 0.0
-        self.mask = 0  # selector events registered for this connection
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.inbuf = bytearray()
-        self.outbox: collections.deque[bytes] = collections.deque()
-        self.outbuf = bytearray()
-        self.skipping = False  # discarding the rest of an oversize line
-        self.closed = False
-        self.peer_pid = peer_pid
-        self.holds_pause = False
-        self.writing = False
-
-
-class PendingCommand:
-    """A validated command waiting for the training thread. Reply exactly once (later calls are
-    ignored); the reply is sent by the server thread, so ``reply`` never blocks training."""
-
-    __slots__ = ("name", "args", "id", "synthetic", "_conn", "_server", "_replied")
-
-    def __init__(
-        self,
-        command: Command,
-        conn: _Connection | None,
-        server: CommandServer,
-        *,
-        synthetic: bool = False,
-    ) -> None:
-        self.name = command.name
-        self.args = command.args
-        self.id = command.id
-        self.synthetic = synthetic
-        self._conn = conn
-        self._server = server
-        self._replied = False
-
-    def reply(
-        self, applies_at_step: int | None, ok: bool = True, error: str = "", **data: Any
-    ) -> None:
-        """Answer the monitor: whether it worked, and from which step it applies."""
-        if self._replied or self._conn is None:
-            return
-        self._replied = True
-        line = encode_reply(self.id, ok=ok, applies_at_step=applies_at_step, error=error, data=data)
-        self._server._send(self._conn, line)
-
-    def connection_alive(self) -> bool:
-        """Whether the connection that sent this command is still open (False for synthetic ones)."""
-        return self._conn is not None and not self._conn.closed
-
-    def __repr__(self) -> str:
-        kind = " synthetic" if self.synthetic else ""
-        return f"<PendingCommand{kind} {self.name} {self.args}>"
-
-
-class CommandServer:
+class CommandServer(ConnectionLoop):
     """Serve the command socket at ``path`` from one daemon thread.
 
     ``hello`` is the run's description returned by the ``hello`` command; the registry entry is a
@@ -159,110 +66,31 @@ class CommandServer:
         *,
         hello: dict[str, Any],
         subscribe_mode: str = "process",
-        max_connections: int = MAX_CONNECTIONS,
+        max_connections: int | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        if subscribe_mode not in ("process", "thread", "off"):
-            raise ValueError("subscribe_mode must be 'process', 'thread' or 'off'")
-        self.path = Path(path)
-        if len(os.fsencode(self.path)) > 107:
-            raise ValueError(
-                f"the socket path {self.path} is longer than a Unix socket allows (107 bytes)"
-            )
+        limits = limits or Limits()
+        super().__init__(
+            path, limits=limits, max_connections=max_connections or limits.max_connections
+        )
         self.hello = dict(hello)
+        self.streams = StreamHandoff(self.hello, subscribe_mode)
         self.subscribe_mode = subscribe_mode
-        self.max_connections = max_connections
-        self.uid = os.getuid()
-        self.refused = 0  # peers of another uid, turned away
         self.rejected = 0  # requests that failed validation
-        self.throttled = 0  # times a connection was paused for sending too much
-        self.evicted = 0  # idle or junk connections closed to make room for a new monitor
-        self.timed_out = 0  # connections closed for silence
-        self._total_lines, self._total_bytes = TOTAL_LINES_BURST, TOTAL_BYTES_PER_S
-        self._total_refilled = time.monotonic()
+        #: What the server thread answers itself, by command name (the rest go to the trainer).
+        self.answers: dict[str, Callable[[Connection, Command], None]] = {
+            "hello": self._hello,
+            "subscribe": self._subscribe,
+        }
         self._queue: collections.deque[PendingCommand] = collections.deque()
         self._arrived = threading.Event()
-        self._conns: dict[int, _Connection] = {}
-        self._pause_holders: set[_Connection] = set()
-        self._children: list[subprocess.Popen[bytes]] = []
-        self._stream_threads: list[threading.Thread] = []
-        self._stop = False
-        self._thread: threading.Thread | None = None
-        self._listener: socket.socket | None = None
-        self._sel: selectors.BaseSelector | None = None
-        self._wake_r, self._wake_w = -1, -1
-
-    # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Bind the socket (mode 0600) and start serving. Raises OSError if the path is unusable."""
-        if self._thread is not None:
-            return
-        self._remove_stale_socket()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            old = os.umask(0o177)
-            try:
-                listener.bind(os.fspath(self.path))
-            finally:
-                os.umask(old)
-            os.chmod(self.path, 0o600)
-            listener.listen(16)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
-        self._listener = listener
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(listener, selectors.EVENT_READ, "listen")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._serve, name="nnwatch-commands", daemon=True)
-        self._thread.start()
-
-    def _remove_stale_socket(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(0.5)
-        try:
-            probe.connect(os.fspath(self.path))
-        except OSError:
-            os.unlink(self.path)  # nobody listens: left behind by a dead process
-            return
-        finally:
-            probe.close()
-        raise OSError(errno.EADDRINUSE, f"another process already serves {self.path}")
+        self._pause_holders: set[Connection] = set()
+        self._per_command: dict[str, Bucket] = {}  # for commands with a rate of their own
 
     def close(self) -> None:
         """Stop serving and remove the socket file. Streams already handed off finish on their own."""
-        if self._thread is None or self._stop:
-            return
-        self._stop = True
-        self._wake()
-        self._thread.join(timeout=5)
-        for conn in list(self._conns.values()):
-            self._drop(conn, lift_pause=False)
-        deadline = time.monotonic() + STREAM_FLUSH_S
-        for t in self._stream_threads:  # let thread-served streams send the run's end
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._sel is not None:
-            self._sel.close()
-        if self._listener is not None:
-            self._listener.close()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        super().close()
+        self.streams.join(STREAM_FLUSH_S)
 
     # -- training thread -------------------------------------------------------------------------
     def drain(self) -> list[PendingCommand]:
@@ -287,193 +115,22 @@ class CommandServer:
             return True
         return self._arrived.wait(timeout)
 
-    @property
-    def connections(self) -> int:
-        return len(self._conns)
-
-    # -- server thread ---------------------------------------------------------------------------
-    def _serve(self) -> None:
-        assert self._sel is not None
-        next_sweep = time.monotonic() + 1.0
-        while not self._stop:
-            timeout = 1.0
-            waiting = [c.throttled_until for c in self._conns.values() if c.throttled_until]
-            if waiting:
-                timeout = max(0.0, min(timeout, min(waiting) - time.monotonic()))
-            try:
-                events = self._sel.select(timeout=timeout)
-            except OSError:
-                break
-            for key, mask in events:
-                try:
-                    if key.data == "listen":
-                        self._accept()
-                    elif key.data == "wake":
-                        self._drain_wake()
-                    else:
-                        conn = key.data
-                        if mask & selectors.EVENT_READ:
-                            self._read(conn)
-                        if mask & selectors.EVENT_WRITE and not conn.closed:
-                            self._flush(conn)
-                except Exception as exc:  # noqa: BLE001 - one bad client must not end the server
-                    log.debug("nnwatch: command socket error: %r", exc)
-                    if isinstance(key.data, _Connection):
-                        self._drop(key.data)
-            for conn in list(self._conns.values()):
-                if conn.outbox and not conn.closed:
-                    self._flush(conn)
-            now = time.monotonic()
-            for conn in list(self._conns.values()):
-                if conn.throttled_until and now >= conn.throttled_until and not conn.closed:
-                    conn.throttled_until = 0.0
-                    try:
-                        self._interest(conn)
-                        self._read(conn, recv=False)  # lines already buffered go first
-                    except Exception as exc:  # noqa: BLE001
-                        log.debug("nnwatch: command socket error: %r", exc)
-                        self._drop(conn)
-            if now >= next_sweep:
-                next_sweep = now + 1.0
-                self._close_idle(now)
-            if self._children:
-                self._children = [p for p in self._children if p.poll() is None]
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass  # pipe full (a wake-up is already pending) or closed
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except OSError:
-            pass
-
-    def _accept(self) -> None:
-        assert self._listener is not None and self._sel is not None
-        try:
-            sock, _ = self._listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
-        if uid != self.uid:
-            self.refused += 1
-            self._refuse(sock, f"refused: this run belongs to uid {self.uid}; you are uid {uid}")
-            return
-        if len(self._conns) >= self.max_connections and not self._make_room():
-            self._refuse(
-                sock, f"refused: too many monitors connected (limit {self.max_connections})"
-            )
-            return
-        sock.setblocking(False)
-        conn = _Connection(sock, pid)
-        self._conns[conn.fd] = conn
-        self._interest(conn)
-
-    def _make_room(self) -> bool:
-        """Close one connection so that a new monitor gets in: first one that never sent a valid
-        request, then the one silent longest; never one that holds a pause."""
-        candidates = [c for c in self._conns.values() if not c.holds_pause]
-        if not candidates:
-            return False
-        victim = min(
-            candidates, key=lambda c: (c.valid > 0, c.last_request or c.connected)
-        )
-        self.evicted += 1
-        self._goodbye(victim, "closed to make room for a new monitor (too many connections)")
-        return True
-
-    def _close_idle(self, now: float) -> None:
-        for conn in list(self._conns.values()):
-            if conn.holds_pause or conn.closed:
-                continue
-            if conn.last_request is None and now - conn.connected > HANDSHAKE_TIMEOUT:
-                why = f"closed: no request within {HANDSHAKE_TIMEOUT:g} s of connecting"
-            elif conn.last_request is not None and now - conn.last_request > IDLE_TIMEOUT:
-                why = f"closed: idle for {IDLE_TIMEOUT:g} s (reconnect to send more)"
-            else:
-                continue
-            self.timed_out += 1
-            self._goodbye(conn, why)
-
-    def _goodbye(self, conn: _Connection, message: str) -> None:
-        """Tell a client why it is being closed (best effort, never blocking), then close it."""
-        try:
-            conn.sock.send(encode_reply(None, ok=False, error=message))
-        except OSError:
-            pass
-        self._drop(conn)
-
-    def _interest(self, conn: _Connection) -> None:
-        """Register what the selector should watch on ``conn``: reading unless it is throttled,
-        writing while replies wait."""
-        if self._sel is None or conn.closed:
-            return
-        mask = (0 if conn.throttled_until else selectors.EVENT_READ) | (
-            selectors.EVENT_WRITE if conn.writing else 0
-        )
-        if mask == conn.mask:
-            return
-        if conn.mask and mask:
-            self._sel.modify(conn.sock, mask, conn)
-        elif mask:
-            self._sel.register(conn.sock, mask, conn)
-        else:
-            self._sel.unregister(conn.sock)
-        conn.mask = mask
-
-    def _refill(self, conn: _Connection, now: float) -> None:
-        dt = now - conn.refilled
-        conn.refilled = now
-        conn.lines = min(LINES_BURST, conn.lines + dt * LINES_PER_S)
-        conn.bytes = min(BYTES_BURST, conn.bytes + dt * BYTES_PER_S)
-        dt = now - self._total_refilled
-        self._total_refilled = now
-        self._total_lines = min(TOTAL_LINES_BURST, self._total_lines + dt * TOTAL_LINES_PER_S)
-        self._total_bytes = min(TOTAL_BYTES_PER_S, self._total_bytes + dt * TOTAL_BYTES_PER_S)
-
-    def _throttle(self, conn: _Connection, now: float) -> None:
-        """Stop reading from ``conn`` until its (and the server's) budget has refilled a bit."""
-        wait = 0.05
-        if conn.lines < 1:
-            wait = max(wait, (1 - conn.lines) / LINES_PER_S)
-        if conn.bytes < 1024:
-            wait = max(wait, (1024 - conn.bytes) / BYTES_PER_S)
-        if self._total_lines < 1:
-            wait = max(wait, (1 - self._total_lines) / TOTAL_LINES_PER_S)
-        if self._total_bytes < 1024:
-            wait = max(wait, (1024 - self._total_bytes) / TOTAL_BYTES_PER_S)
-        conn.throttled_until = now + wait
-        self.throttled += 1
-        self._interest(conn)
-
-    @staticmethod
-    def _refuse(sock: socket.socket, message: str) -> None:
-        try:
-            sock.settimeout(0.2)
-            sock.sendall(encode_reply(None, ok=False, error=message))
-        except OSError:
-            pass
-        finally:
-            sock.close()
-
-    def _read(self, conn: _Connection, *, recv: bool = True) -> None:
-        now = time.monotonic()
-        self._refill(conn, now)
+    # -- server thread: requests -----------------------------------------------------------------
+    def _read(self, conn: Connection, *, recv: bool = True) -> None:
         if conn.throttled_until:
             return
+        now = time.monotonic()
+        lim, n = self.limits, len(self._conns)
+        line_rate = lim.share(lim.lines_per_s, lim.total_lines_per_s, n)
+        conn.lines.refill(now, line_rate)
         if recv:
-            budget = int(min(conn.bytes, self._total_bytes, 65536))
-            if budget < 1024:
-                self._throttle(conn, now)
+            byte_rate = lim.share(lim.bytes_per_s, lim.total_bytes_per_s, n)
+            room = int(min(conn.bytes.refill(now, byte_rate), lim.read_max))
+            if room < lim.read_min:
+                self._throttle(conn, now, conn.bytes.wait(lim.read_min, byte_rate))
                 return
             try:
-                data = conn.sock.recv(budget)
+                data = conn.sock.recv(room)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -481,192 +138,125 @@ class CommandServer:
             if not data:
                 self._drop(conn)
                 return
-            conn.bytes -= len(data)
-            self._total_bytes -= len(data)
+            conn.bytes.tokens -= len(data)
             conn.inbuf += data
-        buf = conn.inbuf
+        if conn.held is not None:
+            held, conn.held = conn.held, None
+            if not self._submit(conn, held, now):
+                return
         while not conn.closed:
-            nl = buf.find(b"\n")
-            if conn.skipping:
-                if nl < 0:
-                    buf.clear()
-                    return
-                del buf[: nl + 1]
-                conn.skipping = False
-                continue
-            if nl < 0:
-                if len(buf) >= MAX_REQUEST_BYTES:
-                    buf.clear()
-                    conn.skipping = True
-                    self.rejected += 1
-                    self._send(conn, encode_reply(None, ok=False, error=(
-                        f"message too large (over {MAX_REQUEST_BYTES} bytes without a newline); "
-                        "it was discarded"
-                    )))  # fmt: skip
+            line = conn.take_line(allowed=conn.lines.tokens >= 1)
+            if line is None:
                 return
-            if conn.lines < 1 or self._total_lines < 1:
-                self._throttle(conn, now)  # the rest of the buffer waits for the budget
+            if line is WAIT:
+                self._throttle(conn, now, conn.lines.wait(1, line_rate))
                 return
-            conn.lines -= 1
-            self._total_lines -= 1
-            line = bytes(buf[:nl])
-            del buf[: nl + 1]
+            conn.lines.tokens -= 1
             conn.last_request = now
-            if line.strip():
-                self._handle(conn, line)
+            if line is TOO_LONG:
+                self._reject(conn, CommandError(
+                    f"message too large (over {MAX_REQUEST_BYTES} bytes without a newline); "
+                    "it was discarded"
+                ))  # fmt: skip
+            elif line.strip() and not self._handle(conn, line, now):
+                return
 
-    def _handle(self, conn: _Connection, line: bytes) -> None:
+    def _reject(self, conn: Connection, exc: CommandError) -> None:
+        self.rejected += 1
+        conn.bad_streak += 1
+        self._send(conn, encode_reply(exc.request_id, ok=False, error=exc.message))
+        why = self.door.junk_only(conn)
+        if why:
+            self._goodbye(conn, why)
+
+    def _handle(self, conn: Connection, line: bytes, now: float) -> bool:
+        """Answer or queue one request line; False when ``conn`` must wait for its budget."""
         try:
             command = parse_request(line)
         except CommandError as exc:
-            self.rejected += 1
-            self._send(conn, encode_reply(exc.request_id, ok=False, error=exc.message))
-            return
+            self._reject(conn, exc)
+            return True
         conn.valid += 1
-        if command.name == "hello":
-            data = dict(self.hello)
-            data.update(
-                protocol=PROTOCOL_VERSION, commands=list(COMMANDS), subscribe=self.subscribe_mode
-            )
-            self._send(conn, encode_reply(command.id, ok=True, data=data))
-            return
-        if command.name == "subscribe":
-            self._subscribe(conn, command)
-            return
-        if command.name == "pause":
+        conn.bad_streak = 0
+        answer = self.answers.get(command.name)
+        if answer is not None:
+            answer(conn, command)
+            return True
+        if not COMMANDS[command.name].applied_by_trainer:
+            self._refuse(conn, command, f"this run does not serve {command.name}")
+            return True
+        return self._submit(conn, command, now)
+
+    def _refuse(self, conn: Connection, command: Command, why: str) -> None:
+        self._send(conn, encode_reply(command.id, ok=False, error=why))
+
+    def _submit(self, conn: Connection, command: Command, now: float) -> bool:
+        """Queue a command for the training thread, within its budgets; False when ``conn`` is
+        throttled until it may (the command is held, and goes first when it may)."""
+        spec, lim = COMMANDS[command.name], self.limits
+        rate = spec.per_s
+        if rate is not None:
+            own = self._per_command.setdefault(command.name, Bucket(1.0, max(1.0, rate), now))
+            if own.refill(now, rate) < 1:
+                self._refuse(conn, command, (
+                    f"{command.name}: at most {rate:g} a second; try again in "
+                    f"{own.wait(1, rate):.1f} s"
+                ))  # fmt: skip
+                return True
+        if len(self._queue) >= lim.max_pending:
+            self._refuse(conn, command, (
+                f"the run is busy: {len(self._queue)} commands wait for its next step boundary"
+            ))  # fmt: skip
+            return True
+        trainer_rate = lim.share(lim.trainer_per_s, lim.total_trainer_per_s, len(self._conns))
+        if conn.trainer.refill(now, trainer_rate) < 1:
+            conn.held = command
+            self._throttle(conn, now, conn.trainer.wait(1, trainer_rate))
+            return False
+        conn.trainer.tokens -= 1
+        if rate is not None:
+            self._per_command[command.name].tokens -= 1
+        if command.name == PAUSE:
             conn.holds_pause = True
             self._pause_holders.add(conn)
-        elif command.name == "resume":
+        elif command.name == RESUME:
             for holder in self._pause_holders:
                 holder.holds_pause = False
             self._pause_holders.clear()
-        self._queue.append(PendingCommand(command, conn, self))
+        self._queue.append(PendingCommand(command, conn, self._send))
         self._arrived.set()
+        return True
 
-    def _send(self, conn: _Connection, line: bytes) -> None:
-        """Queue a line for ``conn`` from any thread; the server thread sends it."""
-        if conn.closed:
-            return
-        conn.outbox.append(line)
-        if threading.current_thread() is not self._thread:
-            self._wake()
+    def _hello(self, conn: Connection, command: Command) -> None:
+        data = dict(self.hello)
+        data.update(
+            protocol=PROTOCOL_VERSION, commands=list(COMMANDS), subscribe=self.subscribe_mode
+        )
+        self._send(conn, encode_reply(command.id, ok=True, data=data))
 
-    def _flush(self, conn: _Connection) -> None:
-        while conn.outbox:
-            try:
-                conn.outbuf += conn.outbox.popleft()
-            except IndexError:
-                break
-        if len(conn.outbuf) > MAX_OUTBOX_BYTES:
-            self._drop(conn)
+    def _subscribe(self, conn: Connection, command: Command) -> None:
+        why = self.streams.refusal()
+        if why:
+            self._refuse(conn, command, why)
             return
-        while conn.outbuf:
-            try:
-                sent = conn.sock.send(conn.outbuf)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                self._drop(conn)
-                return
-            del conn.outbuf[:sent]
-        want_write = bool(conn.outbuf)
-        if want_write != conn.writing:
-            conn.writing = want_write
-            self._interest(conn)
+        self._flush(conn)  # anything still owed on this connection goes out before the stream
+        owed = bytes(conn.outbuf)
+        self._drop(conn, close=False)
+        self.streams.hand_off(conn.sock, owed, {"id": command.id, "args": command.args})
 
-    def _drop(self, conn: _Connection, *, lift_pause: bool = True, close: bool = True) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self._conns.pop(conn.fd, None)
-        if self._sel is not None and conn.mask:
-            try:
-                self._sel.unregister(conn.sock)
-            except (KeyError, ValueError, OSError):
-                pass
-        conn.mask = 0
-        if close:
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
+    def _tick(self) -> None:
+        self.streams.reap()
+
+    def _dropped(self, conn: Connection, *, lift_pause: bool) -> None:
+        """A pause lifts when the last connection that holds one goes."""
         if conn in self._pause_holders:
             self._pause_holders.discard(conn)
             if lift_pause and not self._pause_holders:
                 resume = Command(
-                    "resume", {"reason": "the monitor that paused training disconnected"}
+                    RESUME, {"reason": "the monitor that paused training disconnected"}
                 )
-                self._queue.append(PendingCommand(resume, None, self, synthetic=True))
+                self._queue.append(PendingCommand(resume, None, self._send, synthetic=True))
                 self._arrived.set()
-
-    # -- subscribe: hand the connection to a streamer --------------------------------------------
-    def _subscribe(self, conn: _Connection, command: Command) -> None:
-        ring, run_dir = self.hello.get("ring"), self.hello.get("run_dir")
-        if self.subscribe_mode == "off" or not ring or not run_dir:
-            why = (
-                "streaming is off for this run"
-                if self.subscribe_mode == "off"
-                else ("this run has no ring file to stream")
-            )
-            self._send(conn, encode_reply(command.id, ok=False, error=why))
-            return
-        self._flush(conn)  # anything still owed on this connection goes out before the stream
-        sock = conn.sock
-        owed = bytes(conn.outbuf)
-        self._drop(conn, close=False)
-        try:
-            sock.settimeout(2.0)
-            if owed:
-                sock.sendall(owed)
-            sock.settimeout(None)
-        except OSError:
-            sock.close()
-            return
-        request = {"id": command.id, "args": command.args}
-        if self.subscribe_mode == "process":
-            try:
-                self._children.append(_spawn_streamer(sock, ring, run_dir, request))
-                sock.close()
-                return
-            except OSError as exc:
-                log.debug(
-                    "nnwatch: cannot start a stream process (%r); streaming from a thread", exc
-                )
-        from nnwatch.channel.stream import serve_subscription
-
-        def run() -> None:
-            try:
-                serve_subscription(sock, ring_path=Path(ring), run_dir=Path(run_dir),
-                                   request=request, mode="thread")  # fmt: skip
-            finally:
-                sock.close()
-
-        t = threading.Thread(target=run, name="nnwatch-stream", daemon=True)
-        self._stream_threads = [x for x in self._stream_threads if x.is_alive()] + [t]
-        t.start()
-
-
-def _spawn_streamer(
-    sock: socket.socket, ring: str, run_dir: str, request: dict[str, Any]
-) -> subprocess.Popen[bytes]:
-    fd = sock.fileno()
-    env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_parent + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-    )
-    return subprocess.Popen(
-        [
-            sys.executable, "-m", "nnwatch.channel.stream", "--fd", str(fd), "--ring", str(ring),
-            "--run-dir", str(run_dir), "--request", json.dumps(request),
-        ],
-        pass_fds=(fd,),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env,
-    )  # fmt: skip
 
 
 def wait_for_socket(path: Path, timeout: float = 5.0) -> bool:

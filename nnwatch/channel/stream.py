@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.channel import stream_summary as summ
 from nnwatch.channel.commands import encode_reply
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Liveness
@@ -68,6 +69,9 @@ DEFAULT_MAX_HZ = 20.0
 CAUGHT_UP_RECORDS = 4096
 
 
+#: How long a gap's fill waits for the run log to reach the ring (its writer drains ~4x a second).
+LOG_WAIT_S = 1.0
+
 class _Gone(Exception):
     """The monitor closed its end or stopped reading for good."""
 
@@ -82,6 +86,7 @@ class _Out:
         self.buf = bytearray()
         self.sent = 0
         self.progress = time.monotonic()
+        self.on_data: Any = None  # what the monitor sends (overview mode: its requests)
         sock.setblocking(False)
 
     @property
@@ -118,8 +123,11 @@ class _Out:
             raise _Gone from exc
         if r:
             try:
-                if not self.sock.recv(65536):
+                data = self.sock.recv(65536)
+                if not data:
                     raise _Gone  # the monitor closed its end
+                if self.on_data is not None:
+                    self.on_data(data)
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError as exc:
@@ -164,6 +172,17 @@ class _Stream:
         self.pending_dropped = 0
         self.check_gap = False
         self.missing = 0
+        #: overview mode (a far monitor): summaries, a recent window, live aggregates, fetches
+        self.overview = bool(args.get("overview", False)) and self.binary
+        self.max_buckets = int(args.get("buckets") or summ.DEFAULT_BUCKETS)
+        window = args.get("window")
+        self.window = int(window) if isinstance(window, int) else summ.DEFAULT_WINDOW
+        self.requests = summ.Requests()
+        out.on_data = self.requests.feed
+        self.agg = summ.LiveAggregator(float(args.get("live_points") or 250.0), summ.LIVE_FIELDS)
+        self.last_flush = time.monotonic()
+        self.latest_layer: np.ndarray | None = None
+        self.meta = reader.meta
 
     def rows(self, kind: str, rows: np.ndarray, **extra: Any) -> None:
         """Queue rows in messages of at most CHUNK_BYTES; never a message of 0 rows."""
@@ -204,21 +223,104 @@ class _Stream:
                 # else: the ring lost only steps this monitor already holds
                 self.pending_dropped = 0
                 self.check_gap = False
-                self.out.put(_rows_bytes(
-                    "records", records, self.binary, seq=int(seqs[0]), next_seq=reader.next_seq,
-                    torn=batch.torn,
-                ))  # fmt: skip
+                if self.overview and self.meta is not None:
+                    from nnwatch.store.runlog import split_records
+
+                    scalars, layers = split_records(records, self.meta.schema)
+                    self.agg.add(scalars)
+                    if len(layers):
+                        self.latest_layer = layers[-1:]
+                else:
+                    self.out.put(_rows_bytes(
+                        "records", records, self.binary, seq=int(seqs[0]),
+                        next_seq=reader.next_seq, torn=batch.torn,
+                    ))  # fmt: skip
                 self.last_step = float(records["step"][-1])
             if len(batch.records) + batch.dropped + batch.torn < per:
                 break
+        if self.overview:
+            self.flush_live()
+
+    def flush_live(self) -> None:
+        """Send what the aggregator holds: rows while few, buckets beyond ``live_points``/s."""
+        now = time.monotonic()
+        buckets, rows = self.agg.flush(max(1e-3, now - self.last_flush))
+        self.last_flush = now
+        extra = {"next_seq": self.reader.next_seq, "torn": self.reader.torn}
+        if buckets is not None:
+            self.out.put(summ.summary_bytes(buckets, self.agg.fields, rows, live=True, **extra))
+        elif len(rows):
+            self.out.put(_rows_bytes("scalars", rows, self.binary, **extra))
+        if self.latest_layer is not None:  # the panes draw the newest layer row
+            self.out.put(_rows_bytes("layers", self.latest_layer, self.binary))
+            self.latest_layer = None
+
+    def send_overview(self, scalars: np.ndarray, layers: np.ndarray) -> None:
+        """The overview of the log's rows after what the monitor holds, and the recent window at
+        full resolution, in one message; then the newest layer rows."""
+        after = self.last_step if self.last_step is not None else -math.inf
+        first = summ.first_row_after(scalars, after)
+        n = len(scalars)
+        if n > first:
+            win = max(first, n - self.window)
+            rows = np.array(scalars[win:n])
+            if win > first:
+                buckets, fields, why = summ.overview_since(
+                    self.run_dir, scalars, first, self.max_buckets
+                )
+                if why:
+                    self.out.put(_json_line({"type": "notice", "message": why}))
+                self.out.put(summ.summary_bytes(buckets, fields, rows, live=False))
+            else:
+                self.rows("scalars", rows)
+            self.last_step = max(after, float(scalars["step"][n - 1]))
+        lay = layers[-64:]
+        self.rows("layers", np.array(lay[lay["step"] > after]))
+        self.check_gap = True
+
+    def serve_fetches(self, scalars: np.ndarray | None, layers: np.ndarray | None) -> None:
+        """Answer the monitor's fetch requests from the log (mapped again when it has grown)."""
+        while self.requests.pending and not self.out.full:
+            req = self.requests.pending.pop(0)
+            rid = req.get("id")
+            if scalars is None or layers is None or (
+                isinstance(req.get("last"), (int, float)) and len(scalars)
+                and req["last"] > float(scalars["step"][-1])
+            ):  # fmt: skip
+                if self.meta is None:
+                    break
+                scalars, layers = summ.map_log(self.run_dir, self.meta)
+            got = summ.fetch_rows(scalars, layers, req)
+            if isinstance(got, str):
+                self.out.put(_json_line({"type": "fetched", "id": rid, "error": got, "rows": 0}))
+                continue
+            self.rows("scalars", got[0], fetch=rid)
+            self.rows("layers", got[1], fetch=rid)
+            self.out.put(_json_line({
+                "type": "fetched", "id": rid, "rows": int(len(got[0])),
+                "first": req.get("first"), "last": req.get("last"),
+            }))  # fmt: skip
 
     def fill_gap(self, last: float, first: float) -> None:
-        gap = gap_rows(self.run_dir, last, first)
-        recovered = 0
+        # The log's writer drains a few times a second: at a fast step rate the ring can run
+        # ahead of it by thousands of steps. Give it a moment before calling a step missing.
+        deadline = time.monotonic() + LOG_WAIT_S
+        while True:
+            gap = gap_rows(self.run_dir, last, first)
+            recovered = len(gap[0]) if gap is not None else 0
+            behind = math.isfinite(last) and first - last - 1 - recovered > 0
+            if not behind or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         if gap is not None:
-            recovered = len(gap[0])
-            self.rows("scalars", gap[0])
-            self.rows("layers", gap[1])
+            if self.overview and recovered > self.window:  # summarised, like any old history
+                fields = summ.LIVE_FIELDS
+                size = 1 << max(0, int(math.ceil(math.log2(recovered / self.max_buckets))))
+                buckets = summ.ov.reduce_rows(gap[0], fields, size)
+                self.out.put(summ.summary_bytes(buckets, fields, gap[0][-1:], live=True))
+            else:
+                self.rows("scalars", gap[0])
+                self.rows("layers", gap[1])
         if math.isfinite(last):
             lacking = int(max(0.0, first - last - 1 - recovered))
             missing = min(self.pending_dropped, lacking)
@@ -292,9 +394,14 @@ def _serve(
             and reader.state().write_seq - start <= reader.slots
         )  # fmt: skip
         # a resume the ring still covers needs nothing from the log
-        loaded = load_history(run_dir) if history and not resumed_in_ring else None
+        if stream.overview and stream.meta is not None:
+            loaded = summ.map_log(run_dir, stream.meta) if history and not resumed_in_ring else None
+        else:
+            loaded = load_history(run_dir) if history and not resumed_in_ring else None
         after = stream.last_step if stream.last_step is not None else -math.inf
         n_hist = int(np.count_nonzero(loaded[0]["step"] > after)) if loaded is not None else 0
+        if stream.overview:
+            n_hist = min(n_hist, stream.window)
         data = {
             "meta": meta_json, "mode": mode, "run_dir": str(run_dir), "ring": str(ring_path),
             "pid": reader.pid, "slots": reader.slots, "record_size": reader.record_size,
@@ -303,8 +410,12 @@ def _serve(
         }  # fmt: skip
         out.put(encode_reply(rid, ok=True, data=data))
         if loaded is not None:
-            stream.history(*loaded)
-            del loaded
+            if stream.overview:
+                stream.send_overview(*loaded)
+            else:
+                stream.history(*loaded)
+        log_rows = loaded if stream.overview else None
+        del loaded
         events = EventTail(run_dir / "events.jsonl")
         events.offset = int(args.get("events_offset") or 0)
         meta = reader.meta
@@ -313,6 +424,8 @@ def _serve(
         last_status = 0.0
         while True:
             stream.read_ring()
+            if stream.requests.pending:
+                stream.serve_fetches(*(log_rows or (None, None)))
             if not out.full:
                 new_events = events.read()
                 if new_events:

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         from nnwatch.store.runlog import RunLogWriter
 
         log = RunLogWriter(run_dir, meta)
+        from nnwatch.store.overview import OverviewWriter  # as the probe's run files do
+
+        log.observers.append(OverviewWriter(run_dir, meta.schema.scalar_dtype(), log))
     else:
         (run_dir / "meta.json").write_text(meta.to_json())
     end = RunEndpoint(meta, run_dir, slots=args.slots or None, subscribe_mode=args.subscribe_mode)

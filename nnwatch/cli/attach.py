@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="for HOST:RUN, an extra argument for ssh (repeat it: --ssh-arg=-p --ssh-arg=2222)",
     )  # fmt: skip
     add_monitor_arguments(parser)
+    from nnwatch.cli._job_attach import add_job_arguments
+
+    add_job_arguments(parser)  # --job JOB --hosts HOSTS: every rank of a multi-node job
 
 
 def resolve(spec: str, root: Path | None = None) -> tuple[RunInfo | None, Job | None]:
@@ -125,11 +128,13 @@ def open_live(
     GPUs where the registry knows them, and the distributed job RUN belongs to (None for a single
     process, a socket or a remote run)."""
     from nnwatch.sources.base import SourceError
-    from nnwatch.sources.live import ConnectedSource, LiveSource
+    from nnwatch.sources.live import LiveSource
     from nnwatch.tui.launch import gpu_uuids_for
 
-    if connect:
-        return ConnectedSource(connect), [], None
+    if connect:  # a forwarded socket: the far monitor's bounded stream (overview first)
+        from nnwatch.sources.summarised import SummarisedSource
+
+        return SummarisedSource(connect), [], None
     assert spec is not None
     try:
         info, job = resolve(spec)
@@ -153,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
     from nnwatch.sources.base import SourceError
     from nnwatch.tui.launch import run_monitor
 
+    if getattr(args, "job", None):
+        from nnwatch.cli._job_attach import run_job
+
+        return run_job(args)
     if not args.run and not args.connect:
         print(
             "nnwatch attach: name a run (see `nnwatch ls`) or give --connect SOCKET",

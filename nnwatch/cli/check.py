@@ -159,7 +159,7 @@ def _validate(made: Any, target: str) -> dict[str, Any]:
 def diagnose_recorded(path: str, as_json: bool) -> int:
     """Run every detector over a recorded run's log and print the findings."""
     from nnwatch.diagnosis import diagnose_run
-    from nnwatch.store.runlog import load_run
+    from nnwatch.store.run_reader import load_run
 
     try:
         run = load_run(path)

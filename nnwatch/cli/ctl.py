@@ -22,14 +22,23 @@ from typing import Any
 COMMAND = "ctl"
 HELP = "send a command to a run: snapshot, pause, resume, set_clip N, set_layer_interval N, ..."
 
-_OFF = ("off", "none", "null", "default")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nnwatch.channel.commands import COMMANDS
 
-    lines = [f"  {name:<20} {spec.summary}" for name, spec in COMMANDS.items()]
-    parser.epilog = "commands:\n" + "\n".join(lines)
+    lines = []
+    for name, spec in COMMANDS.items():
+        if spec.not_for_ctl:
+            continue
+        where = "" if spec.applied_by_trainer else " (answered at once)"
+        lines.append(f"  {spec.usage(name):<24} {spec.summary}{where}")
+        if spec.positional is not None and spec.args[spec.positional].help:
+            arg = spec.args[spec.positional]
+            lines.append(f"  {'':<24}   {arg.metavar}: {arg.help}")
+    parser.epilog = (
+        "commands (the training thread applies them at its next step boundary):\n"
+        + "\n".join(lines)
+    )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "words", nargs="+", metavar="RUN COMMAND [ARG]", help="which run, what to do, its argument"
@@ -61,27 +70,11 @@ def _parse_arg(command: str, text: str | None) -> dict[str, Any]:
 
     spec = COMMANDS.get(command)
     if spec is None:
-        raise CommandError(f"unknown command {command!r}; known commands: {', '.join(COMMANDS)}")
-    if text is None:
-        return {}
-    key = spec.positional
-    if key is None:
-        raise CommandError(f"{command} takes no argument (got {text!r})")
-    value: Any = text
-    if command == "set_clip":
-        if text.lower() in _OFF:
-            value = None
-        else:
-            try:
-                value = float(text)
-            except ValueError:
-                raise CommandError(f"set_clip needs a number or 'off', got {text!r}") from None
-    elif command in ("set_layer_interval", "anomaly"):
-        try:
-            value = int(text)
-        except ValueError:
-            raise CommandError(f"{command} needs a whole number, got {text!r}") from None
-    return {key: value}
+        known = ", ".join(n for n, s in COMMANDS.items() if not s.not_for_ctl)
+        raise CommandError(f"unknown command {command!r}; known commands: {known}")
+    if spec.not_for_ctl:
+        raise CommandError(spec.not_for_ctl)
+    return spec.from_text(command, text)
 
 
 def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path]]:
@@ -118,7 +111,7 @@ def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path
 
 def run(args: argparse.Namespace) -> int:
     from nnwatch.channel.client import ChannelClient, ChannelError
-    from nnwatch.channel.commands import CommandError, validate
+    from nnwatch.channel.commands import PAUSE, CommandError, validate
 
     words = list(args.words)
     need = 1 if args.connect else 2
@@ -128,9 +121,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     spec = None if args.connect else words.pop(0)
     command = words[0]
-    if command == "subscribe":
-        print("nnwatch ctl: subscribe is for monitors; use `nnwatch attach`", file=sys.stderr)
-        return 2
     try:
         cmd_args = _parse_arg(command, words[1] if len(words) > 1 else None)
         validate(command, cmd_args)  # the server's own rules, checked before connecting
@@ -170,12 +160,16 @@ def run(args: argparse.Namespace) -> int:
             if not reply.ok:
                 status = 1
         _report(results, command, as_json=args.json)
-        if command == "pause" and status == 0:
+        if command == PAUSE and status == 0:
             _hold_pause(clients, args.hold, quiet=args.json)
     finally:
         for _, client in clients:
             client.close()
     return status
+
+
+#: What a server-answered reply (hello) shows first, when it has it.
+_SHOWN = ("name", "pid", "host", "rank", "world_size", "run_dir", "ring", "socket")
 
 
 def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> None:
@@ -188,11 +182,13 @@ def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> No
         prefix = f"{r['run']}: " if len(results) > 1 else ""
         if not r["ok"]:
             print(f"{prefix}{command} failed: {r['error']}", file=sys.stderr)
-        elif command == "hello":
-            data = r.get("data") or {}
-            for key in ("name", "pid", "host", "rank", "world_size", "run_dir", "ring", "socket"):
-                if key in data:
-                    print(f"{prefix}{key:<11} {data[key]}")
+        elif r.get("applies_at_step") is None and r.get("data"):  # answered by the server
+            data = r["data"]
+            shown = [k for k in _SHOWN if k in data] or [
+                k for k, v in data.items() if isinstance(v, (str, int, float))
+            ]
+            for key in shown:
+                print(f"{prefix}{key:<11} {data[key]}")
         elif r.get("applies_at_step") is not None:
             print(f"{prefix}{command} applies at step {r['applies_at_step']}")
         else:
@@ -202,6 +198,8 @@ def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> No
 
 def _hold_pause(clients: list[Any], hold: float | None, *, quiet: bool) -> None:
     """Keep the connections (and so the pause) open until Ctrl-C, SIGTERM or ``hold`` seconds."""
+    from nnwatch.channel.commands import RESUME
+
     if not quiet:
         until = f"for {hold:g} s" if hold is not None else "until Ctrl-C"
         print(f"holding the pause {until}; it lifts when this command exits", flush=True)
@@ -223,7 +221,7 @@ def _hold_pause(clients: list[Any], hold: float | None, *, quiet: bool) -> None:
         signal.signal(signal.SIGTERM, old)
     for _, client in clients:
         try:
-            client.request("resume", timeout=2.0)
+            client.request(RESUME, timeout=2.0)
         except Exception:  # noqa: BLE001 - closing the connection lifts the pause anyway
             pass
     if not quiet:

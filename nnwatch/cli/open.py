@@ -2,6 +2,8 @@
 
 Left/Right (Shift: 10x) move a step cursor through the history, Home jumps to the first step,
 End back to the last; the layers pane shows the per-layer stats sampled at the cursor.
+``--compare OTHER`` overlays another run (a name or directory; followed live if it is live) on
+the loss and grad charts, as ``o`` does in the monitor.
 """
 
 from __future__ import annotations

@@ -23,14 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def source_for(info: Any) -> tuple[Any, list[str]]:
     """The source for a picked run: live through its files and socket, else its recorded log."""
-    from nnwatch.sources.live import LiveSource
-    from nnwatch.sources.recorded import RecordedSource
-    from nnwatch.tui.launch import gpu_uuids_for
+    from nnwatch.tui.picker import source_for as open_listed
 
-    if info.live:
-        source = LiveSource.from_info(info)
-        return source, gpu_uuids_for(source.meta.device, list(info.cuda_devices))
-    return RecordedSource(info.run_dir), []
+    return open_listed(info)
 
 
 def run(args: argparse.Namespace) -> int:

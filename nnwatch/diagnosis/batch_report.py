@@ -276,7 +276,7 @@ def grad_norms_before(
         if not (run_dir / "scalars.bin").exists():
             continue
         try:
-            from nnwatch.store.runlog import load_run
+            from nnwatch.store.run_reader import load_run
 
             run = load_run(run_dir)
             steps = np.asarray(run.steps, dtype=np.int64)

@@ -59,6 +59,9 @@ class RunContext:
     param_norm: float = math.nan
     """L2 norm of all trainable parameters when diagnosis started (NaN when unknown)."""
     total_numel: int = 0
+    optimizer_on_copy: bool = False
+    """The optimizer holds parameters shaped exactly like the model's but none of the model's own
+    (it was built on a copy): no update ever reaches the model. False when unknown (offline)."""
     unwatched_before: dict[int, tuple[str, ...]] | None = None
     """For watched layer i: leaf modules nnwatch does not hook that are registered between layer
     i-1 and layer i (custom modules, functional wrappers): suspects when layer i's output is the
@@ -145,8 +148,32 @@ class RunContext:
             resumed=bool(getattr(w, "resumed", False)),
             param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
             total_numel=int(numel.sum()),
+            optimizer_on_copy=_optimizer_on_copy(opt, plan.params),
             unwatched_before=_unwatched_before(w.model, base.layer_names),
         )
+
+
+def _optimizer_on_copy(opt: Any, params: tuple[Any, ...]) -> bool:
+    """The optimizer's parameters are none of ``params`` yet match them in shape and dtype.
+
+    The shape test keeps setups whose optimizer legitimately holds other tensors (fp32 master
+    weights, flattened shards) out: those differ in dtype or shape from the model's parameters.
+    """
+    groups = getattr(opt, "param_groups", None)
+    if not groups or not params:
+        return False
+    try:
+        held = [p for g in groups for p in g.get("params", ())]
+        own = {id(q) for q in params}
+        if not held or any(id(p) in own for p in held):
+            return False
+        return sorted(map(_shape_key, held)) == sorted(map(_shape_key, params))
+    except Exception:  # noqa: BLE001 - an optimizer of an unusual kind: say nothing
+        return False
+
+
+def _shape_key(p: Any) -> tuple[tuple[int, ...], str]:
+    return tuple(p.shape), str(p.dtype)
 
 
 def _unwatched_before(model: Any, layer_names: tuple[str, ...]) -> dict[int, tuple[str, ...]]:

@@ -16,7 +16,7 @@ import numpy as np
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.store.finding import Finding
-from nnwatch.store.runlog import Run, load_run
+from nnwatch.store.run_reader import Run, load_run
 
 
 def full_records(run: Run) -> tuple[np.ndarray, np.ndarray]:

@@ -279,7 +279,8 @@ def export_run(
     overwrite: bool = False,
 ) -> ExportSummary:
     """Write one run's history as TensorBoard events into ``OUT_DIR/<run directory name>``."""
-    from nnwatch.store.runlog import RunLogError, load_run
+    from nnwatch.store.run_reader import load_run
+    from nnwatch.store.runlog import RunLogError
 
     try:
         run = load_run(run_dir)

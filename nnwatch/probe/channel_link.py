@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nnwatch.channel.server import CommandServer
+from nnwatch.probe.command_handler import CommandHandler
+from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store import registry
 from nnwatch.store.ring import RingWriter
-
-if TYPE_CHECKING:
-    from nnwatch.probe.watch import Watch
+from nnwatch.store.schema import RunMeta, RunSchema
 
 log = logging.getLogger("nnwatch")
 
@@ -36,8 +36,52 @@ def _claim_instance() -> int:
         return n
 
 
+class RankOf(Protocol):
+    """This process's place in the job (``run_files.RankInfo``)."""
+
+    @property
+    def rank(self) -> int: ...
+
+
+class ChannelOwner(Protocol):
+    """What the channel needs of the watch: where the run is, and the state commands steer."""
+
+    @property
+    def rank(self) -> RankOf: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    @property
+    def schema(self) -> RunSchema: ...
+
+    @property
+    def meta(self) -> RunMeta: ...
+
+    @property
+    def sysmon(self) -> SystemSampler: ...
+
+    @property
+    def step_index(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def should_stop(self) -> bool: ...
+
+    @property
+    def commands(self) -> CommandHandler: ...
+
+    def apply_command(self, name: str, args: dict[str, Any]) -> tuple[bool, str, int]: ...
+
+
 class ChannelLink:
-    def __init__(self, w: Watch) -> None:
+    def __init__(self, w: ChannelOwner) -> None:
+        self.owner = w
         rank = w.rank.rank
         self.ring_path = registry.ring_path(w.run_dir, rank)
         self.ring = RingWriter(self.ring_path, w.schema.record_size, meta_json=w.meta.to_json())
@@ -56,7 +100,7 @@ class ChannelLink:
             _open_instances.discard(self.instance)
             raise
 
-    def _start(self, w: Watch, rank: int) -> None:
+    def _start(self, w: ChannelOwner, rank: int) -> None:
         sock = None
         try:
             sock = registry.socket_path(w.meta.pid, rank, instance=self.instance)
@@ -77,13 +121,15 @@ class ChannelLink:
     def event(self, event: dict[str, Any]) -> None:
         """Events reach monitors through ``events.jsonl``; nothing to do on the hot path."""
 
-    def after_step(self, w: Watch) -> None:
+    def after_step(self) -> None:
+        """At the step boundary: apply what monitors sent; hold the thread while paused."""
         server = self.server
         if server is None:
             return
         commands = server.drain()
         if not commands:
             return
+        w = self.owner
         self._apply(w, commands)
         if w.paused:
             self.ring.set_status("paused")
@@ -92,18 +138,13 @@ class ChannelLink:
                     self._apply(w, server.drain())
             self.ring.set_status("running")
 
-    def _apply(self, w: Watch, commands: list[Any]) -> None:
+    def _apply(self, w: ChannelOwner, commands: list[Any]) -> None:
         for cmd in commands:
             try:
                 ok, error, at = w.apply_command(cmd.name, dict(cmd.args))
             except (KeyError, TypeError, ValueError) as exc:
                 ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", w.step_index
-            data: dict[str, Any] = {}
-            if cmd.name == "set_clip":
-                data["max_norm"] = w.clip_override
-            elif cmd.name == "set_layer_interval":
-                data["n"] = w.layer_interval
-            cmd.reply(at, ok, error, **data)
+            cmd.reply(at, ok, error, **w.commands.reply_data(cmd.name))
 
     def close(self, status: str, *, remove_ring: bool = False) -> None:
         # status first: a stream still being served must read "finished", not "lost"

@@ -7,10 +7,12 @@ the commands switch: the pause, the stop request and a bounded stretch of anomal
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from nnwatch.channel.commands import PAUSE, RESUME
 from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.snapshot_taker import SnapshotTaker
@@ -29,7 +31,11 @@ class CommandHandler:
     """Owns the pause, stop and anomaly-detection state that monitors steer."""
 
     def __init__(
-        self, owner: CommandOwner, grads: GradientRecorder, budget: CostBudget, snapshots: SnapshotTaker
+        self,
+        owner: CommandOwner,
+        grads: GradientRecorder,
+        budget: CostBudget,
+        snapshots: SnapshotTaker,
     ) -> None:
         self.owner = owner
         self.grads = grads
@@ -39,38 +45,80 @@ class CommandHandler:
         self.should_stop = False  # a monitor asked the training loop to stop
         self.anomaly_left = 0  # steps still run under torch's anomaly detection
         self.anomaly_prev: bool | None = None  # anomaly detection's setting before we turned it on
+        #: What the reply carries, for commands that change a setting a monitor shows.
+        self._shows: dict[str, Callable[[], dict[str, Any]]] = {
+            "set_clip": lambda: {"max_norm": self.grads.override},
+            "set_layer_interval": lambda: {"n": self.budget.layer_interval},
+        }
 
     def apply(self, name: str, args: dict[str, Any]) -> tuple[bool, str, int]:
         """Apply one validated command; returns (ok, error, step at which it takes effect)."""
         at = self.owner.step_index
-        if name == "set_clip":
-            value = args.get("max_norm")
-            self.grads.override = None if value is None else float(value)
-        elif name == "set_layer_interval":
-            self.budget.set_layer_interval(int(args["n"]))
-        elif name == "anomaly":
-            steps = max(1, int(args.get("steps", 1)))
-            if self.anomaly_prev is None:
-                self.anomaly_prev = torch.is_anomaly_enabled()
-            torch.autograd.set_detect_anomaly(True)
-            self.anomaly_left = steps
-        elif name == "snapshot":
-            from nnwatch.diagnosis.snapshot import preflight
-
-            why = preflight(self.owner)  # a full disk: say so now, not promise a snapshot
-            if why:
-                return False, why, at
-            self.snapshots.request(str(args.get("reason", "requested")))
-        elif name == "stop":
-            self.should_stop = True
-        elif name == "pause":
-            self.paused = True
-        elif name == "resume":
-            self.paused = False
-        else:
+        handler = self.HANDLERS.get(name)
+        if handler is None:
             return False, f"unknown command {name!r}", at
+        error = handler(self, args)
+        if error:
+            return False, error, at
         self.owner.log_event({"type": "command", "command": name, "args": args, "step": at})
         return True, "", at
+
+    def reply_data(self, name: str) -> dict[str, Any]:
+        """What the reply to ``name`` carries: the setting it changed, as it now stands."""
+        show = self._shows.get(name)
+        return show() if show is not None else {}
+
+    # -- one handler per command the training thread applies (see nnwatch.channel.commands) -----
+    # Each returns an error in words, or "" when it was applied.
+    def _set_clip(self, args: dict[str, Any]) -> str:
+        value = args.get("max_norm")
+        self.grads.override = None if value is None else float(value)
+        return ""
+
+    def _set_layer_interval(self, args: dict[str, Any]) -> str:
+        self.budget.set_layer_interval(int(args["n"]))
+        return ""
+
+    def _anomaly(self, args: dict[str, Any]) -> str:
+        steps = max(1, int(args.get("steps", 1)))
+        if self.anomaly_prev is None:
+            self.anomaly_prev = torch.is_anomaly_enabled()
+        torch.autograd.set_detect_anomaly(True)
+        self.anomaly_left = steps
+        return ""
+
+    def _snapshot(self, args: dict[str, Any]) -> str:
+        from nnwatch.diagnosis.snapshot import preflight
+
+        why = preflight(self.owner)  # a full disk: say so now, not promise a snapshot
+        if why:
+            return why
+        self.snapshots.request(str(args.get("reason", "requested")))
+        return ""
+
+    def _stop(self, args: dict[str, Any]) -> str:
+        self.should_stop = True
+        return ""
+
+    def _pause(self, args: dict[str, Any]) -> str:
+        self.paused = True
+        return ""
+
+    def _resume(self, args: dict[str, Any]) -> str:
+        self.paused = False
+        return ""
+
+    #: Every command the specification (nnwatch.channel.commands) says the training thread
+    #: applies, by name; a test checks that the two agree.
+    HANDLERS: ClassVar[dict[str, Callable[[CommandHandler, dict[str, Any]], str]]] = {
+        "set_clip": _set_clip,
+        "set_layer_interval": _set_layer_interval,
+        "anomaly": _anomaly,
+        "snapshot": _snapshot,
+        "stop": _stop,
+        PAUSE: _pause,
+        RESUME: _resume,
+    }
 
     def step_done(self) -> None:
         """One anomaly-detection step fewer; the last one puts torch's setting back."""

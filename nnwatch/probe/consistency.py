@@ -35,12 +35,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from nnwatch.probe.job_summary import JobSummary
+from nnwatch.probe.job_summary import every_from_env as summary_from_env
 from nnwatch.store.schema import sums_measured
 
 if TYPE_CHECKING:
@@ -109,7 +112,7 @@ class _Pending:
 
 
 @dataclass
-class CheckResult:
+class ConsistencyResult:
     """One evaluated check, as every rank sees it."""
 
     step: int
@@ -123,11 +126,13 @@ class CheckResult:
 class ConsistencyCheck:
     """Owned by a :class:`~nnwatch.probe.watch.Watch`; see the module docstring."""
 
-    def __init__(self, w: Watch, every: int = DEFAULT_EVERY, *, group: Any = None) -> None:
+    def __init__(
+        self, w: Watch, every: int = DEFAULT_EVERY, *, group: Any = None, summary_every: int = 0
+    ) -> None:
         import torch.distributed as dist
 
         self.w = w
-        self.every = int(every)
+        self.every = int(every)  # 0: no checksum compare (the slot may still carry the summary)
         self.group = group
         self.dist = dist
         self.rank = dist.get_rank(group)
@@ -138,8 +143,8 @@ class ConsistencyCheck:
         self.device = self._comm_device()
         self.optimizer_steps = 0
         self.checks = 0
-        self.results: list[CheckResult] = []
-        self._pending: _Pending | None = None
+        self.results: list[ConsistencyResult] = []
+        self._pending: deque[_Pending] = deque()  # launched, not read yet, oldest first
         self._handle = w.optimizer.register_step_post_hook(self._on_optimizer_step)  # type: ignore[union-attr]
         self._nonfinite = 0  # this rank's steps with a non-finite loss or activation
         self._first_nonfinite = -1  # the first of them
@@ -151,23 +156,35 @@ class ConsistencyCheck:
         self.closed = False
         self.error: str | None = None
         self.agreed: bool | None = None  # every rank runs the check (decided at the first one)
-        self._store, self._key = _register(self.world)
+        self.summary: JobSummary | None = None
+        if summary_every > 0:
+            self.summary = JobSummary(
+                w, summary_every, rank=self.rank, world=self.world, group=group, device=self.device
+            )
+        self._store, self._key = _register(self.world, self.every, summary_every, self.summary)
 
     @classmethod
-    def create(cls, w: Watch, every: int | None) -> ConsistencyCheck | None:
-        """A check for ``w`` when it makes sense (distributed, replicated, with an optimizer)."""
+    def create(
+        cls, w: Watch, every: int | None, summary_every: int | None = None
+    ) -> ConsistencyCheck | None:
+        """A check for ``w`` when it makes sense (distributed, with an optimizer): the checksum
+        compare for replicated parameters, and the job summary when asked for."""
         every = every_from_env() if every is None else int(every)
-        if every <= 0 or w.optimizer is None or not w.plan.params:
+        summary_every = summary_from_env() if summary_every is None else int(summary_every)
+        every, summary_every = max(0, every), max(0, summary_every)
+        if (every <= 0 and summary_every <= 0) or w.optimizer is None or not w.plan.params:
             return None
         try:
             import torch.distributed as dist
 
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None
-            if parameters_sharded(w.model, list(w.plan.params)):
+            if every and parameters_sharded(w.model, list(w.plan.params)):
                 log.info("nnwatch: parameters are sharded; the cross-rank consistency check is off")
-                return None
-            return cls(w, every)
+                every = 0
+                if not summary_every:
+                    return None
+            return cls(w, every, summary_every=summary_every)
         except Exception as exc:  # noqa: BLE001 - the check is optional; training goes on
             log.warning("nnwatch: the cross-rank consistency check is off: %r", exc)
             return None
@@ -190,13 +207,29 @@ class ConsistencyCheck:
             self._poll()
         except Exception as exc:  # noqa: BLE001 - a failed read only loses this check
             self._fail(f"could not read a consistency check: {exc!r}")
-        if self.optimizer_steps % self.every == 0:
-            if self.agreed is None:
-                self.agreed = self._everyone_takes_part()
-            if self.agreed:
-                self._launch()
-            else:
-                self.close()
+        # the slot: the checksum compare, then the job summary, at counts every rank shares, in
+        # this order on every rank, so the two collectives never interleave differently
+        n = self.optimizer_steps
+        check_due = self.every > 0 and n % self.every == 0
+        summary = self.summary
+        summary_due = summary is not None and n % summary.every == 0
+        if not (check_due or summary_due):
+            return
+        if self.agreed is None:
+            self.agreed = self._everyone_takes_part()
+            if self.agreed and summary is not None:
+                summary.agreed()
+        if not self.agreed:
+            self.close()
+            return
+        if check_due:
+            self._launch()
+        if summary_due and summary is not None:
+            try:
+                self._scan_records()
+            except Exception:  # noqa: BLE001 - the counts stay as they were
+                pass
+            summary.launch(self._nonfinite, self._first_nonfinite)
 
     def _everyone_takes_part(self) -> bool:
         """True when every rank of the group created this check. Decided once, from the job's
@@ -221,14 +254,8 @@ class ConsistencyCheck:
         return True
 
     def _launch(self) -> None:
-        """Launch this step's all-reduce. Every rank launches, whatever happened before."""
-        if self._pending is not None:  # not read yet (a very slow step): finish it first
-            try:
-                self._pending.work.wait()
-                self._finish(self._pending, self._pending.buf.cpu())
-            except Exception as exc:  # noqa: BLE001
-                self._fail(f"could not read a consistency check: {exc!r}")
-            self._pending = None
+        """Launch this step's all-reduce. Every rank launches, whatever happened before, and
+        never waits for an earlier one: a rank that stopped stepping is not waited for here."""
         P, K, W = len(self.params), RANK_SLOTS, self.world
         buf = torch.full((W * K + 2 * P,), INT64_MIN, dtype=torch.int64, device=self.device)
         try:
@@ -243,27 +270,29 @@ class ConsistencyCheck:
         except Exception as exc:  # noqa: BLE001 - still take part, with what we have
             self._fail(f"could not compute the parameter checksum: {exc!r}")
         work = self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._pending = _Pending(self.w.step_index, buf, work)
+        self._pending.append(_Pending(self.w.step_index, buf, work))
         self.checks += 1
 
     def _poll(self) -> None:
-        p = self._pending
-        if p is None:
-            return
-        if p.host is None:
-            if not p.work.is_completed():
+        """Read the checks that completed, oldest first; stop at the first one still running."""
+        while self._pending:
+            p = self._pending[0]
+            if p.host is None:
+                if not p.work.is_completed():
+                    return
+                if p.buf.device.type == "cpu":
+                    self._pending.popleft()
+                    p.work.wait()  # completed: raises if it failed, returns at once otherwise
+                    self._finish(p, p.buf)
+                    continue
+                p.host = torch.empty(p.buf.shape, dtype=p.buf.dtype, pin_memory=True)
+                p.host.copy_(p.buf, non_blocking=True)
+                p.event = torch.cuda.Event()
+                p.event.record()
                 return
-            if p.buf.device.type == "cpu":
-                self._pending = None
-                self._finish(p, p.buf)
+            if not p.event.query():
                 return
-            p.host = torch.empty(p.buf.shape, dtype=p.buf.dtype, pin_memory=True)
-            p.host.copy_(p.buf, non_blocking=True)
-            p.event = torch.cuda.Event()
-            p.event.record()
-            return
-        if p.event.query():
-            self._pending = None
+            self._pending.popleft()
             self._finish(p, p.host)
 
     # -- evaluation (training thread, on host numbers only) --------------------------------------
@@ -274,7 +303,7 @@ class ConsistencyCheck:
         hi, lo = data[W * K : W * K + P], -data[W * K + P :]
         diverged = np.flatnonzero(hi != lo).tolist()
         totals = block[:, 0].tolist()
-        result = CheckResult(p.step, diverged, totals, block[:, 2].tolist(), block[:, 1].tolist())
+        result = ConsistencyResult(p.step, diverged, totals, block[:, 2].tolist(), block[:, 1].tolist())
         result.odd_ranks = odd_ranks(totals)
         self.results.append(result)
         if diverged and not self._diverged_reported:
@@ -285,7 +314,7 @@ class ConsistencyCheck:
             self._last_clean = p.step
         self._report_nonfinite(result)
 
-    def _divergence_finding(self, r: CheckResult) -> Any:
+    def _divergence_finding(self, r: ConsistencyResult) -> Any:
         first = self.names[r.diverged[0]]
         if r.odd_ranks:
             who = f"rank{'s' if len(r.odd_ranks) > 1 else ''} {_join(r.odd_ranks)} hold{'' if len(r.odd_ranks) > 1 else 's'} different weights than the other ranks"
@@ -317,7 +346,7 @@ class ConsistencyCheck:
             finding = dataclasses.replace(finding, onset_step=onset)
         return finding
 
-    def _report_nonfinite(self, r: CheckResult) -> None:
+    def _report_nonfinite(self, r: ConsistencyResult) -> None:
         """Name the rank(s) that went non-finite, first the origin: every rank writes it, so it
         is in the events of whichever node a user watches."""
         bad = {i: step for i, step in enumerate(r.first_nonfinite) if step >= 0}
@@ -395,10 +424,11 @@ class ConsistencyCheck:
             self.error = message
             log.warning("nnwatch: %s", message)
 
-    def close(self) -> None:
+    def close(self, ending: dict[str, Any] | None = None) -> None:
         """Stop checking. A check still in flight is waited for, briefly: every rank launched it
         at the same step, so it completes unless a rank is gone, and a process group torn down
-        under a running collective aborts the process."""
+        under a running collective aborts the process. ``ending`` (how the run ended) goes to
+        the job summary, which tells rank 0."""
         if self.closed:
             return
         self.closed = True
@@ -406,25 +436,31 @@ class ConsistencyCheck:
             self._handle.remove()
         except Exception:  # noqa: BLE001
             pass
-        p, self._pending = self._pending, None
-        if p is not None:
-            try:
-                from datetime import timedelta
+        pending, self._pending = list(self._pending), deque()
+        from datetime import timedelta
 
+        for p in pending:
+            try:
                 p.work.wait(timedelta(seconds=CLOSE_WAIT_S))
                 self._finish(p, p.buf.cpu())
             except Exception:  # noqa: BLE001 - a rank is gone; nothing left to compare
-                pass
+                break
+        if self.summary is not None:
+            self.summary.close(ending)
 
 
 _created = 0  # checks this process created: the same sequence on every rank
 
 
-def _register(world: int) -> tuple[Any, str]:
+def _register(
+    world: int, every: int = DEFAULT_EVERY, summary_every: int = 0, summary: JobSummary | None = None
+) -> tuple[Any, str]:
     """Count this rank in for the check it is creating, in the default group's store.
 
-    The key holds the launcher's restart count and the check's index in this process, so a
-    restarted job or a second run in the same processes counts afresh.
+    The key holds the launcher's restart count, the check's index in this process and both
+    cadences, so a restarted job or a second run in the same processes counts afresh, and ranks
+    that were given different cadences never count each other in (their collectives would not
+    match). The job summary sets its first beat before the rank counts itself in.
     """
     global _created
     _created += 1
@@ -432,10 +468,14 @@ def _register(world: int) -> tuple[Any, str]:
         f"nnwatch/consistency/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         f"{_created}/{world}"
     )
+    if summary_every:
+        key += f"/{every}/{summary_every}"
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
         store = _get_default_store()
+        if summary is not None:
+            summary.register(store, f"{key}/job")
         store.add(key, 1)
     except Exception as exc:  # noqa: BLE001 - private API or store trouble: no check
         log.info("nnwatch: cannot register for the consistency check: %r", exc)

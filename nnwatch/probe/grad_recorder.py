@@ -86,7 +86,19 @@ class GradientRecorder:
         return present, grads
 
     def _matches(self, grads: list[torch.Tensor], attr: str = "") -> bool:
-        """Whether ``grads`` (or params, with ``attr="grad"``) are exactly this model's gradients."""
+        """Whether ``grads`` (or params, with ``attr="grad"``) are exactly this model's gradients.
+
+        The usual call (``clip_grad_norm_(model.parameters(), ...)`` with every parameter
+        trained) passes them in the model's order: its ends and its length say so without
+        building two sets of the whole model's gradients on every step.
+        """
+        params = self.plan.params
+        if params and len(grads) == len(params):
+            first, last = grads[0], grads[-1]
+            if attr:
+                first, last = getattr(first, attr), getattr(last, attr)
+            if first is not None and first is params[0].grad and last is params[-1].grad:
+                return True
         ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
         if not ours or len(grads) < len(ours):
             return False
@@ -314,7 +326,13 @@ class GradientRecorder:
 
     @staticmethod
     def finite(total: torch.Tensor | float) -> bool:
-        return math.isfinite(total) if isinstance(total, float) else bool(torch.isfinite(total))
+        """Whether the recorded norm is finite: a CPU scalar is read (no ``isfinite`` kernel,
+        tens of microseconds on a cold cache), a device one is checked there (the guard's sync)."""
+        if isinstance(total, float):
+            return math.isfinite(total)
+        if total.is_cpu and total.numel() == 1:
+            return math.isfinite(total.item())
+        return bool(torch.isfinite(total).all())
 
     # -- step boundary ---------------------------------------------------------------------------
     def end_step(self, measure_next: bool) -> None:

@@ -193,11 +193,31 @@ class RunFiles:
         self.diagnosis: Any = None  # the detectors (nnwatch.diagnosis.Diagnosis)
         self.exporter: Any = None  # the live TensorBoard export
 
+    def start(
+        self, meta: RunMeta, on_error: Callable[[str], None], *, append: bool, warn: Callable[[str, str], None]
+    ) -> None:
+        """At the first step: go on in the run being resumed (``append``) when its records have
+        this layout, else in a fresh sibling directory (never two layouts in one log); then
+        open the log. Raises OSError (or RunDirError) when the directory cannot be written."""
+        if append and same_layout(self.dir, meta.schema):
+            (self.dir / "end.json").unlink(missing_ok=True)  # the run goes on
+        elif append:
+            # the earlier run has other layers or LR groups: a fresh sibling directory instead
+            rank = RankInfo(meta.rank, meta.local_rank, meta.world_size)
+            self.dir = choose_run_dir(self.dir, meta.name, meta.started, rank, warn)
+        self.open(meta, on_error)
+
     def open(self, meta: RunMeta, on_error: Callable[[str], None]) -> None:
         """Start the run log (at the first step). Raises OSError when it cannot be written."""
         self.recent = deque(maxlen=RECENT_STEPS)
         self.log = RunLogWriter(self.dir, meta)
         self.log.on_error.append(on_error)
+        try:  # multi-resolution summaries beside the log, for remote monitors (overview.bin)
+            from nnwatch.store.overview import OverviewWriter
+
+            self.log.observers.append(OverviewWriter(self.dir, meta.schema.scalar_dtype(), self.log))
+        except Exception:  # noqa: BLE001 - monitors then build them from the log
+            pass
 
     def start_outputs(self, w: Any, *, channel: bool, detectors: bool, tensorboard: Any) -> None:
         """After the log: the channel first, so that a step-0 finding reaches monitors, then the

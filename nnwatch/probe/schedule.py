@@ -5,7 +5,9 @@ takes the per-layer activation statistics. The cost budget (:mod:`nnwatch.probe.
 both out when they would cost more than their share of the step time, and this schedule lifts
 the thinning where a step matters: the first ``WARMUP_STEPS``, a step with a pending snapshot or
 anomaly detection, the ``AFTER_TROUBLE`` steps after non-finite gradients, and every step while
-the loss spikes or climbs (:mod:`nnwatch.probe.loss_trend`).
+the loss spikes or climbs (:mod:`nnwatch.probe.loss_trend`). While the loss goes wrong (and
+``STATS_HOLD`` steps after) the per-layer statistics are taken on every step too: units that die
+after a bad update do so within a few steps, which an interval of 10-100 steps would miss.
 
 The hooks read ``measure``, ``sampled`` and add to ``own`` directly (plain attributes: they run
 once per layer per step).
@@ -21,6 +23,7 @@ from nnwatch.probe.loss_trend import HOLD, LossTrend
 WARMUP_STEPS = 10  # steps measured in full at the start, whatever the budget says
 DEFAULT_LAYER_INTERVAL = 10  # full per-layer stats every 10 steps, stretched if over budget
 AFTER_TROUBLE = 100  # steps measured in full after non-finite gradients were seen
+STATS_HOLD = 10  # steps still sampled in full after the loss looks normal again
 
 
 class Schedule:
@@ -38,6 +41,7 @@ class Schedule:
         self.sampled = True  # step 0 always samples per-layer stats
         self.since_measured = 0  # unmeasured steps since the last measured one
         self.measure_until = start_step + WARMUP_STEPS  # every step before this one is measured
+        self.sample_until = 0  # every step before this one takes per-layer statistics
         self.loss_trend = LossTrend()  # measures every step while the loss goes wrong
         self.own = 0.0  # seconds spent in nnwatch's own code during this step
 
@@ -48,7 +52,9 @@ class Schedule:
     def advance(self, step_index: int, snapshot_pending: bool) -> bool:
         """Decide the next step (``step_index``); returns whether it needs the layer hooks."""
         budget = self.budget
-        self.sampled = sampled = step_index % budget.layer_interval == 0
+        self.sampled = sampled = (
+            step_index % budget.layer_interval == 0 or step_index < self.sample_until
+        )
         self.since_measured = 0 if self.measure else self.since_measured + 1
         self.measure = measure = (
             (sampled and budget.measures_sampled_steps())
@@ -72,6 +78,7 @@ class Schedule:
         explosion is never between two samples."""
         if self.loss_trend.add(step, loss):
             self.measure_until = max(self.measure_until, step + 2 + HOLD)
+            self.sample_until = max(self.sample_until, step + 2 + STATS_HOLD)
 
     def after_trouble(self, step_index: int) -> None:
         """Non-finite gradients at ``step_index``: watch what follows closely."""

@@ -27,15 +27,18 @@ class SnapshotOwner(Protocol):
     def warn_once(self, key: str, message: str) -> None: ...
 
 
+_default_generator = torch.default_generator
+
+
 def capture_rng(full: bool = True) -> dict[str, Any]:
     """RNG states at the start of a step, for an exact replay of its forward pass.
 
-    torch's own generators cost about 1 us and are taken on every guarded step; numpy's and
-    Python's (about 40 us together) only when a snapshot was asked for ahead of the step, since a
-    model's forward rarely draws from them.
+    torch's own generators cost about 1 us and are taken on every guarded step of a model that
+    draws random numbers; numpy's and Python's (about 40 us together) only when a snapshot was
+    asked for ahead of the step, since a model's forward rarely draws from them.
     """
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    state: dict[str, Any] = {"torch": _default_generator.get_state()}
+    if torch.cuda.is_initialized():  # initialised implies available: one check, not two
         state["cuda"] = torch.cuda.get_rng_state_all()
     if full:
         state["numpy"] = np.random.get_state()
@@ -76,9 +79,21 @@ class SnapshotTaker:
         self.owner = owner
         self.reason: str | None = None  # a snapshot is pending, and why
         self.armed = False  # a snapshot was pending when this step's forward began
-        self.rng_at_start: dict[str, Any] | None = None
+        self._rng: dict[str, Any] | None = None  # the RNG states at this step's start, if taken
+        self._torch_rng: torch.Tensor | None = None  # ... or torch's alone, on a guarded step
+        self._cuda_rng: list[torch.Tensor] | None = None
         self.pre_state: dict[str, Any] | None = None  # the weights before this step's update
         self.random_forward = draws_random_numbers(model)
+
+    @property
+    def rng_at_start(self) -> dict[str, Any] | None:
+        """The RNG states at the start of this step, when they were kept (see :meth:`arm`)."""
+        if self._rng is None and self._torch_rng is not None:
+            # a guarded step keeps the bare state (no dict per step): the dict is made when read
+            self._rng = {"torch": self._torch_rng}
+            if self._cuda_rng is not None:
+                self._rng["cuda"] = self._cuda_rng
+        return self._rng
 
     def request(self, reason: str = "requested") -> None:
         """Snapshot the next step: its batch, RNG, and the weights from before its update."""
@@ -86,15 +101,24 @@ class SnapshotTaker:
             self.reason = reason
 
     def arm(self, guard: bool) -> None:
-        """At a step's forward start: keep the RNG state when this step may be snapshotted."""
-        self.armed = self.reason is not None
-        if self.armed:
-            self.rng_at_start = capture_rng(full=True)
-        elif guard and self.random_forward:
+        """At a step's forward start: keep the RNG state when this step may be snapshotted.
+
+        That is every step of a guarded model whose forward draws random numbers (the guard
+        may snapshot and re-run any step), but there only torch's generators, without a dict.
+        """
+        if self.reason is not None:
+            self.armed = True
+            self._rng = capture_rng(full=True)
+            self._torch_rng = self._cuda_rng = None
+            return
+        self.armed = False
+        self._rng = None
+        if guard and self.random_forward:
             # the guard may snapshot this step; its replay needs the RNG the forward drew from
-            self.rng_at_start = capture_rng(full=False)
+            self._torch_rng = _default_generator.get_state()
+            self._cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         else:
-            self.rng_at_start = None
+            self._torch_rng = self._cuda_rng = None
 
     def capture_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": to_cpu(self.model.state_dict())}

@@ -20,12 +20,13 @@ from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import HOST_FIELDS
 
 N_HOST = len(HOST_FIELDS)
-_HOST_PACK = struct.Struct(f"<{N_HOST}d")
 _NO_CUDA = (math.nan, math.nan, math.nan)
 _LOSS = DEV_INDEX["loss"]
 assert HOST_FIELDS[5:12] == (
     "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
 ), "StepRecord.write_host writes the host block in this order"
+_NO_LRS: list[float] = []
+_Tensor = torch.Tensor
 MEMORY_EVERY = 0.2  # seconds between two reads of the CUDA allocator's statistics
 
 
@@ -38,6 +39,10 @@ def batch_size_of(batch: Any, seq_first: bool = False) -> int | None:
     dim = 1 if seq_first else 0
     if type(batch) is tuple and batch and type(batch[0]) is torch.Tensor and batch[0].dim() > dim:
         return int(batch[0].shape[dim])  # the usual (x, y), without building a list
+    if type(batch) is dict:  # dicts of token ids: the first tensor, without building a list
+        for v in batch.values():
+            if type(v) is torch.Tensor and v.dim() > dim:
+                return int(v.shape[dim])
     if isinstance(batch, dict):
         items: Any = list(batch.values())
     elif isinstance(batch, (tuple, list)):
@@ -46,6 +51,17 @@ def batch_size_of(batch: Any, seq_first: bool = False) -> int | None:
         items = [batch]
     t = next((b for b in items if isinstance(b, torch.Tensor) and b.dim() > dim), None)
     return int(t.shape[dim]) if t is not None else None
+
+
+def _plain_lr(lr: Any) -> float:
+    """An LR as a float: a tensor on the CPU is read, one elsewhere is NaN (reading it would
+    sync), and anything that is not a number is NaN."""
+    if isinstance(lr, torch.Tensor):
+        return float(lr) if lr.device.type == "cpu" and lr.numel() == 1 else math.nan
+    try:
+        return float(lr)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 class StepRecord:
@@ -69,15 +85,20 @@ class StepRecord:
         self._memory_at = -math.inf  # when the CUDA memory gauges were last read
         self._memory = _NO_CUDA
         self._prev_scale: torch.Tensor | None = None  # the AMP scale of the previous step
+        #: packs the host block and the LRs: one call, the record's whole host side
+        self._pack = struct.Struct(f"<{N_HOST + (num_lr if optimizer is not None else 0)}d").pack_into
 
     def loss(self, loss: Any) -> None:
+        host = self.buf.dev_np
+        if type(loss) is _Tensor and host is not None and loss.is_cpu and loss.dim() == 0:
+            host[_LOSS] = loss.item()  # the usual CPU case: a scalar, no sync, no torch copy
+            return
         slot = self.buf.loss
         if loss is None:
             slot.fill_(math.nan)  # a light step does not reset the record: no stale loss
             return
         if isinstance(loss, torch.Tensor):
             if loss.dim() == 0:
-                host = self.buf.dev_np
                 if host is not None and loss.is_cpu:
                     host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
                 else:
@@ -118,11 +139,13 @@ class StepRecord:
     def write_host(
         self, step: int, now: float, dt: float, bs: int | None, threshold: float, sampled: bool, measured: bool
     ) -> None:
-        """The host block in schema order, in one call, then the optimizer's LRs."""
+        """The host block in schema order and the optimizer's LRs after it, in one call."""
         b = self.buf
         mem = self._cuda_memory(b.device, now) if b.on_cuda else _NO_CUDA
         sysmon = self.sysmon
-        _HOST_PACK.pack_into(
+        opt = self.optimizer
+        lrs = _NO_LRS if opt is None else self._lrs(opt.param_groups)
+        self._pack(
             b.record_view,
             0,
             step,
@@ -135,16 +158,19 @@ class StepRecord:
             sysmon.cpu_percent,
             sysmon.rss,
             1.0 if measured else 0.0,
+            *lrs,
         )
-        if self.optimizer is not None:
-            host = b.host
-            off = N_HOST
-            for group in self.optimizer.param_groups[: self.num_lr]:
-                lr = group.get("lr", math.nan)
-                if isinstance(lr, torch.Tensor):
-                    lr = float(lr) if lr.device.type == "cpu" else math.nan
-                host[off] = lr
-                off += 1
+
+    def _lrs(self, groups: list[dict[str, Any]]) -> list[Any]:
+        """The LR of each recorded param group, as plain numbers (a list of floats, usually as is)."""
+        lrs = [group.get("lr", math.nan) for group in groups]
+        n = self.num_lr
+        if len(lrs) != n:  # groups added (or taken away) since the watch started
+            lrs = (lrs + [math.nan] * n)[:n]
+        for lr in lrs:
+            if type(lr) is not float:
+                return [_plain_lr(lr) for lr in lrs]
+        return lrs
 
     def _cuda_memory(self, device: torch.device, now: float) -> tuple[float, float, float]:
         """Allocated, reserved and peak bytes, read at most every ``MEMORY_EVERY`` seconds.

@@ -5,9 +5,11 @@ It hooks the model's layers, measures gradients right before ``optimizer.step()`
 (live monitors) and the detectors. Nothing here blocks or raises into the training loop: a failure
 inside nnwatch is logged once and switches off only the part that failed.
 
-:class:`Watch` is the coordinator: it owns the step's life (forward start, end of backward, the
-update, ``w.step()``) and hands each concern to the part that owns it:
+:class:`Watch` is the coordinator: it builds the parts, starts and ends the run, and answers what
+users, monitors and neighbours ask; each concern belongs to one part:
 
+- :mod:`~nnwatch.probe.step_cycle`: the step's life on the training thread (forward start, end of
+  backward, the update, ``w.step()``): the hot path;
 - :mod:`~nnwatch.probe.schedule`: which steps are measured and sampled, and the cost budget;
 - :mod:`~nnwatch.probe.layer_hooks`: the per-layer forward hooks and the slots they write;
 - :mod:`~nnwatch.probe.grad_recorder`: gradient norms before and after clipping;
@@ -23,9 +25,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
-import struct
 import sys
 import time
 import weakref
@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from nnwatch.probe.attachment import Attachment
-from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.consistency import ConsistencyCheck
 from nnwatch.probe.exit_status import (
@@ -59,27 +59,21 @@ from nnwatch.probe.run_files import (
     choose_run_dir,
     optimizer_has_state,
     optimizer_step,
-    same_layout,
 )
 from nnwatch.probe.schedule import AFTER_TROUBLE as AFTER_TROUBLE
 from nnwatch.probe.schedule import WARMUP_STEPS as WARMUP_STEPS
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
-from nnwatch.probe.step_record import StepRecord, batch_size_of
+from nnwatch.probe.step_cycle import StepCycle
+from nnwatch.probe.step_record import StepRecord
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.paths import RunDirError
-from nnwatch.store.schema import HOST_FIELDS, RunSchema
+from nnwatch.store.schema import RunSchema
 from nnwatch.store.summary import RunSummary
-from nnwatch.tensors.grad_norms import LayerReducer, sentinels_finite
+from nnwatch.tensors.grad_norms import LayerReducer
 from nnwatch.tensors.layers import LayerPlan, plan_layers, sequence_first
 
 log = logging.getLogger("nnwatch")
-
-_LOSS = DEV_INDEX["loss"]
-_STEP_FIELD = struct.Struct("<d")  # the first host field
-_LOSS_FIELD = struct.Struct("<f")  # the first device field
-assert HOST_FIELDS[0] == "step" and _LOSS == 0, "Watch._publish reads these two by offset"
-_ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
 
 
 class Watch:
@@ -102,6 +96,7 @@ class Watch:
         detectors: bool = True,
         tensorboard: Any = None,
         consistency_every: int | None = None,
+        job_summary_every: int | None = None,
         budget: float | None = 0.01,
         max_interval: int = 32,
         batch_size: int | None = None,
@@ -127,36 +122,27 @@ class Watch:
         self.findings: list[Any] = []
         #: the first step's number: 0, or where a resumed run left off (``start_step``, else the
         #: step count of an optimizer that already holds state), so that the step numbers go on
-        self.start_step = int(start_step) if start_step is not None else optimizer_step(optimizer)
-        self.step_index = self.start_step
+        first_step = int(start_step) if start_step is not None else optimizer_step(optimizer)
         self.stat_cap = int(stat_cap)
-        self.batch_size = batch_size
         self.disabled: str | None = None
         self.closed = False
         self.rank = RankInfo.detect()
         self._want_channel, self._want_detectors = channel, detectors
         self._warned: set[str] = set()
         self._started = time.time()
-        self._last_time = math.nan
-        self._step_open = False
-        self._backward_seen = False
-        self._end_queued = False  # a callback waits for the end of the running backward pass
         self._ending_status: str | None = None  # how the run ended, once it has
         self.files = RunFiles()
-        self.schedule = Schedule(self.start_step, budget, max_interval, layer_interval)
+        self.schedule = Schedule(first_step, budget, max_interval, layer_interval)
         self.budget = self.schedule.budget
 
         self.plan: LayerPlan = plan_layers(model)
-        self.device = _param_device(self.plan, model)
-        self.guard = (self.device.type == "cpu") if guard is None else bool(guard)
-        self._has_layers = bool(self.plan.stat_modules)
-        self._first_param = self.plan.params[0] if self.plan.params else None
-        self._seq_first = sequence_first(model)
+        device = _param_device(self.plan, model)
+        self.guard = (device.type == "cpu") if guard is None else bool(guard)
         num_lr = len(optimizer.param_groups) if optimizer is not None else 0
         self.schema = RunSchema(
             self.plan.stat_names, self.plan.stat_kinds, self.plan.param_layer_names, num_lr
         )
-        self.buffers = StepBuffers(self.schema, self.device)
+        self.buffers = StepBuffers(self.schema, device)
         self.layers = LayerHooks(model, self.plan, self.schedule, self, self.buffers.dev.device, stat_cap)
         self.snapshots = SnapshotTaker(model, optimizer, scaler, self)
         self.nan_guard = Guard(
@@ -171,8 +157,15 @@ class Watch:
         self.attachment = Attachment(self.layers, self.grads)
         self.sysmon = SystemSampler()
         self.record = StepRecord(self.buffers, self.sysmon, optimizer, scaler, num_lr, self.warn_once)
+        self.cycle = StepCycle(
+            self, plan=self.plan, optimizer=optimizer, scaler=scaler, schedule=self.schedule,
+            buffers=self.buffers, layers=self.layers, grads=self.grads, guard=self.nan_guard,
+            guard_on=self.guard, snapshots=self.snapshots, commands=self.commands,
+            record=self.record, files=self.files, start_step=first_step, batch_size=batch_size,
+            seq_first=sequence_first(model),
+        )
         self._tensorboard = tensorboard  # live TensorBoard export, from the run log's thread
-        self._consistency = ConsistencyCheck.create(self, consistency_every)  # ranks, every N steps
+        self._consistency = ConsistencyCheck.create(self, consistency_every, job_summary_every)
 
         if os.environ.get("NNWATCH_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
             self.disabled = "NNWATCH_DISABLE is set"  # an inert watch: no hooks, no files
@@ -183,10 +176,11 @@ class Watch:
                 run_dir, self.name, self._started, self.rank, self.warn_once, append=self._append
             )
         except (OSError, RunDirError) as exc:
-            self._disable(f"cannot use the run directory ({exc}); monitoring is off for this run")
+            self.disable(f"cannot use the run directory ({exc}); monitoring is off for this run")
             return
+        cycle = self.cycle
         self.attachment.attach(
-            model, self.plan, optimizer, self._on_forward_start, self._on_backward, self._before_optimizer_step
+            model, self.plan, optimizer, cycle.on_forward_start, cycle.on_backward, cycle.before_optimizer_step
         )
         self.sysmon.start()
         _LIVE[model] = self
@@ -195,75 +189,20 @@ class Watch:
         print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------------
-    # hooks (hot path: no host sync, no allocation that grows with the run)
-    def _on_forward_start(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if self._step_open or self.disabled or not torch.is_grad_enabled():
-            return  # validation forwards (no_grad) neither open a step nor move its RNG capture
-        t0 = time.perf_counter()
-        try:
-            self._step_open = True
-            if self.guard:  # references only: the guard re-runs this forward if it goes bad
-                self.nan_guard.inputs = (args, kwargs)
-            sched, snaps = self.schedule, self.snapshots
-            if not sched.measure and (snaps.reason is not None or self.commands.anomaly_left):
-                sched.measure = True  # a step someone will look at closely is measured in full
-                self.layers.arm(True)
-            first = self._first_param
-            if first is not None and first.device != self.buffers.device:
-                dev = first.device
-                self.buffers.move_to(dev, self._publish)
-                self.device = dev
-                self.layers.refresh(self.buffers.dev.device)
-            snaps.arm(self.guard)
-        except Exception as exc:  # noqa: BLE001
-            self._disable(f"internal error at forward start: {exc!r}")
-        self.schedule.own += time.perf_counter() - t0
+    # the step (the hot path lives in StepCycle)
+    def step(self, loss: Any = None, batch: Any = None, batch_size: int | None = None) -> None:
+        """Record one training step. Call it once per optimizer step, after ``optimizer.step()``.
 
-    def _on_backward(self, param: torch.Tensor) -> None:
-        self._backward_seen = True
-        if not self._end_queued and not self.disabled:
-            self._end_queued = True  # the first of the hooked parameters in this backward
-            try:
-                _ENGINE.queue_callback(self._on_backward_end)
-            except Exception:  # noqa: BLE001 - then the norm is taken at the update instead
-                self._end_queued = False
-
-    def _on_backward_end(self) -> None:
-        """Autograd finished the backward pass: the gradients are complete and not yet clipped."""
-        self._end_queued = False
-        if self.disabled:
-            return
-        t0 = time.perf_counter()
-        try:
-            self.grads.measure = self.schedule.measure
-            self.grads.on_backward_end()
-        except Exception as exc:  # noqa: BLE001
-            self._disable(f"internal error after backward: {exc!r}")
-        self.schedule.own += time.perf_counter() - t0
-
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.disabled:
-            return
-        t0 = time.perf_counter()
-        try:
-            rec = self.grads
-            rec.measure = self.schedule.measure
-            total = rec.at_update()
-            if total is None and self.guard and not sentinels_finite(self.nan_guard.sentinels):
-                total = rec.measure_now()  # a bad step: look at every gradient after all
-            snaps = self.snapshots
-            if snaps.armed and snaps.pre_state is None:
-                snaps.pre_state = snaps.capture_state()
-            if self.guard and total is not None and not rec.finite(total):
-                self.nan_guard.hit()
-        except Exception as exc:  # noqa: BLE001
-            self._disable(f"internal error before optimizer.step(): {exc!r}")
-        self.schedule.own += time.perf_counter() - t0
+        ``batch`` (kept for snapshots) also gives the samples/s; ``batch_size`` overrides the
+        size found in it (for batches whose layout nnwatch cannot guess).
+        """
+        if not self.disabled and not self.closed:
+            self.cycle.step(loss, batch, batch_size)
 
     def before_update(self) -> None:
         """The probe's pre-update work (guard, pre-update snapshot state), for a framework that
         runs the forward and backward inside ``optimizer.step(closure)``."""
-        self._before_optimizer_step(self.optimizer, (), {})
+        self.cycle.before_optimizer_step(self.optimizer, (), {})
 
     def clip_grad_norm_(
         self,
@@ -284,98 +223,22 @@ class Watch:
             per_layer=parameters is None, record=not self.disabled, warn=self.warn_once,
         )
 
-    # ------------------------------------------------------------------------------------------
-    # the step
-    def step(self, loss: Any = None, batch: Any = None, batch_size: int | None = None) -> None:
-        """Record one training step. Call it once per optimizer step, after ``optimizer.step()``.
+    @property
+    def step_index(self) -> int:
+        """The number of the step being recorded (the next ``w.step()``)."""
+        return self.cycle.step_index
 
-        ``batch`` (kept for snapshots) also gives the samples/s; ``batch_size`` overrides the
-        size found in it (for batches whose layout nnwatch cannot guess).
-        """
-        if self.disabled or self.closed:
-            return
-        t0 = time.perf_counter()
-        try:
-            self._step(loss, batch, batch_size, t0)
-        except Exception as exc:  # noqa: BLE001 - training must never crash because of nnwatch
-            self._disable(f"internal error in step(): {exc!r}")
+    @property
+    def start_step(self) -> int:
+        """The first step's number: 0, or where a resumed run left off."""
+        return self.cycle.start_step
 
-    def _step(self, loss: Any, batch: Any, batch_size: int | None, t0: float) -> None:
-        now = time.time()
-        if not self._step_open and not self._backward_seen and self.step_index > self.start_step:
-            self.warn_once(
-                "double-step",
-                "w.step() was called again with no forward or backward pass since the last call; "
-                "the extra call is ignored (call it once per optimizer step)",
-            )
-            return
-        b, rec, sched, layers, record = self.buffers, self.grads, self.schedule, self.layers, self.record
-        record.loss(loss)
-        rec.measure = sched.measure
-        if self.optimizer is None and self._backward_seen:
-            rec.at_update()  # without an optimizer, w.step() is the update boundary
-        elif not rec.done and sched.measure:
-            if self._backward_seen or not self.plan.params:
-                rec.measure_now()
-            elif self.plan.params:
-                self.warn_once(
-                    "no-backward",
-                    "w.step() was called with no backward() since the previous step; gradient "
-                    "norms are not recorded for such steps",
-                )
-        if self.scaler is not None:
-            record.amp()
-        dt = now - self._last_time
-        bs = batch_size or self.batch_size
-        if bs is None and batch is not None:
-            bs = batch_size_of(batch, self._seq_first)
-        measured = sched.measure and self._has_layers
-        if measured:
-            layers.store(b.act_sum)
-            measured = layers.sums_stored  # a step whose forward ran no watched layer is not
-        sampled = sched.sampled and self._has_layers and layers.stats.finish(b.act_stats)
-        record.write_host(self.step_index, now, dt, bs, rec.threshold, sampled, measured)
-        if not layers.finalized:
-            self._finalize()
-        snaps = self.snapshots
-        if snaps.reason is not None and snaps.armed:
-            snaps.write(batch)  # a request that came mid-step waits for the next one
-        # a light step wrote only the loss (and AMP fields), which the next step overwrites
-        b.commit(self._publish, reset=measured or sampled or rec.done or rec.clip_seen or loss is None)
-        self._after_step(now, t0)
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters (and the record's device block) are."""
+        return self.buffers.device
 
-    def _after_step(self, now: float, t0: float) -> None:
-        sched, layers = self.schedule, self.layers
-        measured, sampled = sched.measure, sched.sampled
-        layers.sums_stored = False
-        self.nan_guard.inputs = None
-        first = self.step_index == self.start_step  # it also sets up the run files: not a step's cost
-        step_time = now - self._last_time
-        self._last_time = now
-        self.step_index += 1
-        self._step_open = False
-        self._backward_seen = False
-        snaps = self.snapshots
-        snaps.armed = False
-        hooks = sched.advance(self.step_index, snaps.reason is not None)
-        self.grads.end_step(sched.measure)
-        if hooks != bool(layers.handles) and self._has_layers and not self.disabled:
-            layers.arm(hooks)
-        sched.charge(t0, step_time, measured, sampled, first)  # hook attaching included
-        commands = self.commands
-        if commands.anomaly_left > 0:
-            commands.step_done()
-        if self.files.channel is not None:
-            self.files.channel.after_step(self)
-
-    def _publish(self, record: memoryview) -> None:
-        data = bytes(record)
-        # the loss as published (on a GPU one step late, so reading it costs no sync)
-        step = int(_STEP_FIELD.unpack_from(data, 0)[0])
-        self.schedule.on_loss(step, _LOSS_FIELD.unpack_from(data, self.schema.host_size)[0])
-        self.files.publish(data, record)
-
-    def _finalize(self) -> None:
+    def start_run(self) -> None:
         """First step: the layer order is known, so the run files and the outputs start."""
         order, plan = self.layers.finalize(self.buffers), self.plan
         names = tuple(plan.stat_names[i] for i in order)
@@ -388,18 +251,10 @@ class Watch:
             extra={"layer_interval": self.layer_interval, "resumed": self.resumed,
                    "start_step": self.start_step, "tied": dict(plan.tied)},
         )
-        if self._append and same_layout(self.files.dir, self.schema):
-            (self.files.dir / "end.json").unlink(missing_ok=True)  # the run goes on
-        elif self._append:
-            # the earlier run's records have another layout (other layers, other LR groups):
-            # never mix two layouts in one log; go on in a fresh sibling directory instead
-            self.files.dir = choose_run_dir(
-                self.files.dir, self.name, self._started, self.rank, self.warn_once
-            )
         try:
-            self.files.open(self.meta, self._on_log_error)
-        except OSError as exc:
-            self._disable(f"cannot write the run log in {self.run_dir}: {exc}")
+            self.files.start(self.meta, self._on_log_error, append=self._append, warn=self.warn_once)
+        except (OSError, RunDirError) as exc:
+            self.disable(f"cannot write the run log in {self.run_dir}: {exc}")
             return
         self.files.start_outputs(
             self, channel=self._want_channel, detectors=self._want_detectors, tensorboard=self._tensorboard
@@ -483,7 +338,8 @@ class Watch:
     def _on_log_error(self, message: str) -> None:
         self.findings.append({"kind": "nnwatch_error", "severity": "error", "message": message})
 
-    def _disable(self, reason: str) -> None:
+    def disable(self, reason: str) -> None:
+        """Switch monitoring off for the rest of the run, saying why; training goes on."""
         if self.disabled is None:
             self.disabled = reason
             log.error("nnwatch: %s; training continues without it", reason)
@@ -506,11 +362,11 @@ class Watch:
             self.log_event({"type": "run_ended", "step": self.step_index, **ending.to_dict()})
         self.attachment.remove()
         if self._consistency is not None:
-            self._consistency.close()  # reads a check still in flight while the log is open
+            self._consistency.close(ending.to_dict())  # reads a check in flight; tells rank 0
         self.commands.restore()
         self.sysmon.stop()
         try:
-            self.buffers.flush(self._publish)
+            self.buffers.flush(self.cycle.publish)
         except Exception:  # noqa: BLE001
             pass
         share = self.budget.own_share
@@ -606,6 +462,7 @@ def watch(
     detectors: bool = True,
     tensorboard: Any = None,
     consistency_every: int | None = None,
+    job_summary_every: int | None = None,
     budget: float | None = 0.01,
     max_interval: int = 32,
     batch_size: int | None = None,
@@ -636,7 +493,9 @@ def watch(
     first tensor's leading dimension, or its second for sequence-first RNN input).
     ``tensorboard=OUT_DIR`` (or :class:`nnwatch.export.TensorBoard`) writes TensorBoard events from
     the run log's thread. Under torch.distributed, ``consistency_every`` (default 100, 0 = off)
-    compares a parameter checksum across ranks with one small async all-reduce every N steps.
+    compares a parameter checksum across ranks with one small async all-reduce every N steps;
+    ``job_summary_every=N`` (default off) sends each rank's step, loss, grad norm, step time and
+    memory to rank 0 every N steps in the same slot, and rank 0 writes the job's table.
     ``start_step`` numbers the first recorded step (by default 0, or the step count of an
     optimizer that already holds state: a resumed run goes on where it left off).
     The environment variable ``NNWATCH_DISABLE=1`` makes this an inert watch (no hooks, no files).
@@ -645,6 +504,7 @@ def watch(
         model, optimizer, scaler, num_classes=num_classes, name=name, run_dir=run_dir,
         layer_interval=layer_interval, stat_cap=stat_cap, guard=guard,
         skip_nonfinite=skip_nonfinite, channel=channel, detectors=detectors,
-        tensorboard=tensorboard, consistency_every=consistency_every, budget=budget,
+        tensorboard=tensorboard, consistency_every=consistency_every,
+        job_summary_every=job_summary_every, budget=budget,
         max_interval=max_interval, batch_size=batch_size, start_step=start_step, resume=resume,
     )

@@ -38,6 +38,11 @@ class SourceUpdate:
     layers: np.ndarray  # rows of meta.schema.layer_row_dtype() (sampled or non-finite steps)
     events: list[dict[str, Any]] = field(default_factory=list)  # findings, snapshots, commands
     status: SourceStatus = SourceStatus("live")
+    #: pre-reduced buckets of rows this update stands for (nnwatch.store.overview records, whose
+    #: series are ``summary_fields``), before ``scalars``: a remote run's overview, or live
+    #: aggregates; ``scalars`` at or before their last step then only fill the raw tail
+    summary: np.ndarray | None = None
+    summary_fields: tuple[str, ...] = ()
 
 
 class RunSource(ABC):

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nnwatch.sources.job_findings import LAG_STEPS, job_findings, lag_limit
+from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.store.job_health import JobStops, certain_first, judge_job
 from nnwatch.store.jobs import Job
 from nnwatch.store.schema import sums_measured
@@ -30,48 +31,14 @@ if TYPE_CHECKING:
     from nnwatch.sources.base import RunSource
     from nnwatch.store.registry import RunInfo
 
-#: A live rank this many steps behind the most advanced rank is called a straggler.
-STRAGGLER_STEPS = 2
+#: A live rank this many steps behind the most advanced rank is called a straggler (or, in a
+#: fast job, a second of its steps: see ``job_findings.lag_limit``).
+STRAGGLER_STEPS = LAG_STEPS
 #: Findings the consistency check writes; a job view collects them from every rank it follows.
 CROSS_RANK_KINDS = ("rank_divergence", "rank_nonfinite")
 
 # ------------------------------------------------------------------------------------------------
 # Per-rank summaries (monitor side)
-
-
-@dataclass(frozen=True)
-class RankSummary:
-    """One row of the per-rank summary: what a user compares across ranks at a glance."""
-
-    rank: int
-    host: str
-    pid: int
-    run_dir: str
-    step: int | None
-    steps_per_s: float | None
-    loss: float  # NaN when not measured
-    grad_norm: float  # before clipping; NaN when not measured
-    state: str  # the run's own state: live, paused, hung, finished, crashed, lost, starting
-    status: str  # what to show: the state, or "nan", "behind" when that stands out more
-    nonfinite_step: int | None = None  # first step with a non-finite loss, activation or gradient
-    nonfinite_what: str | None = None  # "loss", "activations" or "gradients"
-    forward_nonfinite_step: int | None = None  # first non-finite loss or activation (not gradients)
-    behind: int = 0  # steps behind the most advanced rank of the job (live ranks)
-    note: str = ""  # plain words for a tooltip or the events pane
-    role: str = ""  # first, stopped_by_launcher, holds or waiting (see channel.job_health)
-
-
-@dataclass(frozen=True)
-class JobView:
-    """Everything the TUI needs for one job: a row per rank, and what stands out."""
-
-    job: Job
-    rows: tuple[RankSummary, ...]
-    nan_origin: tuple[int, ...]  # the rank(s) where a NaN appeared first (forward before backward)
-    stragglers: tuple[int, ...]
-    cross_rank_findings: tuple[dict[str, Any], ...]  # rank_divergence / rank_nonfinite events
-    #: which rank stopped first and how, and which one the live ranks wait for
-    stops: JobStops = field(default_factory=JobStops)
 
 
 class RankState:
@@ -82,6 +49,7 @@ class RankState:
         self.loss = math.nan
         self.grad_norm = math.nan
         self.step_times: list[float] = []
+        self.memory = math.nan
         self.loss_seen = False
         self.first: dict[str, int] = {}
         #: steps not measured (``layer_sums`` 0) whose layer rows may still come; pruned as they do
@@ -101,6 +69,8 @@ class RankState:
             self.step_times = (
                 self.step_times + [float(x) for x in st if np.isfinite(x) and x > 0]
             )[-20:]
+            mem = float(scalars["cuda_peak"][-1])
+            self.memory = mem if math.isfinite(mem) and mem > 0 else float(scalars["rss"][-1])
             bad_loss = np.isinf(loss)
             finite = np.isfinite(loss)
             before = np.maximum.accumulate(finite) | self.loss_seen
@@ -131,10 +101,12 @@ class RankState:
         self.first[what] = int(steps[int(np.argmax(bad))])
 
     @property
+    def step_time(self) -> float:
+        return float(np.median(self.step_times)) if self.step_times else math.nan
+
+    @property
     def steps_per_s(self) -> float | None:
-        if not self.step_times:
-            return None
-        med = float(np.median(self.step_times))
+        med = self.step_time
         return 1.0 / med if med > 0 else None
 
     def nonfinite(self) -> tuple[int | None, str | None, int | None]:
@@ -154,8 +126,12 @@ class JobMonitor:
     appear as ``missing`` in the job, not as rows.
     """
 
-    def __init__(self, job: Job, *, hung_min: float | None = None) -> None:
+    def __init__(
+        self, job: Job, *, hung_min: float | None = None, use_summary: bool = True
+    ) -> None:
         self.job = job
+        #: with ranks on other nodes, show rank 0's job summary (all ranks) when it writes one
+        self.use_summary = use_summary
         self._hung_min = hung_min
         self._sources: dict[int, RunSource | None] = {}
         self._states: dict[int, RankState] = {r.rank: RankState() for r in job.runs}
@@ -180,6 +156,9 @@ class JobMonitor:
         return src
 
     def poll(self) -> JobView:
+        summary = self._summary_view()
+        if summary is not None:
+            return summary
         for info in self.job.runs:
             src = self._source(info)
             if src is None:
@@ -201,6 +180,18 @@ class JobMonitor:
         return build_view(
             self.job, self._states, self._run_state, self._findings, self._judge_stops()
         )
+
+    def _summary_view(self) -> JobView | None:
+        """Rank 0's job summary, when ranks are on other nodes and rank 0 writes one: it holds
+        every rank, where this machine's files hold only its own."""
+        rank0 = self.job.run_for(0)
+        if not self.use_summary or not self.job.missing or rank0 is None:
+            return None
+        from nnwatch.sources.job_table import view_from_summary
+        from nnwatch.store.jobs import read_job_summary
+
+        doc = read_job_summary(rank0.run_dir)
+        return None if doc is None else view_from_summary(doc, self.job)
 
     def _judge_stops(self) -> JobStops:
         """Which rank stopped first, and which one the others wait for, judged afresh."""
@@ -249,7 +240,8 @@ def build_view(
     any_steps = [(f, i.rank) for i, _, _, f, _, _, _ in raw if f is not None]
     pool = fwd_steps or any_steps
     origin = tuple(sorted(r for f, r in pool if f == min(pool)[0])) if pool else ()
-    stragglers = tuple(i.rank for i, *_, b in raw if b >= STRAGGLER_STEPS)
+    limit = lag_limit(s.steps_per_s for r, s in states.items() if run_state.get(r) in live)
+    stragglers = tuple(i.rank for i, *_, b in raw if b >= limit)
     rows = []
     for info, st, state, first, what, fwd, behind in raw:
         status, note = state, ""
@@ -265,7 +257,7 @@ def build_view(
                 note += " (first rank to go non-finite)"
             elif what == "gradients" and fwd is None:
                 note += " (reached this rank through the gradient all-reduce)"
-        elif behind >= STRAGGLER_STEPS:
+        elif behind >= limit:
             status, note = "behind", f"{behind} steps behind the leading rank"
         rows.append(
             RankSummary(
@@ -285,14 +277,19 @@ def build_view(
                 behind=behind,
                 note=note,
                 role=told.role if told is not None else "",
+                step_time=st.step_time,
+                memory=st.memory,
             )  # fmt: skip
         )
-    return JobView(job, tuple(rows), origin, stragglers, tuple(findings), stops)
+    findings = tuple(findings)
+    found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=findings)
+    return JobView(job, tuple(rows), origin, stragglers, findings, stops, found)
 
 
 def summarize_runs(job: Job) -> JobView:
     """A one-off view of a job read from its run logs (finished or crashed jobs, scripts, tests)."""
-    from nnwatch.store.runlog import RunLogError, load_run
+    from nnwatch.store.run_reader import load_run
+    from nnwatch.store.runlog import RunLogError
 
     states: dict[int, RankState] = {}
     run_state: dict[int, str] = {}

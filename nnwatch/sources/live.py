@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.channel.client import ChannelClient, ChannelError, Subscription
+from nnwatch.channel.client import ChannelError, Subscription
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.sources.command_line import CommandLine
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Health, Liveness, read_end
 from nnwatch.store.log_catchup import gap_rows, load_history
@@ -42,23 +43,6 @@ _STATE = {
     "crashed": "crashed",
 }
 STEERABLE = ("live", "paused", "hung")
-
-
-def _send_once(
-    client: ChannelClient | None, path: Path, timeout: float, name: str, args: dict[str, Any]
-) -> tuple[ChannelClient | None, CommandReply]:
-    """Send one command on a kept-open connection (it holds any pause), reconnecting first if
-    the run dropped it. Never resent: a lost reply may hide a command that was applied."""
-    try:
-        if client is None or not client.still_open():
-            if client is not None:
-                client.close()
-            client = ChannelClient(path, timeout=timeout)
-        return client, client.request(name, args)
-    except ChannelError as exc:
-        if client is not None:
-            client.close()
-        return None, CommandReply(False, error=str(exc))
 
 
 class _StepFilter:
@@ -122,7 +106,7 @@ class LiveSource(RunSource):
         self._filter = _StepFilter()
         self._events = EventTail(self.run_dir / "events.jsonl")
         self._reader: RingReader | None = None
-        self._client: ChannelClient | None = None
+        self._commands = CommandLine(command_timeout)
         self._history_done = False
         self._check_gap = False
         self._health: Health | None = None
@@ -165,6 +149,7 @@ class LiveSource(RunSource):
     def poll(self) -> SourceUpdate:
         if self._closed:
             raise SourceError("this live source is closed")
+        self._commands.keepalive()
         schema = self._meta.schema
         scalar_parts: list[np.ndarray] = []
         layer_parts: list[np.ndarray] = []
@@ -236,16 +221,13 @@ class LiveSource(RunSource):
         path = self._find_socket()
         if path is None:
             return CommandReply(False, error="this run has no command socket; it cannot be steered")
-        self._client, reply = _send_once(self._client, path, self.command_timeout, name, args)
-        return reply
+        return self._commands.send(path, name, args)
 
     def reconnect(self) -> None:
         if self._reader is not None:
             self._reader.close()
         self._open_ring()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._commands.close()
 
     def close(self) -> None:
         if self._closed:
@@ -253,8 +235,7 @@ class LiveSource(RunSource):
         self._closed = True
         if self._reader is not None:
             self._reader.close()
-        if self._client is not None:
-            self._client.close()
+        self._commands.close()
 
 
 #: Waits between reconnection attempts after the stream was lost (then the last one, repeated).
@@ -298,7 +279,7 @@ class ConnectedSource(RunSource):
         self.max_hz = max_hz
         self.auto_reconnect = auto_reconnect
         self._filter = _StepFilter()
-        self._client: ChannelClient | None = None
+        self._commands = CommandLine(timeout)
         self._status_msg: dict[str, Any] = {}
         self._dropped = 0  # steps neither the ring nor the run log had (gap messages)
         self._torn = 0
@@ -397,6 +378,7 @@ class ConnectedSource(RunSource):
     def poll(self) -> SourceUpdate:
         if self._closed:
             raise SourceError("this source is closed")
+        self._commands.keepalive()
         if self._sub.lost and self._sub.ended is None and self.auto_reconnect:
             self._retry()
         for msg in self._sub.poll(0.0):
@@ -465,8 +447,7 @@ class ConnectedSource(RunSource):
         )
 
     def command(self, name: str, **args: Any) -> CommandReply:
-        self._client, reply = _send_once(self._client, self.socket_path, self.timeout, name, args)
-        return reply
+        return self._commands.send(self.socket_path, name, args)
 
     def reconnect(self) -> None:
         """Subscribe again, resuming after what is held: only what is new comes down the link."""
@@ -478,5 +459,4 @@ class ConnectedSource(RunSource):
             return
         self._closed = True
         self._sub.close()
-        if self._client is not None:
-            self._client.close()
+        self._commands.close()

@@ -1,6 +1,6 @@
 """A finished or crashed run, read back from its run log, delivered like a live run would be.
 
-``RecordedSource(run_dir)`` maps the log with ``nnwatch.store.runlog.load_run`` and hands the history to
+``RecordedSource(run_dir)`` maps the log with ``nnwatch.store.run_reader.load_run`` and hands the history to
 the monitor in chunks (views into the mapping, which the monitor reduces in one pass), asking the
 kernel to read ahead and dropping the mapped pages behind it, so that opening a 10-million-step
 run neither copies it into Python objects nor keeps gigabytes resident. It also reads any part of
@@ -33,7 +33,8 @@ class RecordedSource(RunSource):
     """The history of one run directory. Cannot be steered (``can_command`` is False)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS) -> None:
-        from nnwatch.store.runlog import RunLogError, load_run
+        from nnwatch.store.run_reader import load_run
+        from nnwatch.store.runlog import RunLogError
 
         self.run_dir = Path(run_dir).expanduser()
         self.chunk_rows = max(1, int(chunk_rows))
@@ -94,7 +95,8 @@ class RecordedSource(RunSource):
 
     def _reload(self) -> None:
         """Map the files again to see rows a running trainer appended since."""
-        from nnwatch.store.runlog import RunLogError, load_run
+        from nnwatch.store.run_reader import load_run
+        from nnwatch.store.runlog import RunLogError
 
         try:
             self._run = load_run(self.run_dir)

@@ -4,8 +4,8 @@ Nothing of ssh is reimplemented: the user's ``ssh`` program runs, so ``~/.ssh/co
 agents and ControlMaster all apply. Two ssh calls: ``ssh HOST nnwatch ls --json`` finds the run
 and its command socket there, and ``ssh -N -L LOCAL:REMOTE HOST`` forwards that socket to a
 private local path (in a fresh 0700 directory this module creates and always removes). The
-monitor then follows the run like any forwarded socket (:class:`ConnectedSource`), and when the
-link drops, the tunnel is started again and the stream resumes after what is already on screen.
+monitor then follows the run in bounded bytes (:class:`SummarisedSource`: an overview sized to the
+screen, the recent rows, older ones fetched on demand), and when the link drops, the tunnel is started again and the stream resumes after what is already on screen.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.sources.base import SourceError
-from nnwatch.sources.live import ConnectedSource
+from nnwatch.sources.summarised import SummarisedSource
 
 #: How long ssh gets to log in and forward (a ProxyJump over a slow link can take a while).
 CONNECT_TIMEOUT = 30.0
@@ -187,8 +187,9 @@ class SshTunnel:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-class RemoteSource(ConnectedSource):
-    """A run on ``host`` through an ssh tunnel this source starts, restarts and removes."""
+class RemoteSource(SummarisedSource):
+    """A run on ``host`` through an ssh tunnel this source starts, restarts and removes: the
+    overview first, detail on demand, live rows in proportion to the screen."""
 
     def __init__(
         self,

@@ -243,3 +243,27 @@ def job_of(run: RunInfo, runs: Iterable[RunInfo]) -> Job:
     raise AssertionError("group_jobs dropped a run")  # pragma: no cover
 
 
+
+
+# ------------------------------------------------------------------------------------------------
+# The job summary (rank 0's table of every rank, from nnwatch.probe.job_summary)
+
+#: Rank 0 writes it into its run directory when ``watch(job_summary_every=N)`` is on.
+JOB_SUMMARY_FILE = "job.json"
+#: One row per rank, float64 each, in this order (the collective's layout).
+JOB_SUMMARY_FIELDS = (
+    "step", "loss", "grad_norm", "step_time", "nonfinite", "first_nonfinite", "memory", "time",
+)  # fmt: skip
+
+
+def read_job_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Rank 0's ``job.json``: every rank's latest summary row and liveness, or None when the run
+    has none (the job summary is off, or this is not rank 0)."""
+    path = Path(run_dir) / JOB_SUMMARY_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
+        return None
+    return doc

@@ -1,9 +1,9 @@
 """A late monitor's history: the run log up to where the ring takes over, without a silent gap.
 
 A monitor attaches to the ring first (so nothing published from then on can be missed without
-being counted as dropped), then loads the run log. The log is written by a thread that drains
-every ~50 ms, so it normally reaches well into what the ring still holds, and the overlap is
-dropped by step. If the log was behind the ring's oldest record when it was read (a tiny ring,
+being counted as dropped), then loads the run log. The log's writer thread drains every quarter second (sooner when a
+quarter of the ring is queued; see :class:`~nnwatch.store.runlog.RunLogWriter`), so the log
+normally reaches well into what the ring still holds, and the overlap is dropped by step. If the log was behind the ring's oldest record when it was read (a tiny ring,
 a busy disk), the steps in between are read from the log again: by then it has them.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 def load_history(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(scalars, layer rows) from the run log, or None when there is no readable log yet."""
     try:
-        from nnwatch.store.runlog import load_run
+        from nnwatch.store.run_reader import load_run
 
         run = load_run(run_dir)
     except Exception:  # noqa: BLE001 - no log yet (before the first step) or unreadable

@@ -453,7 +453,8 @@ def fold_dead_rings(
     """For every run of this host whose process is gone but whose ring file is still there (a
     crash, or a log that failed): move the steps only the ring holds into the log and remove the
     ring. Returns (run directory, steps recovered, what was done) per ring."""
-    from nnwatch.store.runlog import RunLogError, fold_ring_into_log
+    from nnwatch.store.run_reader import fold_ring_into_log
+    from nnwatch.store.runlog import RunLogError
 
     done: list[tuple[str, int, str]] = []
     seen: set[str] = set()

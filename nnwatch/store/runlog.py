@@ -34,23 +34,20 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nnwatch.store.schema import GRAD_LAYER_FIELD, RunMeta, RunSchema, sums_measured
-from nnwatch.store.summary import RunSummary, last_finite
+from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 log = logging.getLogger("nnwatch")
 
 MAGIC_V1 = b"NNWLOG1\0"
 MAGIC = b"NNWLOG2\0"  # format 2: rows plus a checksum file beside them
 HEADER_SIZE = 64
-_HEADER = struct.Struct("<8sII")  # magic, row size, kind (0 scalars, 1 layers)
-_BLOCK = struct.Struct("<QII")  # checksum entry: first row, rows, CRC32
+FILE_HEADER = struct.Struct("<8sII")  # magic, row size, kind (0 scalars, 1 layers)
+CRC_ENTRY = struct.Struct("<QII")  # checksum entry: first row, rows, CRC32
 KIND_SCALARS, KIND_LAYERS = 0, 1
 SCALARS_FILE, LAYERS_FILE, META_FILE = "scalars.bin", "layers.bin", "meta.json"
 EVENTS_FILE, END_FILE = "events.jsonl", "end.json"
@@ -64,7 +61,7 @@ class RunLogError(RuntimeError):
 
 
 def _header(row_size: int, kind: int) -> bytes:
-    return _HEADER.pack(MAGIC, row_size, kind).ljust(HEADER_SIZE, b"\0")
+    return FILE_HEADER.pack(MAGIC, row_size, kind).ljust(HEADER_SIZE, b"\0")
 
 
 def crc_path(path: Path) -> Path:
@@ -90,7 +87,7 @@ class RowAppender:
                 size = HEADER_SIZE
                 checked = True
             else:
-                head = _read_head(path)
+                head = read_head(path)
                 checked = head == MAGIC
                 if head not in (MAGIC, MAGIC_V1):
                     raise RunLogError(f"{path} is not an nnwatch log; not appending to it")
@@ -99,7 +96,7 @@ class RowAppender:
                 os.ftruncate(self.fd, HEADER_SIZE + self.rows * row_size)
             if checked:
                 self.crc_fd = open_for_append(crc_path(path))
-                cut = os.fstat(self.crc_fd).st_size % _BLOCK.size
+                cut = os.fstat(self.crc_fd).st_size % CRC_ENTRY.size
                 if cut:
                     os.ftruncate(self.crc_fd, os.fstat(self.crc_fd).st_size - cut)
         except BaseException:
@@ -113,7 +110,7 @@ class RowAppender:
         _write_all(self.fd, data)
         first, self.rows = self.rows, self.rows + n
         if self.crc_fd >= 0:
-            _write_all(self.crc_fd, _BLOCK.pack(first, n, zlib.crc32(data)))
+            _write_all(self.crc_fd, CRC_ENTRY.pack(first, n, zlib.crc32(data)))
 
     def close(self) -> None:
         for fd in (self.fd, self.crc_fd):
@@ -125,7 +122,7 @@ class RowAppender:
         self.fd = self.crc_fd = -1
 
 
-def _read_head(path: Path) -> bytes:
+def read_head(path: Path) -> bytes:
     from nnwatch.store.paths import open_regular
 
     fd = open_regular(path)
@@ -434,345 +431,3 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return str(obj)
-
-
-# ------------------------------------------------------------------------------------------------
-# Reading
-
-
-@dataclass
-class Run:
-    """A run's whole history. ``run["loss"]`` is the loss of every step as a numpy array."""
-
-    run_dir: Path
-    meta: RunMeta
-    scalars: np.ndarray
-    layers: np.ndarray
-    events: list[dict[str, Any]] = field(default_factory=list)
-    status: str = "finished"
-    end: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name in (self.scalars.dtype.names or ()):
-            return self.scalars[name]
-        raise KeyError(
-            f"{name!r} is not a per-step metric; choose from {', '.join(self.scalars.dtype.names or ())}"
-        )
-
-    def __len__(self) -> int:
-        return len(self.scalars)
-
-    def summary(self) -> RunSummary:
-        """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
-        findings: list[Mapping[str, Any]] = [
-            {k: e.get(k) for k in ("kind", "severity", "step", "summary", "remedy")}
-            for e in self.events if e.get("type") == "finding"
-        ]
-        return RunSummary(
-            name=self.meta.name, status=self.status, steps=len(self),
-            loss=last_finite(self.scalars["loss"]) if len(self) else None,
-            grad_norm=last_finite(self.scalars["grad_norm"]) if len(self) else None,
-            run_dir=str(self.run_dir), findings=findings,
-        )
-
-    def __repr__(self) -> str:
-        return self.summary().text()
-
-    def _repr_html_(self) -> str:
-        return self.summary().html()
-
-    def plot(self, metrics: tuple[str, ...] = ("loss", "grad_norm"), ax: Any = None) -> Any:
-        """The run's series with matplotlib (installed separately), one panel per metric.
-
-        Unmeasured steps (NaN) are gaps; the grad norm is on a log axis. Returns the figure.
-        """
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise RuntimeError("run.plot() needs matplotlib: pip install matplotlib") from exc
-        if ax is None:
-            fig, grid = plt.subplots(len(metrics), 1, sharex=True, squeeze=False,
-                                     figsize=(8, 2.2 * len(metrics)))
-            axes: list[Any] = list(grid[:, 0])
-        else:
-            axes = list(ax) if isinstance(ax, (list, tuple)) else [ax]
-            fig = axes[0].figure
-        for a, name in zip(axes, metrics, strict=False):
-            values = self[name]
-            values = values[:, 0] if values.ndim == 2 else values
-            a.plot(self.steps, values, lw=0.8)
-            a.set_ylabel(name)
-            if name.startswith("grad_norm"):
-                a.set_yscale("log")
-        axes[-1].set_xlabel("step")
-        fig.suptitle(f"{self.meta.name} ({self.status})")
-        return fig
-
-    @property
-    def steps(self) -> np.ndarray:
-        return self.scalars["step"]
-
-    @property
-    def layer_names(self) -> tuple[str, ...]:
-        return self.meta.schema.layer_names
-
-    def layer_stat(self, stat: str, layer: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one per-layer stat (``act_zero``, ``grad_layer``, ...) for one layer."""
-        names = self.meta.schema.param_layer_names if stat == GRAD_LAYER_FIELD else self.layer_names
-        if layer not in names:
-            raise KeyError(f"no layer {layer!r}; layers are: {', '.join(names)}")
-        i = names.index(layer)
-        return self.layers["step"], self.layers[stat][:, i]
-
-    @property
-    def findings(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("type", "finding") == "finding" and "kind" in e]
-
-
-def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np.ndarray:
-    """The rows of one log file, memory-mapped; rows whose checksum fails are left out (one
-    warning names their steps), and a partial last row (a killed writer) is ignored."""
-    from nnwatch.store.paths import open_regular
-
-    try:
-        fd = open_regular(path)
-    except FileNotFoundError:
-        warnings.append(f"{path.name} is missing")
-        return np.zeros(0, dtype=dtype)
-    except OSError as exc:
-        raise RunLogError(f"{path} cannot be read: {exc.strerror or exc}") from exc
-    with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < HEADER_SIZE:
-            if size:
-                warnings.append(f"{path.name} is shorter than its header ({size} bytes)")
-            return np.zeros(0, dtype=dtype)
-        magic, row_size, file_kind = _HEADER.unpack(fh.read(_HEADER.size))
-        if magic not in (MAGIC, MAGIC_V1):
-            raise RunLogError(f"{path} is not an nnwatch log (bad magic {magic!r}); it may be corrupt")
-        if row_size != dtype.itemsize or file_kind != kind:
-            raise RunLogError(
-                f"{path} holds rows of {row_size} bytes but meta.json describes {dtype.itemsize}; "
-                "the run directory mixes files from different runs"
-            )
-        n, extra = divmod(size - HEADER_SIZE, row_size)
-        if extra:
-            warnings.append(f"{path.name}: ignored a partial last row ({extra} bytes; the run was killed)")
-        if n == 0:
-            return np.zeros(0, dtype=dtype)
-        rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
-    if magic == MAGIC:
-        bad = _failed_checksums(path, rows, warnings)
-        if bad is not None:
-            steps = np.asarray(rows["step"][bad], dtype=np.float64)
-            span = f"steps {steps.min():.0f}-{steps.max():.0f}" if np.isfinite(steps).all() else "rows"
-            warnings.append(
-                f"{path.name}: {int(bad.sum())} row(s) ({span}) failed their checksum (the file "
-                "was damaged on disk) and were left out"
-            )
-            rows = np.asarray(rows[~bad])
-    return rows
-
-
-def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.ndarray | None:
-    """A mask of the rows whose block checksum fails, or None when every checked block is good."""
-    from nnwatch.store.paths import read_small_file
-
-    try:
-        table = read_small_file(crc_path(path), limit=1 << 31)
-    except FileNotFoundError:
-        warnings.append(f"{path.name}: its checksums ({crc_path(path).name}) are missing; rows not verified")
-        return None
-    except OSError as exc:
-        warnings.append(f"{crc_path(path).name} cannot be read ({exc.strerror or exc}); rows not verified")
-        return None
-    raw = rows.view(np.uint8).reshape(-1) if rows.flags.c_contiguous else np.ascontiguousarray(rows).view(np.uint8)
-    row_size = rows.dtype.itemsize
-    n = len(rows)
-    bad: np.ndarray | None = None
-    expected = 0
-    for first, count, crc in _BLOCK.iter_unpack(table[: len(table) - len(table) % _BLOCK.size]):
-        if first != expected or count == 0 or first + count > n:
-            if first + count > n and first == expected:
-                break  # the rows of the last block were cut short (a killed writer)
-            warnings.append(f"{crc_path(path).name} is inconsistent with {path.name}; later rows not verified")
-            break
-        chunk = raw[first * row_size : (first + count) * row_size]
-        if zlib.crc32(chunk.data) != crc:  # the mapped bytes, not a copy
-            if bad is None:
-                bad = np.zeros(n, dtype=bool)
-            bad[first : first + count] = True
-        expected = first + count
-    return bad
-
-
-def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Events from ``events.jsonl``, skipping (and counting) lines that are not valid JSON objects."""
-    if not path.exists():
-        return
-    bad = 0
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(ev, dict):
-                yield ev
-            else:
-                bad += 1
-    if bad and warnings is not None:
-        warnings.append(f"{path.name}: skipped {bad} unreadable line(s)")
-
-
-def _pid_alive(pid: int, started: float) -> bool:
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        # the run started after its process did; a younger process reuses the pid
-        return proc.create_time() <= started + 1.0
-    except Exception:  # noqa: BLE001 - psutil raises several kinds for "gone"
-        return False
-
-
-def load_run(run_dir: str | os.PathLike[str]) -> Run:
-    """Load a run directory, finished, crashed or still running, as numpy arrays (memory-mapped)."""
-    run_dir = Path(run_dir).expanduser()
-    if not run_dir.is_dir():
-        raise RunLogError(f"{run_dir} is not a directory; pass the run directory that watch() printed")
-    meta_path = run_dir / META_FILE
-    if not meta_path.exists():
-        raise RunLogError(
-            f"{run_dir} has no {META_FILE}: it is not an nnwatch run, or the run never finished a step"
-        )
-    from nnwatch.store.paths import read_small_file
-
-    try:
-        meta = RunMeta.from_json(read_small_file(meta_path))
-    except OSError as exc:
-        raise RunLogError(f"{meta_path} cannot be read: {exc.strerror or exc}") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RunLogError(f"{meta_path} is corrupt ({exc}); the run cannot be decoded") from exc
-    warnings: list[str] = []
-    schema = meta.schema
-    scalars = _map_rows(run_dir / SCALARS_FILE, schema.scalar_dtype(), KIND_SCALARS, warnings)
-    layers = _map_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype(), KIND_LAYERS, warnings)
-    events = list(iter_events(run_dir / EVENTS_FILE, warnings))
-    end: dict[str, Any] = {}
-    end_path = run_dir / END_FILE
-    if os.path.lexists(end_path):
-        from nnwatch.store.health import clean_end
-
-        try:
-            cleaned = clean_end(json.loads(read_small_file(end_path, limit=1 << 20)))
-        except (OSError, ValueError, RecursionError):
-            cleaned = None
-        if cleaned is None:
-            warnings.append(f"{END_FILE} is corrupt; the run is taken as ended")
-        end = cleaned or {}
-        status = str(end.get("status", "finished"))
-    elif _pid_alive(meta.pid, meta.started):
-        status = "running"
-    else:  # no end.json: a full disk at the end may have stopped it; the ring may still tell
-        status = _ring_status(run_dir, meta) or "crashed"
-    if status != "running":
-        scalars, layers = _merge_ring_tail(run_dir, meta, scalars, layers, warnings)
-    return Run(run_dir, meta, scalars, layers, events, status, end, warnings)
-
-
-def _ring_status(run_dir: Path, meta: RunMeta) -> str | None:
-    """"finished" or "crashed" as the ring header says, when the run ended without ``end.json``."""
-    try:
-        from nnwatch.store.ring import RingError, RingReader, ring_path
-    except ImportError:
-        return None
-    try:
-        with RingReader(ring_path(run_dir, meta.rank), start="latest") as reader:
-            said = reader.state().status
-    except (RingError, OSError, ValueError):
-        return None
-    return {"finished": "finished", "stopped": "interrupted", "crashed": "crashed"}.get(said)
-
-
-def _merge_ring_tail(
-    run_dir: Path, meta: RunMeta, scalars: np.ndarray, layers: np.ndarray, warnings: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Append the records that reached the ring but not the log (the writer thread drains the
-    log every ~100 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
-    try:
-        from nnwatch.store.ring import RingError, RingReader, ring_path
-    except ImportError:  # a build without the live channel has no ring to merge
-        return scalars, layers
-
-    path = ring_path(run_dir, meta.rank)
-    if not path.exists():
-        return scalars, layers
-    try:
-        with RingReader(path, start="oldest") as reader:
-            records = reader.read()
-    except (RingError, OSError, ValueError) as exc:
-        warnings.append(f"could not read the ring file for the last steps: {exc}")
-        return scalars, layers
-    if reader.torn:
-        warnings.append(
-            f"{reader.torn} record(s) in the ring file failed their checksum and were skipped"
-        )
-    if reader.dtype != meta.schema.record_dtype() or not len(records):
-        return scalars, layers
-    finite = np.isfinite(records["step"])
-    if not finite.all():
-        warnings.append(f"skipped {int((~finite).sum())} ring record(s) without a step number")
-        records = records[finite]
-    last = float(scalars["step"][-1]) if len(scalars) and np.isfinite(scalars["step"][-1]) else -1.0
-    tail = records[records["step"] > last]
-    if not len(tail):
-        return scalars, layers
-    more_s, more_l = split_records(np.ascontiguousarray(tail), meta.schema)
-    warnings.append(f"recovered the last {len(tail)} step(s) from the ring file")
-    return np.concatenate([scalars, more_s]), np.concatenate([layers, more_l])
-
-
-def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
-    """For a run whose process is gone: append the steps that only its ring file holds to the
-    log, then remove the ring (16 MiB of RAM on /dev/shm). Returns (steps recovered, what was
-    done, in words). The ring is kept when the log could not take its steps (a full disk)."""
-    run_dir = Path(run_dir)
-    run = load_run(run_dir)  # raises RunLogError for what is not a readable run
-    if run.status == "running":
-        return 0, "still running"
-    from nnwatch.store.paths import describe_os_error
-    from nnwatch.store.ring import ring_path
-
-    path = ring_path(run_dir, run.meta.rank)
-    if not os.path.lexists(path):
-        return 0, "no ring file"
-    on_disk = len(_map_rows(run_dir / SCALARS_FILE, run.meta.schema.scalar_dtype(), KIND_SCALARS, []))
-    extra = run.scalars[on_disk:] if len(run.scalars) > on_disk else run.scalars[:0]
-    extra_l = np.zeros(0, run.layers.dtype)
-    if len(extra):
-        first = extra["step"][0]
-        extra_l = run.layers[np.asarray(run.layers["step"]) >= first]
-        try:
-            appenders = [
-                RowAppender(run_dir / SCALARS_FILE, run.meta.schema.scalar_size, KIND_SCALARS),
-                RowAppender(run_dir / LAYERS_FILE, run.layers.dtype.itemsize, KIND_LAYERS),
-            ]
-        except (OSError, RunLogError) as exc:
-            return 0, f"kept the ring: the log cannot take its steps ({describe_os_error(exc, run_dir)})"
-        try:
-            appenders[0].append(np.ascontiguousarray(extra).tobytes())
-            if len(extra_l):
-                appenders[1].append(np.ascontiguousarray(extra_l).tobytes())
-        except OSError as exc:
-            return 0, f"kept the ring: the log cannot take its steps ({describe_os_error(exc, run_dir)})"
-        finally:
-            for a in appenders:
-                a.close()
-    try:
-        os.unlink(path)
-    except OSError as exc:
-        return len(extra), f"could not remove the ring: {exc.strerror or exc}"
-    return len(extra), f"moved {len(extra)} step(s) from the ring into the log and removed the ring"

@@ -170,6 +170,11 @@ class SourceCollector(_Loop):
             )
         return more
 
+    def redirect(self, post: Post) -> None:
+        """Post to ``post`` from now on: the run went from overlay to main run, or back."""
+        self.post = post
+        self._post = post
+
     def command(self, name: str, args: dict[str, Any]) -> None:
         """Send one command in its own thread; the answer comes back as ``CommandFinished``."""
 

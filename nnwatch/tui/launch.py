@@ -10,6 +10,9 @@ import sys
 from typing import Any
 
 from nnwatch.sources.base import RunSource
+from nnwatch.tui.run_sources import gpu_uuids_for
+
+__all__ = ["add_monitor_arguments", "gpu_uuids_for", "run_monitor"]
 
 
 def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,15 +31,13 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--theme", default=None, help="a Textual theme, e.g. nord, gruvbox, textual-light"
     )
-
-
-def gpu_uuids_for(device: str, visible: list[str]) -> list[str]:
-    """The uuid of the run's device ("cuda:1") among the uuids the trainer could see."""
-    if not visible or not device.startswith("cuda"):
-        return []
-    index = device.partition(":")[2]
-    i = int(index) if index.isdigit() else 0
-    return [visible[i]] if i < len(visible) else []
+    parser.add_argument(
+        "--compare",
+        default=None,
+        metavar="RUN",
+        help="overlay another run on the charts (a run name or directory; a live one is followed "
+        "live); in the monitor, o picks one, x drops it, O swaps the two",
+    )
 
 
 def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) -> int:
@@ -62,6 +63,17 @@ def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) 
     except Exception:  # noqa: BLE001 - optional; the inspector draws half blocks without it
         pass
     fps = getattr(args, "fps", None) or DEFAULT_FPS
+    compare = None
+    if getattr(args, "compare", None):
+        from nnwatch.sources.base import SourceError
+        from nnwatch.tui.run_sources import open_run_spec
+
+        try:
+            compare = open_run_spec(args.compare)
+        except SourceError as exc:
+            source.close()
+            print(f"nnwatch: --compare: {exc}", file=sys.stderr)
+            return 1
     try:
         app = NNWatchApp(
             source,
@@ -69,10 +81,13 @@ def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) 
             hardware="psutil" if getattr(args, "no_nvml", False) else "auto",
             keymap=keymap,
             theme=getattr(args, "theme", None),
+            compare=compare,
             **app_kwargs,
         )
     except ValueError as exc:
         source.close()
+        if compare is not None:
+            compare.close()
         print(f"nnwatch: {exc}", file=sys.stderr)
         return 2
     result = app.run()

@@ -107,3 +107,12 @@ class RanksUpdated(Fact):
     """A fresh per-rank summary of the distributed job this run belongs to (``JobMonitor.poll``)."""
 
     view: Any  # nnwatch.sources.job_monitor.JobView
+
+
+@dataclass
+class OverlayUpdated(Fact):
+    """The collector of the overlaid run (``o``) reported ``message`` (records, a state change,
+    a failure). Wrapped so that it is never taken for news of the main run."""
+
+    message: Any  # the collector's own message (RecordsArrived, RunStateChanged, ...)
+    overlay: Any  # the Overlay it is about: a message about one already dropped is ignored

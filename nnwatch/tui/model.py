@@ -21,7 +21,7 @@ import numpy as np
 from nnwatch.sources.base import SourceStatus, SourceUpdate
 from nnwatch.sources.hardware import HardwareReading
 from nnwatch.store.schema import RunMeta
-from nnwatch.tui.history import Columns, History, first_column, raw_columns
+from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
 PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "amp", "gpu", "events")
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
@@ -100,10 +100,43 @@ class RunState:
         self.param_index = {n: i for i, n in enumerate(meta.schema.param_layer_names)}
 
     # -- collector thread --------------------------------------------------------------------
+    def _ingest_summary(
+        self, summary: np.ndarray, fields: tuple[str, ...], scalars: np.ndarray
+    ) -> np.ndarray:
+        """Take buckets and rows in step order; return the rows after the last bucket.
+
+        One poll may hold rows between two summaries (a gap filled row by row, then live
+        aggregates): each row not inside a bucket is appended as a row of its own, before the
+        buckets that follow it, so every step is counted once and in order.
+        """
+        steps = np.asarray(scalars["step"], dtype=np.float64)
+        firsts = np.asarray(summary["first"], dtype=np.float64)
+        lasts = np.asarray(summary["last"], dtype=np.float64)
+        m, pos, t = len(summary), 0, 0
+        with self.lock:
+            while t < m:
+                k = int(np.searchsorted(steps, firsts[t], "left"))
+                if k > pos:  # rows before this bucket, in no bucket
+                    self.history.append(np.asarray(scalars[pos:k]))
+                    pos = k
+                u = t + 1
+                while u < m and int(np.searchsorted(steps, firsts[u], "left")) == int(
+                    np.searchsorted(steps, lasts[u - 1], "right")
+                ):
+                    u += 1  # no loose row between these buckets: take them together
+                end = int(np.searchsorted(steps, lasts[u - 1], "right"))
+                self.history.append_buckets(summary[t:u], fields)
+                self.history.append_tail(np.asarray(scalars[pos:end]))
+                pos, t = end, u
+        return scalars[pos:]
+
     def ingest(self, update: SourceUpdate) -> Ingested:
         """Take one poll's data in; return which panes changed. Huge batches go in chunks."""
         changed: set[str] = set()
         scalars = update.scalars
+        if update.summary is not None and len(update.summary):  # remote overview, live aggregates
+            scalars = self._ingest_summary(update.summary, update.summary_fields, scalars)
+            changed |= {"header", "loss", "grad"}
         n = len(scalars)
         if n > INGEST_CHUNK:
             with self.lock:

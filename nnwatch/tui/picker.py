@@ -16,6 +16,9 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label
 
 from nnwatch.tui import format as fmt
+from nnwatch.tui.run_sources import source_for
+
+__all__ = ["RunPickerApp", "default_lister", "findings_count", "list_with_findings", "source_for"]
 
 STATE_STYLE = {
     "running": "bold green",
@@ -51,13 +54,21 @@ def findings_count(run_dir: str | Path) -> int | None:
     try:
         with open(path, "rb") as fh:
             for line in fh:
-                if b'"type": "finding"' in line or b'"type":"finding"' in line:
-                    n += 1
+                n += _is_finding_line(line)
     except OSError:
         return None
     with _cache_lock:
         _findings_cache[key] = (st.st_size, st.st_mtime_ns, n)
     return n
+
+
+def _is_finding_line(line: bytes) -> bool:
+    """A finding, as ``model.is_finding`` judges a parsed event: it has a ``kind`` and its type
+    is "finding" or absent (snapshots and commands have a type of their own). Bytes only: a
+    long run's events file is scanned every two seconds while it grows."""
+    if b'"kind"' not in line:
+        return False
+    return b'"type": "finding"' in line or b'"type":"finding"' in line or b'"type"' not in line
 
 
 def default_lister() -> list[Any]:
@@ -78,6 +89,40 @@ def default_lister() -> list[Any]:
     live.sort(key=lambda r: -r.started)
     on_disk.sort(key=lambda r: -r.started)
     return live + on_disk
+
+
+#: The columns of a run list (the picker, and the chooser of a run to overlay).
+RUN_COLUMNS = (
+    "name", "status", "findings", "step", "steps/s", "pid", "host", "rank", "age", "directory",
+)  # fmt: skip
+
+
+def run_cells(r: Any, findings: int | None) -> tuple[Text | str, ...]:
+    """One run's row: its name, state, findings count and progress."""
+    return (
+        Text(r.name, style="bold"),
+        Text(r.state, style=STATE_STYLE.get(r.state, "")),
+        _findings_cell(findings),
+        Text(fmt.count(r.step), justify="right"),
+        Text(fmt.si(r.steps_per_s), justify="right"),
+        str(r.pid),
+        r.host,
+        f"{r.rank}/{r.world_size}",
+        fmt.duration(r.age),
+        Text(str(r.run_dir), style="dim"),
+    )
+
+
+def list_with_findings(
+    lister: Callable[[], list[Any]],
+) -> tuple[list[Any], dict[str, int | None], str]:
+    """The runs, their findings counts by run directory, and an error for the screen (or "").
+    Reads files: call it off the UI thread."""
+    try:
+        runs = lister()
+        return runs, {str(r.run_dir): findings_count(r.run_dir) for r in runs}, ""
+    except Exception as exc:  # noqa: BLE001 - shown on screen, never raised
+        return [], {}, f"cannot list runs: {exc}"
 
 
 class RunPickerApp(App[Any]):
@@ -109,18 +154,7 @@ class RunPickerApp(App[Any]):
     def compose(self) -> ComposeResult:
         yield Label("nnwatch · pick a run (Enter opens it)", id="title")
         table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
-        table.add_columns(
-            "name",
-            "status",
-            "findings",
-            "step",
-            "steps/s",
-            "pid",
-            "host",
-            "rank",
-            "age",
-            "directory",
-        )
+        table.add_columns(*RUN_COLUMNS)
         yield table
         yield Label("", id="hint")
         yield Footer(compact=True, show_command_palette=False)
@@ -135,13 +169,8 @@ class RunPickerApp(App[Any]):
             return
 
         def work() -> None:
-            counts: dict[str, int | None] = {}
             try:
-                runs = self.lister()
-                counts = {str(r.run_dir): findings_count(r.run_dir) for r in runs}
-                error = ""
-            except Exception as exc:  # noqa: BLE001 - shown in the hint line, never raised
-                runs, error = [], f"cannot list runs: {exc}"
+                runs, counts, error = list_with_findings(self.lister)
             finally:
                 self._busy.release()
             self.call_from_thread(self._show, runs, error, counts)
@@ -158,18 +187,7 @@ class RunPickerApp(App[Any]):
         self.runs = runs
         table.clear()
         for r in runs:
-            table.add_row(
-                Text(r.name, style="bold"),
-                Text(r.state, style=STATE_STYLE.get(r.state, "")),
-                _findings_cell(counts.get(str(r.run_dir))),
-                Text(fmt.count(r.step), justify="right"),
-                Text(fmt.si(r.steps_per_s), justify="right"),
-                str(r.pid),
-                r.host,
-                f"{r.rank}/{r.world_size}",
-                fmt.duration(r.age),
-                Text(str(r.run_dir), style="dim"),
-            )
+            table.add_row(*run_cells(r, counts.get(str(r.run_dir))))
         if runs:
             table.move_cursor(row=min(keep, len(runs) - 1))
         live = sum(1 for r in runs if getattr(r, "live", False))

@@ -1,6 +1,6 @@
 """Healthy runs of still more kinds, so that the corpus covers what users train: tanh and sigmoid
 MLPs (no saturation alarm on a working squashing net), a GRU, fine-tuning a pretrained body under a
-new head, a resumed run that keeps improving, bfloat16 autocast noise, batches of two, torch's own
+new head (zero and default init), a resumed run that keeps improving, bfloat16 autocast noise, batches of two, torch's own
 clip_grad_norm_ firing mildly on every step, strong AdamW weight decay, heavy dropout, and a
 BatchNorm CNN under Adam with cosine decay. None may raise a warning."""
 
@@ -64,26 +64,31 @@ def gru(wk: dict[str, Any]) -> Any:
     return train(model, opt, next_batch, cross_entropy, 200, wk, name="healthy_gru", num_classes=3)
 
 
-def fine_tune(wk: dict[str, Any]) -> Any:
-    """A body pretrained (unwatched) on a 10-class task, then a new 4-class head and a fresh
-    optimizer with a smaller LR for the body: the usual transfer-learning recipe. The head is
-    zero-initialized; a default-init head on trained ReLU features starts at 1.6-2.2x ln K and
-    draws bad_initial_loss, which cannot tell a pretrained body from a fresh one."""
-    torch.manual_seed(seed(403))
-    x, y = blobs(4096, 32, 10, seed=seed(403), spread=1.5)
+def _pretrained_body(n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A body trained (unwatched) for 200 steps on a 10-class task, and that task's data."""
+    torch.manual_seed(seed(n))
+    x, y = blobs(4096, 32, 10, seed=seed(n), spread=1.5)
     body = mlp([32, 128, 64])
     pre = nn.Sequential(body, nn.ReLU(), nn.Linear(64, 10))
     opt = torch.optim.Adam(pre.parameters(), lr=1e-3)
-    sample = Sampler(x, y, 64, seed=seed(403))
+    sample = Sampler(x, y, 64, seed=seed(n))
     for step in range(200):
         xb, yb = sample(step)
         opt.zero_grad()
         cross_entropy(pre, (xb, yb)).backward()
         opt.step()
+    return body, x, y
+
+
+def _fine_tune(wk: dict[str, Any], n: int, zero_head: bool, name: str) -> Any:
+    """A new 4-class head on the pretrained body and a fresh optimizer with a smaller LR for the
+    body: the usual transfer-learning recipe."""
+    body, x, y = _pretrained_body(n)
     y2 = y % 4  # the new task: a coarser labelling of the same inputs
     model = nn.Sequential(body, nn.ReLU(), nn.Linear(64, 4))
-    nn.init.zeros_(model[2].weight)  # the new head starts at zero (BiT's recipe): loss ln 4
-    nn.init.zeros_(model[2].bias)
+    if zero_head:
+        nn.init.zeros_(model[2].weight)  # the new head starts at zero (BiT's recipe): loss ln 4
+        nn.init.zeros_(model[2].bias)
     opt2 = torch.optim.Adam(
         [
             {"params": body.parameters(), "lr": 1e-4},
@@ -91,9 +96,21 @@ def fine_tune(wk: dict[str, Any]) -> Any:
         ]
     )
     return train(
-        model, opt2, Sampler(x, y2, 64, seed=seed(404)), cross_entropy, 200, wk,
-        name="healthy_fine_tune", num_classes=4,
+        model, opt2, Sampler(x, y2, 64, seed=seed(n + 1)), cross_entropy, 200, wk,
+        name=name, num_classes=4,
     )  # fmt: skip
+
+
+def fine_tune(wk: dict[str, Any]) -> Any:
+    """Fine-tuning under a zero-initialized head: the first loss is ln K exactly."""
+    return _fine_tune(wk, 403, True, "healthy_fine_tune")
+
+
+def fine_tune_default_head(wk: dict[str, Any]) -> Any:
+    """The same with PyTorch's default head init: on trained ReLU features, whose outputs are
+    large, the random head's logits spread and the first loss lands well above ln K. That is what
+    uninformed logits of that spread score, not a bad init."""
+    return _fine_tune(wk, 412, False, "healthy_fine_tune_default_head")
 
 
 def resumed(wk: dict[str, Any]) -> Any:
@@ -211,6 +228,12 @@ CASES = [
     Case("healthy_sigmoid_mlp", None, "sigmoid MLP, Adam", sigmoid_mlp),
     Case("healthy_gru", None, "GRU sequence classifier, Adam", gru),
     Case("healthy_fine_tune_new_head", None, "pretrained body, new 4-class head", fine_tune),
+    Case(
+        "healthy_fine_tune_default_head",
+        None,
+        "pretrained body, new 4-class head with PyTorch's default init",
+        fine_tune_default_head,
+    ),
     Case(
         "healthy_resumed_still_learning",
         None,

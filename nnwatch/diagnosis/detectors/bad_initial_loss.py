@@ -8,6 +8,13 @@ inits give logits with some spread) and half of ln K below. The evidence then po
 likely cause: a loss that is ~batch-size x ln K sums instead of averaging, a huge first-layer output
 means unnormalized inputs, huge logits mean a badly scaled last layer. A first loss near ln 2 with
 K > 2 is a per-class binary loss (multi-label BCE starts there), not a problem.
+
+ln(K) is the loss of logits that are all equal. A new head with PyTorch's default init on top of
+features with some scale (a pretrained body: trained ReLU features are large) gives logits that
+are random but spread, and uninformed logits of spread s score up to ln(K) + s^2/2 (Jensen's bound
+on E[logsumexp] of i.i.d. logits). So when the last layer's outputs at step 0 have a moderate
+spread (std up to half of the 5 that counts as oversized), the expected level is raised by s^2/2:
+a fine-tune under a fresh default head is healthy. A spread beyond that is itself the problem.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ HIGH_ABS, HIGH_REL = 0.75, 0.5
 LOW_ABS, LOW_REL = 0.3, 0.5
 INPUT_STD_LIMIT = 100.0  # textbook activation std bound
 LOGIT_STD_LIMIT = 5.0
+FRESH_HEAD_STD = LOGIT_STD_LIMIT / 2  # logit spreads a default-init head produces
 
 
 class BadInitialLossDetector(Detector):
@@ -53,13 +61,23 @@ class BadInitialLossDetector(Detector):
         k = int(self.ctx.num_classes or 0)
         lnk = math.log(k)
         loss = row.loss
-        high = loss - lnk > max(HIGH_ABS, HIGH_REL * lnk)
+        high = loss - lnk - self._spread_allowance() > max(HIGH_ABS, HIGH_REL * lnk)
         low = lnk - loss > max(LOW_ABS, LOW_REL * lnk)
         if not (high or low):
             return None
         if low and k > 2 and abs(loss - math.log(2.0)) < 0.1:
             return None  # ~ln 2: a per-class binary loss (multi-label BCE), not a K-way softmax
         return self._finding(row, k, lnk, loss, high)
+
+    def _spread_allowance(self) -> float:
+        """What uninformed logits of the observed (moderate) spread add to ln K: s^2 / 2."""
+        std = self.first_std
+        if std is None or not std.size:
+            return 0.0
+        spread = float(std[-1])
+        if not (math.isfinite(spread) and spread <= FRESH_HEAD_STD):
+            return 0.0
+        return 0.5 * spread * spread
 
     def _finding(self, row: Row, k: int, lnk: float, loss: float, high: bool) -> Finding:
         ctx = self.ctx

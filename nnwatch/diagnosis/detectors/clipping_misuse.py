@@ -7,6 +7,10 @@ user's ``max_norm``, so two mistakes are plain to see:
 * a threshold orders of magnitude below the run's norm: the clip fires on at least 95% of the last
   50 clipped steps and divides the gradient by 100x or more (median). Every update then has the
   length LR x max_norm whatever the gradient says; the LR the user set is not the LR they get.
+  The same is plain after 5 steps when the clip divided *every* one of them by 100x or more and
+  the loss has not moved (2%) meanwhile: the clip is what stops learning. A run whose gradients
+  are large for a few steps at its start but that learns through the clip (Adam barely notices
+  a clip) is left to the 50-step rule.
 
 The run's usual norm is what the remedy suggests as a threshold (about 2x its median).
 """
@@ -18,11 +22,13 @@ import math
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
-from nnwatch.diagnosis.history import Ring, RunHistory, median
+from nnwatch.diagnosis.history import RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
 ZERO_STEPS = 3
+EARLY_STEPS = 5
+EARLY_PROGRESS = 0.02
 WINDOW = 50
 FIRES = 0.95
 FACTOR = 100.0
@@ -35,7 +41,8 @@ class ClippingMisuseDetector(Detector):
         super().__init__(ctx)
         self.zero = Episode(confirm=ZERO_STEPS, release=20)
         self.over = Episode(confirm=1, release=WINDOW)
-        self.ratio = Ring(WINDOW)
+        self.ratio = SortedWindow(WINDOW)
+        self.streak: list[tuple[float, float]] = []  # (ratio, loss) of the last steps clipped 100x
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         t, g = row.clip_threshold, row.grad_norm
@@ -45,12 +52,25 @@ class ClippingMisuseDetector(Detector):
             return self._zero(row)
         if t <= 0.0 or not (math.isfinite(g) and g > 0):
             return None
-        self.ratio.push(g / t)
-        if len(self.ratio) < WINDOW:
+        ratio = g / t
+        self.ratio.push(ratio)
+        if ratio >= FACTOR:
+            self.streak = (self.streak + [(ratio, row.loss)])[-EARLY_STEPS:]
+        else:
+            self.streak = []
+        r: list[float] | None
+        if len(self.streak) >= EARLY_STEPS and self._unmoved():
+            r = [x for x, _ in self.streak]
+            window = len(r)
+        elif len(self.ratio) >= WINDOW:  # sorted as it slides: O(log n) per step
+            r = None
+            window = WINDOW
+        else:
             return None
-        r = self.ratio.values().tolist()
-        fired = sum(1 for x in r if x > 1.0) / len(r)
-        factor = median(r)
+        if r is None:
+            fired, factor = self.ratio.count_above(1.0) / WINDOW, self.ratio.median()
+        else:
+            fired, factor = sum(1 for x in r if x > 1.0) / len(r), median(r)
         if not self.over.update(fired >= FIRES and factor >= FACTOR, row.step):
             return None
         usual = factor * t
@@ -59,7 +79,7 @@ class ClippingMisuseDetector(Detector):
             severity="warning",
             step=row.step,
             summary=(
-                f"your clip at max_norm={fmt(t)} fired on {fmt(100 * fired)}% of the last {WINDOW} "
+                f"your clip at max_norm={fmt(t)} fired on {fmt(100 * fired)}% of the last {window} "
                 f"steps and divided the gradient by {fmt(factor)}x (median; the norm is usually "
                 f"{fmt(usual)}): every update has the same length whatever the gradient says, so the "
                 "LR you set is not the step you get."
@@ -77,6 +97,14 @@ class ClippingMisuseDetector(Detector):
             },
             onset_step=self.over.first_hit,
         )
+
+    def _unmoved(self) -> bool:
+        """The loss over the streak has not dropped by 2%: the clipped updates change nothing."""
+        losses = [x for _, x in self.streak if math.isfinite(x)]
+        if len(losses) < EARLY_STEPS:
+            return False
+        before, now = median(losses[:3]), median(losses[-3:])
+        return before - now < EARLY_PROGRESS * abs(before)
 
     def _zero(self, row: Row) -> Finding:
         g = row.grad_norm

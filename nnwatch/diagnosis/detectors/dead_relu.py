@@ -47,6 +47,7 @@ class DeadReluDetector(Detector):
         self.rectifier = np.array([k in RECTIFIER_KINDS for k in kinds], dtype=bool)
         self.any_rectifier = bool(self.rectifier.any())
         self.reported = np.zeros(L, dtype=bool)
+        self._reported = False  # reported.any(), kept as a bool: read on every row
         self.reported_grad = np.zeros(P, dtype=bool)
         self.start_zero = np.full(L, np.nan)
         self.prev_moderate = np.zeros(L, dtype=bool)
@@ -75,7 +76,9 @@ class DeadReluDetector(Detector):
             )
             hit = (z >= AT_ONCE) | (moderate & self.prev_moderate)
             self.prev_moderate = np.where(seen, moderate, self.prev_moderate)
-            new_sampled = self.sampled_ep.update(hit & seen, row.step, observed=seen)
+            hit &= seen
+            if hit.any() or self.sampled_ep._busy:
+                new_sampled = self.sampled_ep.update(hit, row.step, observed=seen)
         if row.act_sum is not None and self.any_rectifier:
             s = row.act_sum
             zero = (s == 0.0) & self.rectifier
@@ -89,7 +92,7 @@ class DeadReluDetector(Detector):
             if zero.any() or self.grad_ep._busy:
                 seen = np.isfinite(gl) & ~self.sparse_param & (self.feeds >= 0)
                 new_grad = self.grad_ep.update(zero & seen, row.step, observed=seen)
-        if new_sampled is None and new_sum is None and new_grad is None and not self.reported.any():
+        if new_sampled is None and new_sum is None and new_grad is None and not self._reported:
             return None  # the usual step: nothing seen, nothing open
         dead = self.sampled_ep.active | self.sum_ep.active
         self.reported &= dead
@@ -97,6 +100,7 @@ class DeadReluDetector(Detector):
         opened = _union(new_sampled, new_sum)
         layers = np.flatnonzero(opened & ~self.reported) if opened.size else opened.nonzero()[0]
         self.reported |= dead
+        self._reported = bool(self.reported.any())
         grads = None
         if new_grad is not None:
             grads = new_grad & ~self.reported_grad

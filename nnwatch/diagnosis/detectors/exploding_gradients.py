@@ -26,7 +26,14 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.history import Ring, RunHistory, median, median_sigma
+from nnwatch.diagnosis.history import (
+    MAD_TO_SIGMA,
+    Ring,
+    RunHistory,
+    SortedWindow,
+    median,
+    median_sigma,
+)
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -51,7 +58,7 @@ class ExplodingGradientsDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.base = Ring(BASELINE)
+        self.base = SortedWindow(BASELINE)
         self.base_loss = Ring(BASELINE)
         self.recent_hits: list[tuple[bool, int]] = []
         self.active = False
@@ -60,17 +67,12 @@ class ExplodingGradientsDetector(Detector):
         self.layer_ema = np.full(ctx.num_param_layers, np.nan)
         self.start: list[float] = []
         self._learned = 0
-        self._ref: tuple[float, float] | None = None
-        self._ref_at = 0
 
-    def _reference(self) -> tuple[float, float]:
-        """Median and spread of the baseline (recomputed every 4 new values: it moves slowly)."""
+    def _spread(self, ref: float) -> float:
+        """The baseline's spread (MAD as a sigma): only needed once the norm is well above it."""
         if self.frozen is not None:
-            return self.frozen
-        if self._ref is None or self.base.total - self._ref_at >= 4:
-            self._ref = median_sigma(self.base.values())
-            self._ref_at = self.base.total
-        return self._ref
+            return self.frozen[1]
+        return MAD_TO_SIGMA * median([abs(v - ref) for v in self.base.values()])
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if row.amp_skipped == 1.0:
@@ -85,17 +87,22 @@ class ExplodingGradientsDetector(Detector):
             if finite:
                 self._learn(row, math.log10(g))
             return None
-        ref, sig = self._reference()
+        ref = self.frozen[0] if self.frozen is not None else self.base.median()
         x = math.log10(g) if finite else math.inf
         rise = x - ref
-        need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
+        sig = math.nan
         if finite:
             from_start = x - median(self.start)
-            hit = (
-                (rise >= need and self._loss_worse(row, hist))
-                or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
-                or (max(rise, from_start) >= DIVERGE_DECADES and self._loss_blew_up(row, hist))
-            )
+            # every rule needs the norm at least 3x above a reference: most steps stop here
+            hit = max(rise, from_start) >= DIVERGE_DECADES
+            if hit:
+                sig = self._spread(ref) if rise >= HIT_DECADES else math.nan
+                need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
+                hit = (
+                    (rise >= need and self._loss_worse(row, hist))
+                    or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
+                    or self._loss_blew_up(row, hist)
+                )
         else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
             hit = any(h for h, _ in self.recent_hits)
         if self.active:
@@ -118,7 +125,7 @@ class ExplodingGradientsDetector(Detector):
             return None
         self.active = True
         self.calm = 0
-        self.frozen = (ref, sig)
+        self.frozen = (ref, sig if math.isfinite(sig) else self._spread(ref))
         return self._finding(row, ref, rise, finite)
 
     def _loss_worse(self, row: Row, hist: RunHistory) -> bool:

@@ -30,15 +30,17 @@ this: a loss that swings while it climbs is diverging.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import deque
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
-    Ring,
     RunHistory,
+    SortedWindow,
     kendall_tau,
     median,
 )
@@ -82,39 +84,48 @@ class LossDivergingDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.losses = Ring(REF + WINDOW)
-        self.steps = Ring(REF + WINDOW)
+        self.losses: deque[float] = deque(maxlen=REF + WINDOW)
+        self.steps: deque[int] = deque(maxlen=REF + WINDOW)
+        self.ref = SortedWindow(REF)  # the losses before the newest WINDOW
+        self.newest = SortedWindow(WINDOW)
         self.first: list[float] = []
+        self.start = math.nan  # median of the first LAST losses
         self.seen = 0
         self.episode = Episode(confirm=1, release=RELEASE)
         self.frozen: tuple[float, float] | None = None
         self.best = math.inf
-        self.best_noise = 0.0
+        self._best_window: list[float] = []
+        self._best_noise: float | None = 0.0
 
     @property
     def active(self) -> bool:
         return self.episode.active
 
+    @property
+    def best_noise(self) -> float:
+        """Noise around the best level, computed when first needed (the best moves on every step
+        of a falling loss; its noise is needed only when the loss climbs far above it)."""
+        if self._best_noise is None:
+            self._best_noise = noise_sigma(self._best_window)
+        return self._best_noise
+
+    def _base(self) -> tuple[float, list[float] | None]:
+        """The level before the newest losses, and the stretch it came from (None: the first ones)."""
+        if len(self.losses) > WINDOW + 8:
+            base, ref = self.ref.median(), None
+        else:
+            ref = self.first[:LAST]
+            base = median(ref)
+        if self.seen <= EARLY:
+            base = min(base, self.start)
+        return base, ref
+
     def base_and_unit(self) -> tuple[float, float]:
         """The level the run was at before the newest losses, and one unit of rise above it."""
         if self.frozen is not None:
             return self.frozen
-        v = self.losses.values().tolist()
-        ref = v[:-WINDOW] if len(v) > WINDOW + 8 else self.first[:LAST]
-        start = median(self.first[:LAST])
-        base = median(ref)
-        if self.seen <= EARLY:
-            base = min(base, start)
-        return base, rise_unit(base, noise_sigma(ref), start)
-
-    def _track_best(self, v: list[float]) -> None:
-        """The lowest median of 16 consecutive losses so far, and the noise around it."""
-        if len(v) < WINDOW:
-            return
-        m = median(v[-WINDOW:])
-        if m < self.best:
-            self.best = m
-            self.best_noise = noise_sigma(v[-WINDOW:])
+        base, ref = self._base()
+        return base, rise_unit(base, noise_sigma(ref or self.ref.values()), self.start)
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         loss = row.loss
@@ -123,38 +134,53 @@ class LossDivergingDetector(Detector):
         self.seen += 1
         if len(self.first) < LAST:
             self.first.append(loss)
-        self.losses.push(loss)
-        self.steps.push(row.step)
+            self.start = median(self.first)
+        if len(self.losses) >= WINDOW:
+            self.ref.push(self.losses[-WINDOW])
+        self.losses.append(loss)
+        self.steps.append(row.step)
+        self.newest.push(loss)
+        if len(self.losses) >= WINDOW:
+            m = self.newest.median()
+            if m < self.best:  # the lowest median of WINDOW consecutive losses so far
+                self.best = m
+                self._best_window = self.newest.values()
+                self._best_noise = None
         if self.seen < 4:
             return None
-        base, unit = self.base_and_unit()
-        v = self.losses.values().tolist()
-        self._track_best(v)
-        last = v[-LAST:]
-        level = median(last)
-        rise = (level - base) / unit
+        level = median(list(itertools.islice(reversed(self.losses), LAST)))
         tau = math.nan
+        hit = False
+        if self.frozen is not None:
+            base, unit = self.frozen
+        else:
+            base, ref = self._base()
+            unit = rise_unit(base, 0.0, self.start)  # a lower bound: the noise only raises it
+            if self.seen >= EARLY_N and level - base >= unit:  # rise >= 1 is possible: look closer
+                unit = rise_unit(base, noise_sigma(ref or self.ref.values()), self.start)
         if self.seen < EARLY_N:
             # little history: only a runaway from the very first loss counts
             base = self.first[0]
             unit = max(abs(base), 1e-12)
-            hit = all((x - base) / unit >= EARLY_FAR for x in v[-3:])
-            level = median(v[-3:])
-        elif rise < 1.0:
-            hit = False
-        else:
+            last3 = list(itertools.islice(reversed(self.losses), 3))
+            hit = all((x - base) / unit >= EARLY_FAR for x in last3)
+            level = median(last3)
+        elif (level - base) / unit >= 1.0:
+            v = list(self.losses)
+            last = v[-LAST:]
             sustained = sum(1 for x in last if x - base >= 0.5 * unit) >= LAST - 1
             tau = kendall_tau(v[-TREND_N:])
-            hit = sustained and (rise >= FAR or tau >= TREND_TAU)
+            hit = sustained and ((level - base) / unit >= FAR or tau >= TREND_TAU)
         if not hit and self.seen >= EARLY_N and math.isfinite(self.best):
             # a slow climb, which the stretch just before follows up: against the best level
-            start = median(self.first[:LAST])
-            b_unit = rise_unit(self.best, self.best_noise, start, SLOW_NOISE_UNITS)
-            slow = median(v[-WINDOW:])
-            if slow - self.best >= b_unit and level - self.best >= b_unit:
-                t = kendall_tau(v[-SLOW_TREND_N:])
-                if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
-                    hit, base, unit, tau = True, self.best, b_unit, t
+            slow = self.newest.median()
+            lower = rise_unit(self.best, 0.0, self.start, SLOW_NOISE_UNITS)
+            if slow - self.best >= lower and level - self.best >= lower:
+                b_unit = rise_unit(self.best, self.best_noise, self.start, SLOW_NOISE_UNITS)
+                if slow - self.best >= b_unit and level - self.best >= b_unit:
+                    t = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
+                    if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
+                        hit, base, unit, tau = True, self.best, b_unit, t
         was = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was:
@@ -164,15 +190,13 @@ class LossDivergingDetector(Detector):
         if not opened:
             return None
         if math.isnan(tau):
-            tau = kendall_tau(v[-TREND_N:])
+            tau = kendall_tau(list(self.losses)[-TREND_N:])
         return self._finding(row, hist, base, unit, level, tau)
 
     def _onset(self, base: float, unit: float) -> int:
         """The first step of the current climb: where the loss last sat within half a unit of base."""
-        v = self.losses.values().tolist()
-        s = self.steps.values().tolist()
-        onset = int(s[-1])
-        for x, st in zip(reversed(v), reversed(s), strict=True):
+        onset = int(self.steps[-1])
+        for x, st in zip(reversed(self.losses), reversed(self.steps), strict=True):
             if x - base < 0.5 * unit:
                 break
             onset = int(st)

@@ -22,7 +22,7 @@ import math
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
-from nnwatch.diagnosis.history import Ring, RunHistory, median
+from nnwatch.diagnosis.history import Ring, RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -41,8 +41,9 @@ class LossSpikeDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.ref = Ring(REF)
+        self.ref = SortedWindow(REF)
         self.first: list[float] = []
+        self.start = math.nan
         self.pending: tuple[int, float, float, float] | None = None  # step, loss, base, unit
         self.after: list[float] = []
         self.last_report = -(10**9)
@@ -56,6 +57,7 @@ class LossSpikeDetector(Detector):
             return None
         if len(self.first) < 5:
             self.first.append(loss)
+            self.start = median(self.first)
         out = None
         if self.pending is not None:
             self.after.append(loss)
@@ -66,10 +68,14 @@ class LossSpikeDetector(Detector):
                     out = self._report(row, step, peak, base, unit)
             return out  # the spike and the steps after it stay out of the reference stretch
         if len(self.ref) >= MIN_REF:
-            ref = self.ref.values().tolist()
-            base = median(ref)
-            unit = rise_unit(base, noise_sigma(ref), median(self.first), NOISE_UNITS)
+            base = self.ref.median()
+            start = self.start
             self.excess.push(loss - base)
+            # the unit without the noise is a lower bound: most steps end here, with no sort
+            if loss - base < SPIKE_UNITS * rise_unit(base, 0.0, start, NOISE_UNITS):
+                self.ref.push(loss)
+                return None
+            unit = rise_unit(base, noise_sigma(self.ref.values()), start, NOISE_UNITS)
             if loss - base >= SPIKE_UNITS * unit:
                 self.pending = (row.step, loss, base, unit)
                 self.after = []

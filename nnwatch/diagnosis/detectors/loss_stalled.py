@@ -4,9 +4,13 @@ A flat loss is also what a converged run looks like, so a stall needs more than 
 
 * no gradient at all for 5 steps (the loss is detached, or backward() never reaches the weights);
 * the LR is exactly 0 in every parameter group for 5 steps (a scheduler or warmup bug);
+* the optimizer was built on a copy of the model (it holds tensors shaped like the model's
+  parameters, none of them the model's own) and the loss has not moved in 5 steps;
 * the updates are tiny against the weights: LR x gradient (SGD) or LR x sqrt(#params) (Adam and
-  other normalizing optimizers) below 1e-6 of the weights' norm for 10 steps, while the loss has
-  not moved from where it started (healthy update/weight ratios are around 1e-3);
+  other normalizing optimizers) below 1e-6 of the weights' norm on 5 steps in a row whose LR did
+  not rise (a warmup that starts near 0 rises), while the loss has not moved from where it started
+  (healthy update/weight ratios are around 1e-3: at 1e-6 a thousand steps move the weights by
+  0.1%, so waiting longer adds no evidence);
 * or, with no specific cause, a run that has not learned anything yet: its loss never got 10% below
   where it started (nor rose 10% above it: that is divergence, which other detectors report), and
   the trend fitted over the last 40 steps projects less than a 2% drop. A run that once got 10%
@@ -40,7 +44,8 @@ from nnwatch.store.finding import Finding, fmt
 NO_GRAD_STEPS = 5
 ZERO_LR_STEPS = 5
 TINY_UPDATE = 1e-6
-TINY_UPDATE_STEPS = 10
+TINY_UPDATE_STEPS = 5
+COPY_STEPS = 5
 WINDOW = 40
 MIN_PROGRESS = 0.02
 MAX_REGRESSION = 0.10  # a loss that rose more than this is diverging, not stalled
@@ -61,6 +66,8 @@ class LossStalledDetector(Detector):
         self.no_grad = 0
         self.zero_lr = 0
         self.tiny = 0
+        self.tiny_lr = math.nan  # the LR when the current run of tiny updates began
+        self.steps = 0
         self.update_ratio = math.nan
         self.adaptive = ctx.optimizer in ADAPTIVE_OPTIMIZERS if ctx.optimizer else None
         self.warned = False  # this episode already raised a warning (a note may come first)
@@ -68,29 +75,44 @@ class LossStalledDetector(Detector):
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
             return None
-        g = row.grad_norm
-        absent = math.isnan(g) and (
-            row.grad_layer.size == 0 or bool(np.isnan(row.grad_layer).all())
-        )
         lr = row.lr
-        zero_lr = lr.size > 0 and bool(np.isfinite(lr).all()) and bool((lr == 0).all())
+        zero_lr = row.lr0 == 0.0 and bool((lr == 0).all())  # NaN compares unequal
         self.zero_lr = self.zero_lr + 1 if zero_lr else 0
+        self.steps += 1
         if row.measured:  # steps the cost budget left unmeasured tell nothing about gradients
+            absent = math.isnan(row.grad_norm) and (
+                row.grad_layer.size == 0 or bool(np.isnan(row.grad_layer).all())
+            )
             self.no_grad = self.no_grad + 1 if absent and self.ctx.num_param_layers else 0
-            self.update_ratio = self._update_ratio(row)
-            self.tiny = self.tiny + 1 if self.update_ratio < TINY_UPDATE else 0
+        ratio = self._update_ratio(row)  # Adam's needs no gradient: known on every step
+        if math.isfinite(ratio):
+            self.update_ratio = ratio
+            lr0 = row.lr0
+            if ratio < TINY_UPDATE and (self.tiny == 0 or lr0 <= self.tiny_lr):
+                self.tiny_lr = lr0 if self.tiny == 0 else self.tiny_lr
+                self.tiny += 1
+            else:
+                self.tiny = 0
         cause = None
-        prog = hist.progress_since_start(10)
+        copy = self.ctx.optimizer_on_copy and self.steps >= COPY_STEPS
+        flat_possible = len(hist.loss) >= WINDOW and not hist.learned(LEARNED)
+        if not (self.no_grad or self.zero_lr or copy or self.tiny or flat_possible):
+            # the usual step of a run that learns: no cause counting, nothing to compute
+            if self.episode.active:
+                self.episode.update(False, row.step)
+            return None
+        prog = hist.progress_since_start(min(10, max(3, len(hist.loss))))
         unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
         if self.no_grad >= NO_GRAD_STEPS:
             cause = "no_grad"
         elif self.zero_lr >= ZERO_LR_STEPS:
             cause = "zero_lr"
+        elif copy and unmoved:
+            cause = "optimizer_copy"
         elif self.tiny >= TINY_UPDATE_STEPS and unmoved:
             cause = "tiny_update"
         elif (
-            len(hist.loss) >= WINDOW
-            and not hist.learned(LEARNED)
+            flat_possible
             and prog > -MAX_REGRESSION
             and self._flat(hist)
             and not self._converged(hist)
@@ -175,6 +197,16 @@ class LossStalledDetector(Detector):
         elif cause == "zero_lr":
             summary = f"the LR has been exactly 0 for {self.zero_lr} steps; the loss sits at {fmt(now)}{chance}."
             remedy = "check the LR scheduler or warmup: it sets the LR to 0 (print scheduler.get_last_lr())"
+        elif cause == "optimizer_copy":
+            summary = (
+                "the optimizer you passed holds a copy of the model's parameters, not the model's "
+                f"own: its updates never reach the model, and the loss sits at {fmt(now)}{chance}."
+            )
+            remedy = (
+                "build the optimizer on the model you train, after any copy or wrapping: "
+                "optimizer = torch.optim.SGD(model.parameters(), ...) (a deepcopy or a model "
+                "re-created after the optimizer leaves it holding stale tensors)"
+            )
         elif cause == "tiny_update":
             summary = (
                 f"each update changes the weights by about {fmt(self.update_ratio)} of their norm "
@@ -208,7 +240,13 @@ class LossStalledDetector(Detector):
                 "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
                 "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
             )
-        evidence["cause_code"] = ("no_grad", "zero_lr", "tiny_update", "flat").index(cause)
+        evidence["cause_code"] = (
+            "no_grad",
+            "zero_lr",
+            "tiny_update",
+            "flat",
+            "optimizer_copy",
+        ).index(cause)
         return Finding(
             kind=self.kind,
             severity=severity,

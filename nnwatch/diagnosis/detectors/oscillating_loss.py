@@ -41,18 +41,16 @@ from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import (
-    Ring,
     RunHistory,
+    SortedWindow,
     kendall_tau,
     lag1_autocorr,
     median,
-    quantile,
 )
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 24
-HISTORY = 256
 BASELINE = 96  # the changes just before the window: noise drifts as a model grows confident
 MIN_BASELINE = 24  # step-to-step changes needed before "earlier in the run" means anything
 SWING_FACTOR = 3.0
@@ -76,76 +74,82 @@ class OscillatingLossDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.losses = Ring(HISTORY + WINDOW)
+        self.losses: deque[float] = deque(maxlen=RISING_N)
+        self.seen = 0
         self.episode = Episode(confirm=CONFIRM, release=WINDOW)
         self.window: deque[float] = deque(maxlen=WINDOW)
+        # the window kept sorted as it slides, so that its medians cost O(1) per row
+        self.levels = SortedWindow(WINDOW)  # |loss|
+        self.older = SortedWindow(WINDOW // 2)
+        self.newer = SortedWindow(WINDOW // 2)
+        self.changes = SortedWindow(SWING_WINDOW)  # the newest step-to-step |changes|
+        # the stretch before the window (its first loss included) and its step-to-step changes
+        self.before = SortedWindow(BASELINE + 1)
+        self.before_changes = SortedWindow(BASELINE)
         self.frozen_base: tuple[float, float] | None = None
         self.level_before = math.nan
-        self._cached: tuple[float | None, float | None] = (None, None)
-        self._cached_at = -(10**9)
 
     def _baseline(self, n: int) -> tuple[float | None, float | None]:
-        """Median and 90th percentile of the changes in the 96 steps before the window (cached 8 rows)."""
-        total = self.losses.total
+        """Median and 90th percentile of the changes in the 96 steps before the window."""
         if n - WINDOW < MIN_BASELINE + 1:
             return None, None
-        if total - self._cached_at < 8:
-            return self._cached
-        v = self.losses.values().tolist()
-        before = v[max(0, n - WINDOW - BASELINE) : n - WINDOW + 1]
-        earlier = [abs(b - a) for a, b in zip(before[:-1], before[1:], strict=True)]
-        self._cached = (median(earlier), quantile(earlier, 0.9))
-        self.level_before = median(before)
-        self._cached_at = total
-        return self._cached
+        self.level_before = self.before.median()
+        return self.before_changes.median(), self.before_changes.quantile(0.9)
+
+    def _slide(self, loss: float) -> None:
+        win = self.window
+        if win:
+            self.changes.push(abs(loss - win[-1]))
+        if len(self.newer) == self.newer.size:
+            self.older.push(win[-self.newer.size])
+        win.append(loss)
+        self.levels.push(abs(loss))
+        self.newer.push(loss)
+        if len(win) == WINDOW:  # the window's first loss joins the stretch before it
+            if len(self.before):
+                self.before_changes.push(abs(win[0] - self.before.last()))
+            self.before.push(win[0])
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
             return None
-        self.losses.push(row.loss)
-        self.window.append(row.loss)
-        n = len(self.losses)
+        self.losses.append(row.loss)
+        self.seen += 1
+        self._slide(row.loss)
+        n = self.seen
         if n < WINDOW:
             return None
-        win = list(self.window)
-        level = median([abs(x) for x in win])
+        level = self.levels.median()
         if level == 0:
             return None
-        d = [abs(b - a) for a, b in zip(win[:-1], win[1:], strict=True)]
-        newest = d[-SWING_WINDOW:]
-        swing = median(newest)
-        h = WINDOW // 2
-        older, newer = median(win[:h]), median(win[h:])
+        swing = self.changes.median()
+        older, newer = self.older.median(), self.newer.median()
         progress = (older - newer) / level
-        base, q90 = self.frozen_base if self.frozen_base is not None else self._baseline(n)
         # Swings are judged against the run's loss scale, so that a converged loss of 1e-6 that
         # wobbles by 1e-6 (100% of its level, nothing in absolute terms) is not an oscillation.
         start = hist.start_loss
         rel = swing / max(level, LEVEL_FLOOR * abs(start) if math.isfinite(start) else 0.0)
-        q = WINDOW // 6
-        net = abs(median(win[-q:]) - median(win[:q]))
-        back_and_forth = net <= MONOTONE * sum(d)
-        bounded = max(win) <= BOUNDED * level  # swings over orders of magnitude are a blow-up
         r1 = math.nan
-        if progress >= PROGRESS or not back_and_forth or not bounded:
-            hit = False
-        elif base is not None and q90 is not None:
-            # Most of the newest changes beat the run's own 90th percentile: under stationary
-            # noise each does so with probability 0.1, so 7 of 12 is a ~1e-4 coincidence.
-            big = sum(1 for x in newest if x > q90)
-            worse = newer >= self.level_before  # an LR past the valley's walls loses ground
-            hit = (
-                rel >= MIN_SWING
-                and swing >= SWING_FACTOR * base
-                and big >= BIG_CHANGES
-                and worse
-                and hist.learned(LEARNED)
-            )
-            if hit and kendall_tau(self.losses.values(RISING_N).tolist()) >= RISING_TAU:
-                hit = False  # it swings while it climbs: that is loss_diverging's to report
-        else:
-            r1 = lag1_autocorr(np.asarray(win))
-            hit = rel >= NEW_RUN_SWING and math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
+        base = q90 = None
+        hit = False
+        if progress < PROGRESS:
+            base, q90 = self.frozen_base if self.frozen_base is not None else self._baseline(n)
+            if base is not None and q90 is not None:
+                # Most of the newest changes beat the run's own 90th percentile: under stationary
+                # noise each does so with probability 0.1, so 7 of 12 is a ~1e-4 coincidence.
+                hit = (
+                    rel >= MIN_SWING
+                    and swing >= SWING_FACTOR * base
+                    and self.changes.count_above(q90) >= BIG_CHANGES
+                    and newer >= self.level_before  # an LR past the valley's walls loses ground
+                    and hist.learned(LEARNED)
+                    and self._back_and_forth(level)
+                )
+                if hit and kendall_tau(list(self.losses)) >= RISING_TAU:
+                    hit = False  # it swings while it climbs: that is loss_diverging's to report
+            elif rel >= NEW_RUN_SWING and self._back_and_forth(level):
+                r1 = lag1_autocorr(np.asarray(self.window))
+                hit = math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
         was_active = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was_active:
@@ -154,6 +158,7 @@ class OscillatingLossDetector(Detector):
             self.frozen_base = None
         if not opened:
             return None
+        win = list(self.window)
         times = swing / base if base else math.nan
         evidence = {
             "median_step_change": swing,
@@ -186,3 +191,12 @@ class OscillatingLossDetector(Detector):
             evidence=evidence,
             onset_step=max(self.episode.first_hit - WINDOW + 1, 0),
         )
+
+    def _back_and_forth(self, level: float) -> bool:
+        """Back and forth, and bounded: the net change over the window is under half of the total
+        up-and-down movement, and the peak stays within BOUNDED x the window's median."""
+        win = list(self.window)
+        q = WINDOW // 6
+        net = abs(median(win[-q:]) - median(win[:q]))
+        moved = sum(abs(b - a) for a, b in zip(win[:-1], win[1:], strict=True))
+        return net <= MONOTONE * moved and max(win) <= BOUNDED * level

@@ -58,6 +58,8 @@ class ZeroGradientLayerDetector(Detector):
         absent = np.isnan(gl) & self.eligible
         new_zero = self.zero_ep.update(zero, row.step, observed=self.eligible)
         new_absent = self.absent_ep.update(absent, row.step, observed=self.eligible)
+        if not (new_zero.any() or new_absent.any()):
+            return None  # nothing opened: the usual step
         for j in self.ctx.param_order:
             if new_zero[j]:
                 return self._finding(row, int(j), absent=False)

@@ -19,6 +19,10 @@ from textual.widget import Widget
 
 from nnwatch.tui.model import RunState
 
+#: The overlaid run's colour: a magenta that none of the themes' roles (primary, accent, success,
+#: error) uses, readable on dark and light backgrounds.
+OVERLAY_COLOR = "#c678dd"
+
 
 @dataclass
 class ViewSettings:
@@ -33,6 +37,22 @@ class ViewSettings:
 
 
 @dataclass
+class Overlay:
+    """Another run drawn over the main one on the charts, aligned by step (``o`` picks it).
+
+    It is followed as the main run is: its own ``RunState`` fed by its own collector thread, so a
+    live overlay keeps growing. ``label`` names it in the legends.
+    """
+
+    state: RunState
+    source: Any  # its RunSource
+    label: str
+    collector: Any = None  # the SourceCollector feeding ``state`` (the app starts and stops it)
+    owned: bool = True  # the app closes the source when the overlay goes
+    main_label: str = ""  # the main run's name in the legends (tells two runs of one script apart)
+
+
+@dataclass
 class PaneContext:
     """Everything a pane reads. One per app; panes never reach into the App subclass."""
 
@@ -41,6 +61,7 @@ class PaneContext:
     source: Any = None  # the RunSource, for exact reads while scrubbing a recorded run
     gpu_uuids: list[str] | None = None  # the run's GPUs, when known from outside its meta.json
     palette: Palette = field(default_factory=lambda: Palette.from_variables({}))
+    overlay: Overlay | None = None  # a second run on the loss and grad charts
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class Palette:
     muted: Style
     text: Style
     bar_empty: Style
+    overlay: Style  # the overlaid run's series: a hue no other series of the charts uses
 
     @classmethod
     def from_variables(cls, v: dict[str, str]) -> Palette:
@@ -75,6 +97,7 @@ class Palette:
             muted=st("foreground-muted", "#808080"),
             text=st("foreground", "#e0e0e0"),
             bar_empty=st("panel-lighten-2", "#3a3a3a"),
+            overlay=st("nnwatch-overlay", OVERLAY_COLOR),  # a theme may define its own
         )
 
     @classmethod

@@ -19,7 +19,7 @@ from rich.style import Style
 from rich.text import Text
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.history import Columns
+from nnwatch.tui.scalar_history import Columns
 
 # dot bits of a braille cell, indexed [row 0..3][column 0..1]
 _BITS = np.array([[0x01, 0x08], [0x02, 0x10], [0x04, 0x20], [0x40, 0x80]], dtype=np.int64)
@@ -64,6 +64,13 @@ class Plot:
     #: columns (the early steps: the initial loss, the warm-up norms) always stay in range.
     robust: bool = False
     robust_trace: int = 0  # which trace the robust range is taken from (the measured series)
+    #: more measured series (an overlaid run): the range covers the bulk of each of them too
+    robust_also: tuple[int, ...] = ()
+
+    @property
+    def robust_traces(self) -> list[int]:
+        wanted = (self.robust_trace, *self.robust_also)
+        return [i for i in dict.fromkeys(wanted) if 0 <= i < len(self.traces)]
 
 
 def trace_from(cols: Columns, style: Style, *, use_mean: bool = False) -> Trace:
@@ -125,8 +132,11 @@ def y_range(plot: Plot) -> tuple[float, float] | None:
     if not len(flat):
         return None
     lo, hi = float(flat.min()), float(flat.max())
-    if plot.robust and len(plot.traces) > plot.robust_trace:
-        lo, hi = robust_limits(plot.traces[plot.robust_trace], plot.log, lo, hi)
+    if plot.robust and plot.robust_traces:
+        # the union of each measured series' own robust range: an overlaid run whose bulk lies
+        # elsewhere (a diverged run beside a healthy one) stays on the plot, spikes still do not
+        ranges = [robust_limits(plot.traces[i], plot.log, lo, hi) for i in plot.robust_traces]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     span = max(hi - lo, abs(hi) * 0.05, 1e-12)
     # a reference line joins the range only when it is near the data: ln(K) far above a zoomed-in
     # late-training loss would squash the curve into one row
@@ -205,20 +215,23 @@ def render_plot(
         return text
     y_lo, y_hi = rng
     P, D = ph * 4, pw * 2
-    if plot.robust and len(plot.traces) > plot.robust_trace:  # mark what the range cut off
-        main = plot.traces[plot.robust_trace]
-        tops = _fit(_transform(main.hi, plot.log), D)
-        bottoms = _fit(_transform(main.lo, plot.log), D)
-        # an off-scale marker replaces a spike marker (it says more: the top is cut), never a
-        # non-finite one
-        for dots, glyph in (
-            (np.flatnonzero(np.isfinite(tops) & (tops > y_hi)), OFF_TOP),
-            (np.flatnonzero(np.isfinite(bottoms) & (bottoms < y_lo)), OFF_BOTTOM),
-        ):
-            for dot in dots:
-                col = int(dot) // 2
-                if plot.markers.get(col, ("",))[0] != "✕":
-                    plot.markers[col] = (glyph, main.style)
+    if plot.robust:  # mark what the range cut off, the main series' marks first
+        marked: set[int] = set()
+        for i in plot.robust_traces:
+            main = plot.traces[i]
+            tops = _fit(_transform(main.hi, plot.log), D)
+            bottoms = _fit(_transform(main.lo, plot.log), D)
+            # an off-scale marker replaces a spike marker (it says more: the top is cut), never a
+            # non-finite one
+            for dots, glyph in (
+                (np.flatnonzero(np.isfinite(tops) & (tops > y_hi)), OFF_TOP),
+                (np.flatnonzero(np.isfinite(bottoms) & (bottoms < y_lo)), OFF_BOTTOM),
+            ):
+                for dot in dots:
+                    col = int(dot) // 2
+                    if col not in marked and plot.markers.get(col, ("",))[0] != "✕":
+                        plot.markers[col] = (glyph, main.style)
+            marked |= {c for c, (g, _) in plot.markers.items() if g in (OFF_TOP, OFF_BOTTOM)}
 
     def to_px(v: np.ndarray) -> np.ndarray:
         t = _transform(v, plot.log)

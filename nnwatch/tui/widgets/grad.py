@@ -10,9 +10,16 @@ import numpy as np
 from textual.app import RenderResult
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.history import Columns
+from nnwatch.tui.scalar_history import Columns
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.chart import GUTTER, Plot, Trace, render_plot, trace_from
+from nnwatch.tui.widgets.compare import (
+    chart_window,
+    legend,
+    overlay_columns,
+    overlay_trace,
+    overlay_value,
+)
 from nnwatch.tui.widgets.loss import (
     bad_markers,
     cursor_column,
@@ -55,7 +62,7 @@ class GradPane(Pane):
         src = self.ctx.source
         w, h = self.size
         pw = max(w - GUTTER, 1)
-        x0, x1 = st.window(view.zoomed, view.cursor)
+        x0, x1 = chart_window(self.ctx)
         pre = st.columns("grad_norm", 2 * pw, x0, x1, src)
         post = st.columns("grad_norm_clipped", 2 * pw, x0, x1, src)
         clip = st.value_at("clip_threshold", view.cursor, src)
@@ -63,26 +70,38 @@ class GradPane(Pane):
         markers = bad_markers(pre, pw, "✕", pal.error)
         for dot in spike_columns(pre):
             markers.setdefault(int(dot) // 2, ("▼", pal.warning))
-        plot = Plot(
+        traces = [
             # the threshold is a series, not a constant: `c` (or the script) can change it
-            traces=[
-                Trace(thresholds.lo, thresholds.hi, pal.error, solo=True, dotted=True),
-                trace_from(pre, pal.primary),
-                trace_from(post, pal.success),
-            ],
+            Trace(thresholds.lo, thresholds.hi, pal.error, solo=True, dotted=True),
+            trace_from(pre, pal.primary),
+            trace_from(post, pal.success),
+        ]
+        other = overlay_columns(self.ctx, "grad_norm", 2 * pw, x0, x1)
+        if other is not None:  # the other run's norm before clipping, as the main one's
+            traces.append(overlay_trace(other, self.ctx))
+            for c, m in bad_markers(other, pw, "✕", pal.overlay).items():
+                markers.setdefault(c, m)
+        plot = Plot(
+            traces=traces,
             markers={c: m for c, m in markers.items() if c < pw},
             cursor=cursor_column(view.cursor, x0, x1, pw),
             log=view.log_scale,  # `g`, as for every chart; spikes never flatten the rest:
             robust=True,  # they go off scale (▲) and the bulk of the norms fills the plot
             robust_trace=1,
+            robust_also=(3,) if other is not None else (),
             x_labels=x_labels(x0, x1),
         )
         norm = st.value_at("grad_norm", view.cursor, src, measured=True)
         after = st.value_at("grad_norm_clipped", view.cursor, src, measured=True)
         share = st.recent_clip_share(100)
         compact = w < 56
-        title = f"[b]{'Grad' if compact else 'Grad norm'}[/b] {fmt.num(norm)}"
-        if math.isfinite(after) and not compact:
+        name = "Grad" if compact or other is not None else "Grad norm"
+        if other is not None:
+            theirs = overlay_value(self.ctx, "grad_norm", measured=True)
+            title = f"[b]{name}[/b] {legend(self.ctx, norm, theirs, compact)}"
+        else:
+            title = f"[b]{name}[/b] {fmt.num(norm)}"
+        if math.isfinite(after) and not compact and other is None:
             title += f"  [$success]━ clipped {fmt.num(after)}[/]"
         if math.isfinite(clip):
             title += f"  [$error]┄ max {fmt.num(clip)}[/]"

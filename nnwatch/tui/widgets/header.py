@@ -92,6 +92,15 @@ class RunHeader(Pane):
         left.append(fmt.duration(elapsed))
 
         right = Text(no_wrap=True, overflow="ellipsis")
+        ov = self.ctx.overlay
+        if ov is not None:  # the second run on the charts, and how it is doing
+            with ov.state.lock:
+                ov_state = ov.state.status.state
+            right.append("vs ", style=pal.muted)
+            right.append(fmt.shorten_middle(ov.label, 16 if compact else 32), style=pal.overlay)
+            right.append(f" {ov_state}  ", style=pal.muted)
+        if view.layer_filter:  # rows are hidden: say so wherever the user looks
+            right.append(f"filter {view.layer_filter!r}  ", style=pal.accent + Style(bold=True))
         if view.cursor is not None:
             right.append(f"cursor {fmt.count(view.cursor)}  ", style=pal.accent + Style(bold=True))
         if status.dropped:

@@ -9,6 +9,7 @@ are on screen, which keeps a monitor following 1,000 steps/s well under its CPU 
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult, RenderResult
 from textual.binding import Binding
+from textual.markup import escape
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -38,9 +40,14 @@ def dead_style(frac: float, pal: Palette) -> Style:
 
 
 def matches(filter_text: str, name: str, kind: str) -> bool:
-    """Case-insensitive substring match on the layer name or its module kind."""
+    """Case-insensitive match on the layer name or its module kind: a substring, or a glob when
+    the text holds ``*``, ``?`` or ``[`` (``blocks.*.act``, ``*.mlp.*``) matched on the whole."""
     f = filter_text.strip().lower()
-    return not f or f in name.lower() or f in kind.lower()
+    if not f:
+        return True
+    if any(c in f for c in "*?["):
+        return fnmatch.fnmatchcase(name.lower(), f) or fnmatch.fnmatchcase(kind.lower(), f)
+    return f in name.lower() or f in kind.lower()
 
 
 @dataclass(frozen=True)
@@ -250,22 +257,35 @@ class LayersPane(Pane):
 
     def compose(self) -> ComposeResult:
         yield Input(
-            placeholder="type to filter layers by name or kind; Enter: rows", id="layer-filter"
+            placeholder="filter: name, kind or glob (blocks.*.act) · Enter: rows · Esc: clear",
+            id="layer-filter",
         )
         yield LayerTable(id="layer-table")
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "layer-filter":
             self.ctx.view.layer_filter = event.value
+            self.ctx.state.touch("header")  # the header names the active filter
             self.redraw()
+            self.app.refresh_bindings()  # the footer offers Escape to clear it
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.query_one(LayerTable).focus()
 
     def on_key(self, event: events.Key) -> None:
-        if event.key == "escape" and self.screen.focused is self.query_one("#layer-filter"):
+        filter_input = self.query_one("#layer-filter", Input)
+        if event.key == "escape" and self.screen.focused is filter_input:
             event.stop()
-            self.screen.set_focus(None)  # Escape in the filter: back to the dashboard keys
+            self.clear_filter()  # Escape in the filter clears it ...
+            self.screen.set_focus(None)  # ... and gives the keys back to the dashboard
+
+    def clear_filter(self) -> None:
+        """Show every layer again (Escape in the filter, or on the dashboard)."""
+        self.query_one("#layer-filter", Input).value = ""
+        self.ctx.view.layer_filter = ""  # at once, not only when Input.Changed arrives
+        self.ctx.state.touch("header")
+        self.redraw()
+        self.app.refresh_bindings()
 
     def focus_filter(self) -> None:
         """``l``: type to filter at once; Enter moves to the rows, Escape back to the dashboard."""
@@ -330,6 +350,9 @@ class LayersPane(Pane):
             if schema.num_layers
             else "[b]Layers[/b] · none of this model's modules is watched"
         )
+        if view.layer_filter.strip():
+            flt = escape(view.layer_filter.strip())
+            title += f" · [$accent]filter '{flt}': {len(rows)} of {len(entries)}[/]"
         if dying:
             title += f" · [$error]{dying} >{DEAD_RED:.0%} dead[/]"
         if nonfinite:

@@ -10,8 +10,8 @@ from rich.style import Style
 from textual.app import RenderResult
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.history import Columns
 from nnwatch.tui.model import ZOOM_STEPS
+from nnwatch.tui.scalar_history import Columns
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.chart import (
     GUTTER,
@@ -23,6 +23,13 @@ from nnwatch.tui.widgets.chart import (
     ema_columns,
     render_plot,
     trace_from,
+)
+from nnwatch.tui.widgets.compare import (
+    chart_window,
+    legend,
+    overlay_columns,
+    overlay_trace,
+    overlay_value,
 )
 
 EMA_ALPHA = 0.02  # per step: an EMA over roughly the last 100 steps
@@ -68,26 +75,40 @@ class LossPane(Pane):
         st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
         w, h = self.size
         pw = max(w - GUTTER, 1)
-        x0, x1 = st.window(view.zoomed, view.cursor)
+        x0, x1 = chart_window(self.ctx)
         cols = st.columns("loss", 2 * pw, x0, x1, self.ctx.source)
         ema = ema_columns(cols, EMA_ALPHA)
         k = st.meta.num_classes
         rules = [Rule(math.log(k), pal.muted)] if k and k > 1 else []
+        traces = [trace_from(cols, pal.primary), Trace(ema, ema, pal.accent, solo=True)]
+        other = overlay_columns(self.ctx, "loss", 2 * pw, x0, x1)
+        markers = bad_markers(cols, pw, "✕", pal.error)
+        if other is not None:
+            traces.append(overlay_trace(other, self.ctx))
+            for c, m in bad_markers(other, pw, "✕", pal.overlay).items():
+                markers.setdefault(c, m)
         plot = Plot(
-            traces=[trace_from(cols, pal.primary), Trace(ema, ema, pal.accent, solo=True)],
+            traces=traces,
             rules=rules,
-            markers=bad_markers(cols, pw, "✕", pal.error),
+            markers=markers,
             cursor=cursor_column(view.cursor, x0, x1, pw),
             log=view.log_scale,
             x_labels=x_labels(x0, x1),
             robust=True,
+            robust_also=(2,) if other is not None else (),
         )
         value = st.value_at("loss", view.cursor, self.ctx.source)
         ema_now = st.ema("loss", EMA_ALPHA) if view.cursor is None else _last_finite(ema)
         compact = w < 56
-        title = f"[b]Loss[/b] {fmt.num(value)}  [$accent]━ ema {fmt.num(ema_now)}[/]"
-        if k and k > 1 and not compact:
-            title += f"  [$foreground-muted]┄ ln({k}) {fmt.num(math.log(k))}[/]"
+        if other is not None:  # the legend names both runs, in their colours
+            both = legend(self.ctx, value, overlay_value(self.ctx, "loss"), compact)
+            title = f"[b]Loss[/b] {both}"
+            if not compact:
+                title += f"  [$accent]━ ema {fmt.num(ema_now)}[/]"
+        else:
+            title = f"[b]Loss[/b] {fmt.num(value)}  [$accent]━ ema {fmt.num(ema_now)}[/]"
+            if k and k > 1 and not compact:
+                title += f"  [$foreground-muted]┄ ln({k}) {fmt.num(math.log(k))}[/]"
         self.border_title = title
         picture = render_plot(plot, w, h, pal.muted)
         capped = off_scale(plot)

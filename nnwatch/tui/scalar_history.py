@@ -295,6 +295,63 @@ class History:
                 self.fill = n - pos
                 pos = n
 
+    def append_buckets(self, buckets: np.ndarray, fields: tuple[str, ...]) -> None:
+        """Take pre-reduced buckets (``nnwatch.store.overview`` records over ``fields``) as if
+        their rows had been appended: a remote run's overview or live aggregates. The raw tail is
+        not touched; give it the recent rows with ``append_tail``."""
+        m = len(buckets)
+        if not m:
+            return
+        col = {f: i for i, f in enumerate(fields)}
+        F = len(BUCKET_FIELDS)
+        lo, hi = np.full((F, m), np.nan), np.full((F, m), np.nan)
+        total, cnt, bad = np.zeros((F, m)), np.zeros((F, m)), np.zeros((F, m))
+        rows = buckets["rows"].astype(np.int64)
+        for i, f in enumerate(BUCKET_FIELDS):
+            if f == "step":
+                lo[i], hi[i] = buckets["first"], buckets["last"]
+                cnt[i] = rows
+                total[i] = (buckets["first"] + buckets["last"]) / 2 * rows
+                continue
+            j = col.get(f)
+            if j is None:
+                continue
+            lo[i], hi[i] = buckets["lo"][:, j], buckets["hi"][:, j]
+            cnt[i] = buckets["finite"][:, j]
+            total[i] = np.nan_to_num(buckets["mean"][:, j].astype(np.float64)) * cnt[i]
+            bad[i] = buckets["inf"][:, j] + (buckets["nan"][:, j] if f in NAN_IS_BAD else 0.0)
+        self.reserve(int(rows.sum()))
+        for t in range(m):
+            r = int(rows[t])
+            while r > self.bucket:
+                self._coarsen()
+            if self.nb and self.fill + r <= self.bucket:  # fits the partial last bucket
+                j = self.nb - 1
+                self._lo[:, j] = np.fmin(self._lo[:, j], lo[:, t])
+                self._hi[:, j] = np.fmax(self._hi[:, j], hi[:, t])
+                self._sum[:, j] += total[:, t]
+                self._cnt[:, j] += cnt[:, t]
+                self._bad[:, j] += bad[:, t]
+                self.fill += r
+            else:
+                if self.nb == self.capacity:
+                    self._coarsen()
+                j = self.nb
+                self._lo[:, j], self._hi[:, j] = lo[:, t], hi[:, t]
+                self._sum[:, j], self._cnt[:, j], self._bad[:, j] = (
+                    total[:, t],
+                    cnt[:, t],
+                    bad[:, t],
+                )
+                self.nb += 1
+                self.fill = r
+            self.rows += r
+
+    def append_tail(self, rows: np.ndarray) -> None:
+        """Raw rows for the recent past only (their buckets came with ``append_buckets``)."""
+        if len(rows):
+            self._append_tail(rows)
+
     def _write_buckets(self, at: int, blocks: list[np.ndarray]) -> None:
         """Reduce each field's (k, b) block into buckets ``at .. at+k``."""
         k = blocks[0].shape[0]

@@ -1,0 +1,118 @@
+"""``nnwatch ranks [JOB] --json [--follow]``: this machine's ranks of a job, one JSON line a poll.
+
+What ``nnwatch attach --job JOB --hosts HOSTS`` runs on every host over ssh (one multiplexed
+connection per host): each line holds, for every job here whose name or run id starts with JOB,
+one row per local rank (step, steps/s, loss, grad norm, memory, status) and the facts the
+monitor needs to judge the whole job across hosts (heartbeat, last step, ending, pid alive).
+Without ``--json`` it prints the same as a table, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import socket
+import sys
+import time
+from typing import Any
+
+COMMAND = "ranks"
+HELP = "this machine's ranks of a distributed job (what `attach --job` reads over ssh)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", nargs="?", default="", metavar="JOB",
+                        help="job name or torchrun run id (or their start); default: every job")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="one JSON line per poll")
+    parser.add_argument("--follow", action="store_true", help="keep printing, once per --interval")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S")
+
+
+def matches(job: Any, spec: str) -> bool:
+    """A job whose name, run id or master starts with ``spec`` (everything for an empty spec)."""
+    if not job.distributed:
+        return False
+    if not spec:
+        return True
+    from nnwatch.store.jobs import read_job
+
+    first = job.runs[0]
+    ident = read_job(first.run_dir) or {}
+    words = [first.name, str(ident.get("id", "")).split(":", 1)[-1], str(ident.get("master", "")),
+             str(ident.get("id", ""))]  # fmt: skip
+    return any(w and w.startswith(spec) for w in words)
+
+
+def _facts(info: Any) -> dict[str, Any]:
+    return {
+        "state": info.state, "heartbeat_at": info.heartbeat_at, "last_step_at": info.last_step_at,
+        "step_interval": info.step_interval, "ending": info.ending, "alive": info.alive,
+        "seen_first_at": getattr(info, "seen_first_at", None), "run_dir": info.run_dir,
+        "name": info.name, "socket": info.socket,
+    }  # fmt: skip
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None if math.isnan(x) else x
+    return x
+
+
+class _Follower:
+    """The local jobs matching a spec, each followed by a JobMonitor, regrouped every poll."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.monitors: dict[str, Any] = {}
+
+    def poll(self) -> dict[str, Any]:
+        from nnwatch.sources.job_monitor import JobMonitor
+        from nnwatch.store.jobs import group_jobs, read_job
+        from nnwatch.store.registry import list_runs, refresh
+
+        jobs = [j for j in group_jobs(list_runs()) if matches(j, self.spec)]
+        out = []
+        for job in jobs:
+            mon = self.monitors.get(job.key)
+            if mon is None or mon.job.ranks != job.ranks:
+                if mon is not None:
+                    mon.close()
+                mon = self.monitors[job.key] = JobMonitor(job, use_summary=False)  # files only
+            view = mon.poll()
+            facts = {}
+            for info in job.runs:
+                try:
+                    facts[info.rank] = _facts(refresh(info))
+                except Exception:  # noqa: BLE001 - an unreadable rank keeps what was read
+                    facts[info.rank] = _facts(info)
+            rows = []
+            for row in view.rows:
+                d = {k: _clean(v) for k, v in dataclasses.asdict(row).items()}
+                d.update(facts.get(row.rank, {}))
+                rows.append(d)
+            out.append({"key": job.key, "label": job.label, "world_size": job.world_size,
+                        "ident": read_job(job.runs[0].run_dir), "rows": rows,
+                        "events": [dict(e) for e in view.cross_rank_findings][-20:]})  # fmt: skip
+        return {"host": socket.gethostname(), "time": time.time(), "jobs": out}
+
+
+def run(args: argparse.Namespace) -> int:
+    follower = _Follower(args.job)
+    try:
+        while True:
+            doc = follower.poll()
+            if args.json:
+                sys.stdout.write(json.dumps(doc, default=str) + "\n")
+            else:
+                for job in doc["jobs"]:
+                    print(job["label"])
+                    for r in job["rows"]:
+                        print(f"  rank {r['rank']:>4} {r['host']:<16} step {r['step']} {r['status']}")
+            sys.stdout.flush()
+            if not args.follow:
+                return 0
+            time.sleep(max(0.05, args.interval))
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0

@@ -1,0 +1,46 @@
+"""The dashboard's key bindings, and which of them apply to which run.
+
+Every binding has an id (``?`` lists them) so users can remap it (``keymap.py``). The keys that
+steer training are greyed out, and explained when pressed, for a run that cannot be steered; the
+rank keys only show for a rank of a distributed job, the overlay keys only while one is shown.
+"""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+
+#: Actions that change training: greyed out (and explained) when the source cannot be steered.
+STEERING = frozenset({"request_snapshot", "toggle_pause", "set_clip", "arm_anomaly"})
+#: Actions that only mean something for a rank of a distributed job: hidden for a single process.
+RANK_ACTIONS = frozenset({"prev_rank", "next_rank"})
+#: Actions that only mean something while another run is overlaid on the charts.
+OVERLAY_ACTIONS = frozenset({"clear_overlay", "swap_overlay"})
+NOT_LIVE = "this run is not live, so it cannot be steered; attach to a running trainer with `nnwatch attach`"
+
+BINDINGS: list[Binding] = [
+    Binding("s", "request_snapshot", "snap", id="snapshot", tooltip="write a snapshot now"),
+    Binding("p", "toggle_pause", "pause", id="pause", tooltip="pause or resume training (asks first)"),
+    Binding("c", "set_clip", "clip", id="clip", tooltip="set the grad clip threshold (asks first)"),
+    Binding("a", "arm_anomaly", "anom", id="anomaly", tooltip="anomaly detection for the next step"),
+    Binding("l", "focus_layers", "layer", id="layers", tooltip="focus the layers pane: type to filter, Enter for the rows"),
+    Binding("slash", "filter", "filter", id="filter", key_display="/", tooltip="filter the layers: a substring or a glob (blocks.*.act)"),
+    Binding("z", "toggle_zoom", "zoom", id="zoom", tooltip="charts: last 500 steps <-> whole run"),
+    Binding("g", "toggle_log_scale", "log", id="log_scale", tooltip="log scale on every chart (loss, grad norm, snapshot inspector)"),
+    Binding("o", "choose_overlay", "compare", id="overlay", tooltip="overlay another run on the loss and grad charts"),
+    Binding("O", "swap_overlay", "swap", id="swap_overlay", tooltip="overlay: swap it with the main run"),
+    Binding("x", "clear_overlay", "drop", id="clear_overlay", tooltip="overlay: remove it from the charts"),
+    Binding("e", "show_events", "event", id="events", tooltip="all events; Enter jumps to a step, d details, i inspects a snapshot"),
+    Binding("i", "inspect_snapshot", "inspect", id="inspect", tooltip="the snapshot at or before the step cursor: its batch sample by sample"),
+    Binding("r", "reconnect", "recon", id="reconnect", tooltip="reconnect to the run"),
+    Binding("left_square_bracket", "prev_rank", "rank-", id="prev_rank", key_display="[", tooltip="distributed job: watch the previous rank"),
+    Binding("right_square_bracket", "next_rank", "rank+", id="next_rank", key_display="]", tooltip="distributed job: watch the next rank"),
+    Binding("question_mark", "show_help", "help", id="help", key_display="?", tooltip="this help"),
+    Binding("q", "quit", "quit", id="quit", tooltip="quit the monitor (training goes on)"),
+    Binding("escape", "clear_filter", "unfilter", id="clear_filter", tooltip="clear the layer filter"),
+    Binding("left", "move_cursor(-1)", "step back", id="cursor_back", show=False, tooltip="step cursor back"),
+    Binding("right", "move_cursor(1)", "step fwd", id="cursor_forward", show=False, tooltip="step cursor forward"),
+    Binding("shift+left", "move_cursor(-10)", "back x10", id="cursor_back_fast", show=False, tooltip="step cursor back, 10x"),
+    Binding("shift+right", "move_cursor(10)", "fwd x10", id="cursor_forward_fast", show=False, tooltip="step cursor forward, 10x"),
+    Binding("home", "cursor_start", "first step", id="cursor_start", show=False, tooltip="cursor to the first step"),
+    Binding("end", "cursor_follow", "follow", id="cursor_follow", show=False, tooltip="cursor off: follow the newest step"),
+]  # fmt: skip

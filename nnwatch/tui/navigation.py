@@ -1,0 +1,141 @@
+"""The keys that change what is seen, not the run: zoom (``z``), log scale (``g``), the step cursor
+(arrows, Home, End), the layers and their filter (``l``, ``/``, Escape), the events list (``e``)
+and the snapshot inspector (``i``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from nnwatch.tui import format as fmt
+from nnwatch.tui.monitor import MonitorBase
+from nnwatch.tui.screens.events import EventsScreen
+from nnwatch.tui.screens.snapshot import SnapshotScreen
+from nnwatch.tui.widgets.compare import chart_window
+from nnwatch.tui.widgets.layers import LayersPane
+
+#: The panes that draw the step cursor.
+CURSOR_PANES = ("header", "loss", "grad", "amp", "layers")
+
+
+class ViewActions(MonitorBase):
+    """Zoom, scale, cursor, layer filter, events and the snapshot inspector."""
+
+    def action_focus_layers(self) -> None:
+        self._dashboard().query_one(LayersPane).focus_filter()
+
+    def action_filter(self) -> None:
+        """``/``: type to filter the layers (a substring or a glob); Escape clears it."""
+        self._dashboard().query_one(LayersPane).focus_filter()
+
+    def action_clear_filter(self) -> None:
+        self._dashboard().query_one(LayersPane).clear_filter()
+        self.refresh_bindings()
+
+    def action_toggle_zoom(self) -> None:
+        self.view.zoomed = not self.view.zoomed
+        self.state.touch("loss", "grad", "amp")
+        self.refresh_panes()
+
+    def action_toggle_log_scale(self) -> None:
+        self.view.log_scale = not self.view.log_scale
+        self.state.touch("loss", "grad")
+        self.refresh_panes()
+
+    def action_show_events(self) -> None:
+        with self.state.lock:
+            events_kept = list(self.state.events)
+            total = self.state.events_total
+
+        def jump(step: int | None) -> None:
+            if step is not None:
+                self._set_cursor(float(step))
+
+        self.push_screen(
+            EventsScreen(events_kept, self.ctx.palette, total, inspect=self.inspect_snapshot), jump
+        )
+
+    # -- the snapshot inspector --------------------------------------------------------------
+    def snapshot_events(self) -> list[dict[str, Any]]:
+        with self.state.lock:
+            return [e for e in self.state.events if e.get("type") == "snapshot"]
+
+    def snapshot_path(self, event: dict[str, Any]) -> Path | None:
+        """Where a snapshot event's directory is on this machine (the run may have moved)."""
+        path = Path(str(event.get("path") or ""))
+        if event.get("path") and (path / "manifest.json").exists():
+            return path
+        run_dir = getattr(self.source, "run_dir", None)
+        if run_dir is not None:
+            name = path.name if event.get("path") else f"step-{event.get('step')}"
+            moved = Path(run_dir) / "snapshots" / name
+            if (moved / "manifest.json").exists():
+                return moved
+        return None
+
+    def inspect_snapshot(self, event: dict[str, Any]) -> bool:
+        """Open the inspector on a snapshot event; False (with a note) when it is not readable."""
+        path = self.snapshot_path(event)
+        if path is None:
+            self.notify(
+                f"The snapshot of step {fmt.count(event.get('step'))} is not on this machine "
+                f"({event.get('path', 'no path')}); `nnwatch show` reads it where it is.",
+                title="inspect",
+                severity="warning",
+            )
+            return False
+        self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
+        return True
+
+    def action_inspect_snapshot(self) -> None:
+        snaps = self.snapshot_events()
+        if not snaps:
+            self.notify(
+                "No snapshot in this run yet. s takes one of the next step (live runs); one is "
+                "also taken automatically on the first non-finite step.",
+                title="inspect",
+                severity="warning",
+            )
+            return
+        cursor = self.view.cursor
+        chosen = snaps[-1]
+        if cursor is not None:
+            before = [e for e in snaps if float(e.get("step", math.inf)) <= cursor]
+            chosen = (
+                max(before, key=lambda e: e["step"])
+                if before
+                else min(snaps, key=lambda e: abs(float(e.get("step", 0)) - cursor))
+            )
+        self.inspect_snapshot(chosen)
+
+    # -- the step cursor: scrub through history (recorded runs, or back in a live one) -------
+    def _set_cursor(self, step: float | None) -> None:
+        first, last = self.state.step_bounds()
+        if step is not None and math.isfinite(first):
+            step = min(max(step, first), last)
+            if step >= last and self.state.status.state in ("live", "paused"):
+                step = None  # at the newest step of a live run: follow it
+        self.view.cursor = step
+        self.state.touch(*CURSOR_PANES)
+        self.refresh_panes()
+
+    def action_move_cursor(self, columns: int) -> None:
+        first, last = self.state.step_bounds()
+        if not math.isfinite(first):
+            return
+        x0, x1 = chart_window(self.ctx)  # one chart column per press, overlay or not
+        width = max(self._dashboard().query_one("#loss").size.width - 7, 10)
+        per_col = max(1.0, math.ceil((x1 - x0 + 1) / width))
+        here = last if self.view.cursor is None else self.view.cursor
+        self._set_cursor(here + columns * per_col)
+
+    def action_cursor_start(self) -> None:
+        first, _ = self.state.step_bounds()
+        if math.isfinite(first):
+            self._set_cursor(first)
+
+    def action_cursor_follow(self) -> None:
+        self.view.cursor = None
+        self.state.touch(*CURSOR_PANES)
+        self.refresh_panes()

@@ -1,0 +1,63 @@
+"""Make the README's ranks-pane screenshot: ``python scripts/screenshot_ranks.py``.
+
+A synthetic 64-rank job on 8 simulated hosts (``nnwatch.channel.synthetic_job``: real rings and
+run logs, 10 steps/s a rank) with a straggler (rank 37) and a rank whose loss is off (rank 5),
+followed by the real ``JobMonitor`` and drawn by the job screen (``attach --job``'s ranks pane) at
+160x48, written to ``screenshots/ranks-64-160x48.svg`` (Textual's export).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="nnw-shot-") as root:
+        os.environ["NNWATCH_RUN_DIR"] = root
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nnwatch.channel.synthetic_job", "--ranks", "64", "--hosts",
+             "8", "--rate", "10", "--seconds", "0", "--layers", "2", "--straggler", "37",
+             "--loss-rank", "5"],
+            env=env, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            dirs = json.loads(proc.stdout.readline())["run_dirs"]
+            from nnwatch.sources.job_monitor import JobMonitor
+            from nnwatch.store.jobs import group_jobs, run_info_from_dir
+            from nnwatch.tui.job_app import JobApp
+            from nnwatch.tui.widgets.ranks import RanksPane
+
+            (job,) = group_jobs([run_info_from_dir(d) for d in dirs])
+            app = JobApp(JobMonitor(job), interval=0.5)
+
+            async def shoot() -> None:
+                async with app.run_test(size=(160, 48)) as pilot:
+                    pane = app.query_one(RanksPane)
+                    for _ in range(300):
+                        await pilot.pause(0.1)
+                        v = pane.view
+                        if v is not None and any(r.rank == 37 and r.behind >= 20 for r in v.rows):
+                            break
+                    out = REPO / "screenshots"
+                    app.save_screenshot("ranks-64-160x48.svg", path=str(out))
+                    print(out / "ranks-64-160x48.svg")
+
+            asyncio.run(shoot())
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
