@@ -85,11 +85,14 @@ def test_attach_host_run_survives_a_killed_tunnel_and_fetches_every_step_equal_t
         # one poll, the monitor's bucket count can lag its last step by a few thousand rows
         # until later buckets arrive; the rows themselves are all fetched below, equal to the log.
         assert rest[-1].status.state == "live"
+        still = ChannelClient(trainer.socket)  # hold the run: the fetches are checked, not raced
+        assert still.request("pause").ok
         log = load_run(trainer.run_dir).scalars
         for a in range(0, held, 150_000):  # every step, fetched at full resolution
             got = source.fetch(float(a), float(min(a + 150_000, held) - 1), timeout=60)
             assert got is not None
             assert got[0].tobytes() == np.asarray(log[a : min(a + 150_000, held)]).tobytes()
+        still.close()
         source.close()
         assert not tunnel_dir.exists()  # the private socket and its directory are gone
     finally:

@@ -17,7 +17,7 @@ How, and why it never blocks a rank:
   all beats in one ``multi_get``, reads the completed summaries, and writes ``job.json`` into its
   run directory (:mod:`nnwatch.store.jobs` reads it), so a collective that never completes
   because a rank is gone is reported, not waited for.
-- At the end each rank writes how it ended into the store; rank 0, when the job is going down,
+- At the end each rank writes how it ended into the store; rank 0 (however it ended)
   waits up to a second and a half for the others' ends or silences before its last ``job.json``,
   so the rank that died first is named even though rank 0 dies of it moments later.
 """
@@ -303,8 +303,8 @@ class JobSummary:
 
     # -- the end (training thread) ---------------------------------------------------------------
     def close(self, ending: dict[str, Any] | None) -> None:
-        """Say how this rank ended; rank 0 also waits for a crashing job's other ranks, briefly,
-        and writes its last ``job.json``."""
+        """Say how this rank ended; rank 0 also waits for the other ranks' ends (briefly: at most
+        ``FINAL_WAIT_S``, less once each has ended or gone silent) and writes its last ``job.json``."""
         if self.closed:
             return
         self.closed = True
@@ -325,8 +325,7 @@ class JobSummary:
         if not self._publishing:
             return
         try:
-            if ending.get("status") != "finished":
-                self._wait_for_the_others()
+            self._wait_for_the_others()  # returns as soon as every rank ended or went silent
             self._read_beats()
             self._read_tables()
             self.publish()
