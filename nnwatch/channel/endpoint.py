@@ -1,16 +1,19 @@
-"""The training side of the channel, opened and closed in one call each.
+"""The training side of the channel, opened and closed in one call each: the one endpoint the
+probe uses (through :mod:`nnwatch.probe.channel_link`), the synthetic trainer uses, and
+``bench/channel.py`` measures.
 
-A probe needs four things per rank: a ring to publish into, a heartbeat, a command socket and a
-registry entry that points monitors at both. Doing them in one place keeps their order right:
+A trainer needs four things per rank: a ring to publish into, a heartbeat, a command socket and
+a registry entry that points monitors at both. Doing them in one place keeps their order right:
 the ring exists before the entry that names it, the entry goes before the ring is marked
 finished, and a failure of the socket (a path that is too long, a directory that is not ours)
-costs only steering, never the ring.
+costs only steering, never the ring. Several watches in one process (a notebook) each get their
+own instance number, so their sockets and entries never collide.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import threading
 from pathlib import Path
 
 from nnwatch.channel.server import CommandServer, PendingCommand
@@ -26,12 +29,27 @@ from nnwatch.store.schema import RunMeta
 
 log = logging.getLogger("nnwatch")
 
+#: Instance numbers of this process's endpoints that are open (``-w2`` sockets and up).
+_open_instances: set[int] = set()
+_lock = threading.Lock()
+
+
+def _claim_instance() -> int:
+    with _lock:
+        n = 1
+        while n in _open_instances:
+            n += 1
+        _open_instances.add(n)
+        return n
+
 
 class RunEndpoint:
     """Ring + heartbeat + command server + registry entry for the calling process's run.
 
-    ``publish`` and ``drain`` are for the training thread; ``drain`` returns commands to apply at
-    this step boundary (a synthetic ``resume`` arrives when the connection that paused closes).
+    ``publish``, ``drain`` and ``wait`` are for the training thread; ``drain`` returns commands
+    to apply at this step boundary (a synthetic ``resume`` arrives when the connection that
+    paused closes, or stops renewing its lease). ``heartbeat=None`` leaves the beats to the
+    caller (the probe beats from its system sampler thread: ``ring.beat``).
     """
 
     def __init__(
@@ -52,33 +70,49 @@ class RunEndpoint:
         self.ring = RingWriter(
             self.ring_path, meta.schema.record_size, slots, meta_json=meta.to_json()
         )
-        if heartbeat:
-            self.ring.start_heartbeat(heartbeat)
+        self.ring.set_status("running")
         self.server: CommandServer | None = None
         self.socket_path: Path | None = None
         self.problem: str | None = None  # why steering is off, in words
+        self.entry_path: Path | None = None
+        self.instance = _claim_instance()
+        try:
+            self._open(root, serve, subscribe_mode, cuda_devices)
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            self.ring.close("crashed", unlink=True)
+            _open_instances.discard(self.instance)
+            raise
+        if heartbeat:
+            self.ring.start_heartbeat(heartbeat)
+
+    def _open(
+        self, root: Path | None, serve: bool, subscribe_mode: str, cuda_devices: list[str] | None
+    ) -> None:
         entry = build_entry(
-            meta, run_dir=self.run_dir, ring=self.ring_path, socket=None, cuda_devices=cuda_devices
-        )
+            self.meta, run_dir=self.run_dir, ring=self.ring_path, socket=None,
+            cuda_devices=cuda_devices,
+        )  # fmt: skip
+        entry["instance"] = self.instance
         if serve:
             try:
-                self.socket_path = socket_path(os.getpid(), meta.rank, root)
+                self.socket_path = socket_path(self.meta.pid, self.meta.rank, root, self.instance)
                 entry["socket"] = str(self.socket_path)
                 self.server = CommandServer(
                     self.socket_path, hello=entry, subscribe_mode=subscribe_mode
                 )
                 self.server.start()
             except (OSError, ValueError) as exc:
-                self.problem = f"monitors cannot steer this run: {exc}"
+                self.problem = f"commands from monitors are off ({exc}); monitors can still watch"
                 log.warning("nnwatch: %s", self.problem)
                 self.server = None
                 self.socket_path = None
                 entry["socket"] = None
         self.entry = entry
         try:
-            self.entry_path: Path | None = register(entry, root)
+            self.entry_path = register(entry, root)
         except OSError as exc:
-            self.entry_path = None
             log.warning("nnwatch: cannot register the run (%s); `nnwatch ls` will not list it", exc)
 
     # -- training thread -------------------------------------------------------------------------
@@ -100,18 +134,19 @@ class RunEndpoint:
     def set_status(self, status: str) -> None:
         self.ring.set_status(status)
 
-    def close(self, status: str = "finished") -> None:
-        """Mark the ring ended, stop serving, unregister, unmap. Safe to call twice.
+    def close(self, status: str = "finished", *, remove_ring: bool = False) -> None:
+        """Mark the ring ended, stop serving, unmap, unregister. Safe to call twice.
 
-        The status goes first so that streams served from threads of this process can still
-        send monitors the run's end before the server waits for them.
+        The status goes first so that streams still being served read the run's end, not
+        "lost"; readers that have the ring mapped keep their mapping even when it is removed.
         """
         if not self.ring.closed:
             self.ring.set_status(status)
         if self.server is not None:
             self.server.close()
             self.server = None
+        self.ring.close(status, unlink=remove_ring)
         if self.entry_path is not None:
             unregister(self.entry_path)
             self.entry_path = None
-        self.ring.close(status)
+        _open_instances.discard(self.instance)

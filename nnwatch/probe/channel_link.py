@@ -8,33 +8,18 @@ connection that asked for the pause closes (the server then queues a ``resume`` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
 from pathlib import Path
 from typing import Any, Protocol
 
+from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.channel.server import CommandServer
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.sysmon import SystemSampler
-from nnwatch.store import registry
-from nnwatch.store.ring import RingWriter
 from nnwatch.store.schema import RunMeta, RunSchema
 
 log = logging.getLogger("nnwatch")
-
-#: Instance numbers of the watches of this process whose channel is open (see registry).
-_open_instances: set[int] = set()
-_lock = threading.Lock()
-
-
-def _claim_instance() -> int:
-    with _lock:
-        n = 1
-        while n in _open_instances:
-            n += 1
-        _open_instances.add(n)
-        return n
-
 
 class RankOf(Protocol):
     """This process's place in the job (``run_files.RankInfo``)."""
@@ -80,40 +65,23 @@ class ChannelOwner(Protocol):
 
 
 class ChannelLink:
+    """The probe's use of the one trainer-side endpoint (:class:`RunEndpoint`): beats from the
+    system sampler's thread, commands applied by the training thread, a pause held here."""
+
     def __init__(self, w: ChannelOwner) -> None:
         self.owner = w
-        rank = w.rank.rank
-        self.ring_path = registry.ring_path(w.run_dir, rank)
-        self.ring = RingWriter(self.ring_path, w.schema.record_size, meta_json=w.meta.to_json())
-        self.ring.set_status("running")
+        self.endpoint = RunEndpoint(w.meta, w.run_dir, heartbeat=None)
+        self.ring = self.endpoint.ring
+        self.ring_path = self.endpoint.ring_path
         w.sysmon.beats.append(self.ring.beat)
-        self.server: CommandServer | None = None
-        self.entry_path: Path | None = None
-        self.instance = _claim_instance()
-        try:
-            self._start(w, rank)
-        except BaseException:
-            w.sysmon.beats.remove(self.ring.beat)
-            if self.server is not None:
-                self.server.close()
-            self.ring.close("crashed", unlink=True)
-            _open_instances.discard(self.instance)
-            raise
 
-    def _start(self, w: ChannelOwner, rank: int) -> None:
-        sock = None
-        try:
-            sock = registry.socket_path(w.meta.pid, rank, instance=self.instance)
-            entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=sock)
-            entry["instance"] = self.instance
-            self.server = CommandServer(sock, hello=entry)
-            self.server.start()
-        except (OSError, ValueError) as exc:
-            log.warning("nnwatch: commands from monitors are off (%s); monitors can still watch", exc)
-            self.server = None
-            entry = registry.build_entry(w.meta, run_dir=w.run_dir, ring=self.ring_path, socket=None)
-            entry["instance"] = self.instance
-        self.entry_path = registry.register(entry)
+    @property
+    def server(self) -> CommandServer | None:
+        return self.endpoint.server
+
+    @property
+    def instance(self) -> int:
+        return self.endpoint.instance
 
     def publish(self, record: memoryview) -> None:
         self.ring.publish(record)
@@ -147,11 +115,6 @@ class ChannelLink:
             cmd.reply(at, ok, error, **w.commands.reply_data(cmd.name))
 
     def close(self, status: str, *, remove_ring: bool = False) -> None:
-        # status first: a stream still being served must read "finished", not "lost"
-        self.ring.set_status(status)
-        if self.server is not None:
-            self.server.close()
-        self.ring.close(status, unlink=remove_ring)  # attached readers keep their mapping
-        if self.entry_path is not None:
-            registry.unregister(self.entry_path)
-        _open_instances.discard(self.instance)
+        with contextlib.suppress(ValueError):
+            self.owner.sysmon.beats.remove(self.ring.beat)
+        self.endpoint.close(status, remove_ring=remove_ring)
