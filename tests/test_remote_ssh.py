@@ -87,6 +87,9 @@ def test_attach_host_run_survives_a_killed_tunnel_and_fetches_every_step_equal_t
         assert rest[-1].status.state == "live"
         still = ChannelClient(trainer.socket)  # hold the run: the fetches are checked, not raced
         assert still.request("pause").ok
+        # a fetch is served from the log; its writer drains a few times a second, so wait for it
+        # to hold every step up to `held` (known gap: a fetch ahead of the log returns fewer rows)
+        wait_for(lambda: len(load_run(trainer.run_dir).scalars) >= held, timeout=60)
         log = load_run(trainer.run_dir).scalars
         for a in range(0, held, 150_000):  # every step, fetched at full resolution
             got = source.fetch(float(a), float(min(a + 150_000, held) - 1), timeout=60)

@@ -301,6 +301,10 @@ class ConnectedSource(RunSource):
         self._sub = self._subscribe()
         self._meta = self._sub.meta
 
+    def _subscribe_extra(self) -> dict[str, Any] | None:
+        """More ``subscribe`` arguments (a summarised source asks for the overview)."""
+        return None
+
     def _subscribe(self) -> Subscription:
         resume = self._filter.last_scalar > -np.inf
         try:
@@ -308,7 +312,7 @@ class ConnectedSource(RunSource):
                 self.socket_path, max_hz=self.max_hz, timeout=self.timeout,
                 after_step=self._filter.last_scalar if resume else None,
                 start=self._next_seq if self._next_seq is not None else "oldest",
-                events_offset=self._events_offset,
+                events_offset=self._events_offset, extra=self._subscribe_extra(),
             )  # fmt: skip
         except ChannelError as exc:
             raise SourceError(str(exc)) from None

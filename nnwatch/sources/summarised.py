@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel import stream_summary as summ
-from nnwatch.channel.client import ChannelError, Subscription
 from nnwatch.sources.base import SourceError, SourceUpdate
 from nnwatch.sources.live import ConnectedSource, _concat
 from nnwatch.store import overview as ov
@@ -59,26 +58,11 @@ class SummarisedSource(ConnectedSource):
         self._uncovered: list[np.ndarray] = []
         super().__init__(socket, **kwargs)
 
-    def _subscribe(self) -> Subscription:
-        resume = self._filter.last_scalar > -np.inf
+    def _subscribe_extra(self) -> dict[str, Any] | None:
         extra: dict[str, Any] = {"overview": True, "buckets": self.buckets, "window": self.window}
         if self.live_points > 0:
             extra["live_points"] = float(self.live_points)
-        try:
-            sub = Subscription(
-                self.socket_path, max_hz=self.max_hz, timeout=self.timeout,
-                after_step=self._filter.last_scalar if resume else None,
-                start=self._next_seq if self._next_seq is not None else "oldest",
-                events_offset=self._events_offset, extra=extra,
-            )  # fmt: skip
-        except ChannelError as exc:
-            raise SourceError(str(exc)) from None
-        self.subscriptions += 1
-        self._caught_up = False
-        latest = sub.info.get("latest_step")
-        if isinstance(latest, (int, float)):
-            self._latest_step = float(latest)
-        return sub
+        return extra
 
     # -- messages --------------------------------------------------------------------------------
     def _take(self, msg: dict[str, Any]) -> None:
