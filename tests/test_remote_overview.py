@@ -88,6 +88,9 @@ def test_attach_gets_an_overview_and_fetches_any_range_equal_to_the_log(
         assert pause.request("pause").ok
         wait_for(lambda: pause.request("hello").ok)
         held = trainer.published()
+        # attach once the log holds every step (known gap, issue 20: an overview taken while the
+        # log trails the ring can count fewer rows than steps)
+        wait_for(lambda: len(load_run(trainer.run_dir).scalars) >= held, timeout=60)
         source = SummarisedSource(trainer.socket)
         state = RunState(source.meta)
         updates = poll_until(

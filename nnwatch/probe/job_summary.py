@@ -122,21 +122,38 @@ class JobSummary:
 
         The row is filled on the host; on a GPU group (NCCL) it goes to the device with one
         non-blocking copy from pinned memory, so the training thread never syncs with the GPU."""
+        if self.closed:
+            return
         cuda = self.device.type == "cuda"
-        host = torch.full((self.world * F,), INT64_MIN, dtype=torch.int64, pin_memory=cuda)
+        try:
+            host = torch.full((self.world * F,), INT64_MIN, dtype=torch.int64, pin_memory=cuda)
+        except Exception:  # noqa: BLE001 - no pinned memory (memlock limits): a plain buffer
+            host = torch.full((self.world * F,), INT64_MIN, dtype=torch.int64)
         try:
             row = self._row(nonfinite, first_nonfinite)
             host[self.rank * F : (self.rank + 1) * F] = torch.from_numpy(row.view(np.int64).copy())
         except Exception as exc:  # noqa: BLE001 - still take part, with an empty row
             log.debug("nnwatch: job summary row: %r", exc)
-        buf = host
-        if cuda:
-            buf = torch.empty(host.shape, dtype=host.dtype, device=self.device)
-            buf.copy_(host, non_blocking=True)
-        work = self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX, group=self.group, async_op=True)
+        try:
+            buf = host
+            if cuda:
+                buf = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+                buf.copy_(host, non_blocking=True)
+            work = self.dist.all_reduce(
+                buf, op=self.dist.ReduceOp.MAX, group=self.group, async_op=True
+            )
+        except Exception as exc:  # noqa: BLE001 - never into the user's optimizer.step()
+            log.warning("nnwatch: the job summary is off on this rank: %s", exc)
+            self.closed = True
+            self._stop.set()
+            return
         self.launched += 1
+        q = self._pending
         if self.rank == 0:  # only rank 0 reads it; the others let the process group keep it
-            self._pending.append((self.w.step_index, time.time(), buf, work))
+            q.append((self.w.step_index, time.time(), buf, work))
+        else:  # keep the newest, so that close() can wait for it before the group goes
+            q.clear()
+            q.append((self.w.step_index, time.time(), buf, work))
 
     def _row(self, nonfinite: int, first_nonfinite: int) -> np.ndarray:
         row = np.full(F, math.nan, dtype=np.float64)
@@ -232,8 +249,12 @@ class JobSummary:
     def _read_tables(self) -> None:
         """Read the completed summaries, oldest first (rank 0's beat thread). A device buffer is
         copied to pinned memory on a side stream and read once that copy is done, later."""
-        while self._pending:
-            step, at, buf, work = self._pending[0]
+        q = self._pending
+        while q:
+            if self._copy is None:  # a newer table is complete: the older ones are never shown
+                while len(q) > 1 and q[1][3].is_completed():
+                    q.popleft()
+            step, at, buf, work = q[0]
             if self._copy is None:
                 if not work.is_completed():
                     return
@@ -309,6 +330,9 @@ class JobSummary:
             return
         self.closed = True
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1 + 2 * self.beat_s)  # its last pass must not race the final one
         ending = dict(ending or {"status": "finished"})
         ending.setdefault("ended", time.time())
         try:

@@ -53,6 +53,8 @@ class CommandLine:
             self.client, reply = send_once(self.client, path, self.timeout, name, args)
             if reply.ok and name in ("pause", "resume"):
                 self.pausing = name == "pause"
+            elif name == "pause" and reply.error.startswith("no reply within"):
+                self.pausing = True  # delivered, applied at a slow step's end: keep the lease
             self._due = time.monotonic() + self.keepalive_s
         return reply
 
