@@ -34,6 +34,7 @@ from nnwatch.sources.base import SourceError
 from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
+from nnwatch.sources.remote import stop_process
 from nnwatch.store.job_health import judge_job
 from nnwatch.store.jobs import Job
 
@@ -125,7 +126,7 @@ class HostLink:
         deadline = time.monotonic() + CONNECT_TIMEOUT
         while not self.control.exists():
             if self.master.poll() is not None or time.monotonic() > deadline or self.closed:
-                self._stop(self.master)
+                stop_process(self.master)
                 text = self.err.read_text(errors="replace").strip().splitlines()
                 raise SourceError(text[-1] if text else "ssh gave no reason")
             time.sleep(0.02)
@@ -163,20 +164,10 @@ class HostLink:
                 why += "; is nnwatch installed there? (--remote-nnwatch names the command)"
             raise SourceError(f"`nnwatch ranks` on {self.host} ended: {why}")
 
-    @staticmethod
-    def _stop(proc: subprocess.Popen[Any] | None) -> None:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
     def close(self) -> None:
         self.closed = True
-        self._stop(self.follow)
-        self._stop(self.master)
+        stop_process(self.follow)
+        stop_process(self.master)
         self.control.unlink(missing_ok=True)
 
 

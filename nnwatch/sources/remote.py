@@ -114,6 +114,17 @@ def _label(r: dict[str, Any]) -> str:
     return f"{r.get('name')} (pid {r.get('pid')}, rank {r.get('rank')})"
 
 
+
+def stop_process(proc: subprocess.Popen[Any] | None) -> None:
+    """End an ssh child: terminate, and kill it if it has not gone within 5 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
 class SshTunnel:
     """``ssh -N -L LOCAL:REMOTE HOST`` to a private local path; ``close`` removes it all."""
 
@@ -173,13 +184,7 @@ class SshTunnel:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         self.local.unlink(missing_ok=True)
 
     def close(self) -> None:
