@@ -79,7 +79,14 @@ def test_attach_host_run_survives_a_killed_tunnel_and_fetches_every_step_equal_t
             float(u.summary["first"][0]) if u.summary is not None else float(u.scalars["step"][0])
             for u in rest if u.summary is not None or len(u.scalars)
         ]  # fmt: skip
-        assert starts[0] == held, "resumed elsewhere than after what was held"
+        assert starts[0] == held, "resumed elsewhere than after what was held: " + repr(
+            [
+                (u.summary["first"][:3], u.summary["last"][:3], len(u.summary))
+                if u.summary is not None
+                else (u.scalars["step"][:3], len(u.scalars))
+                for u in rest[:4]
+            ]
+        )
         assert (np.diff(np.array(steps_of(rest))) >= 1).all(), "a step came twice"
         # Known gap (issue 20, left open): when live aggregates follow a reconnect overview in
         # one poll, the monitor's bucket count can lag its last step by a few thousand rows
@@ -89,12 +96,24 @@ def test_attach_host_run_survives_a_killed_tunnel_and_fetches_every_step_equal_t
         assert still.request("pause").ok
         # a fetch is served from the log; its writer drains a few times a second, so wait for it
         # to hold every step up to `held` (known gap: a fetch ahead of the log returns fewer rows)
-        wait_for(lambda: len(load_run(trainer.run_dir).scalars) >= held, timeout=60)
+        # At an unthrottled step rate the log's writer may drop rows it cannot keep up with (it
+        # counts them); a fetch is by step, so it is compared with the log's rows of those steps.
+        wait_for(lambda: load_run(trainer.run_dir).scalars["step"][-1] >= held - 1, timeout=60)
         log = load_run(trainer.run_dir).scalars
         for a in range(0, held, 150_000):  # every step, fetched at full resolution
-            got = source.fetch(float(a), float(min(a + 150_000, held) - 1), timeout=60)
+            b = min(a + 150_000, held) - 1
+            got = source.fetch(float(a), float(b), timeout=60)
             assert got is not None
-            assert got[0].tobytes() == np.asarray(log[a : min(a + 150_000, held)]).tobytes()
+            want = np.asarray(log[(log["step"] >= a) & (log["step"] <= b)])
+            assert len(want) > 100_000 or b - a < 150_000 - 1, "the log lost most of its rows"
+            assert len(got[0]) == len(want), f"fetch from {a}: {len(got[0])} rows, log {len(want)}"
+            as_bytes = f"V{want.dtype.itemsize}"  # NaN != NaN: rows are compared as bytes
+            differ = np.flatnonzero(
+                np.frombuffer(got[0].tobytes(), as_bytes) != np.frombuffer(want.tobytes(), as_bytes)
+            )
+            assert not len(differ), (
+                f"fetch from {a}: rows differ at steps {want['step'][differ[:5]]}"
+            )
         still.close()
         source.close()
         assert not tunnel_dir.exists()  # the private socket and its directory are gone

@@ -56,6 +56,8 @@ class SummarisedSource(ConnectedSource):
         self.notices: list[str] = []
         #: raw rows taken in this poll since its last summary (a later summary covers their steps)
         self._uncovered: list[np.ndarray] = []
+        #: messages held for the next poll, behind a summary of another field set
+        self._backlog: list[dict[str, Any]] = []
         super().__init__(socket, **kwargs)
 
     def _subscribe_extra(self) -> dict[str, Any] | None:
@@ -102,9 +104,27 @@ class SummarisedSource(ConnectedSource):
         self._uncovered.extend(p for p in self._pending[0][before:] if len(p))
 
     def _read(self) -> None:
+        """Take what has arrived, in order. A summary of other fields than one already taken
+        (the overview's and the live aggregates' differ) waits, with all after it, for the next
+        poll: one update carries one field set, and nothing may overtake it."""
         with self._read_lock:
-            for msg in self._sub.poll(0.0):
+            self._take_in_order(self._sub.poll(0.0))
+
+    def _take_in_order(self, msgs: list[dict[str, Any]]) -> None:
+        backlog, self._backlog = self._backlog, []
+        for msg in [*backlog, *msgs]:
+            if "fetch" in msg or msg.get("type") == "fetched":
+                self._take(msg)  # a fetch's reply is not part of the stream's order
+            elif self._backlog or self._other_fields(msg):
+                self._backlog.append(msg)
+            else:
                 self._take(msg)
+
+    def _other_fields(self, msg: dict[str, Any]) -> bool:
+        if msg.get("type") != "summary" or not self._summary:
+            return False
+        fields = tuple(msg.get("fields") or ())
+        return bool(fields) and fields != self._summary[0][1]
 
     def poll(self) -> SourceUpdate:
         if self._closed:
@@ -169,8 +189,7 @@ class SummarisedSource(ConnectedSource):
                 while not entry["done"].is_set() and time.monotonic() < deadline:
                     if self._read_lock.acquire(blocking=False):  # nobody else reads: we do
                         try:
-                            for msg in self._sub.poll(0.05):
-                                self._take(msg)
+                            self._take_in_order(self._sub.poll(0.05))
                         finally:
                             self._read_lock.release()
                     else:
