@@ -40,9 +40,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in sorted(mods):
         mod = mods[name]
-        p = sub.add_parser(name, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", ""))
+        p = sub.add_parser(
+            name, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", "")
+        )
         mod.add_arguments(p)
     return parser, mods
+
+
+def _looks_like_host(word: str) -> bool:
+    """``nnwatch HOST`` lists the runs there; a word that is a near miss of a command is a typo
+    (argparse then names the commands), and a path is not a host."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(_command_modules()), n=1, cutoff=0.75)
+    return "/" not in word and not near
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser, mods = build_parser()
     if not argv and DEFAULT_COMMAND in mods:
         argv = [DEFAULT_COMMAND]
+    elif argv[0] not in mods and not argv[0].startswith("-") and _looks_like_host(argv[0]):
+        argv = [DEFAULT_COMMAND, "--host", argv[0].rstrip(":"), *argv[1:]]  # `nnwatch HOST`
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

@@ -42,17 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run or job name, NAME:RANK, pid or run directory; HOST:RUN for a run over ssh",
     )
     parser.add_argument("--connect", metavar="SOCKET", help="follow the run through this socket")
-    parser.add_argument(
-        "--remote-nnwatch", default="nnwatch", metavar="CMD",
-        help="for HOST:RUN, the command that runs nnwatch on HOST (default: nnwatch)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--ssh", default="ssh", metavar="PROGRAM", help="for HOST:RUN, the ssh program to run"
-    )
-    parser.add_argument(
-        "--ssh-arg", action="append", default=[], metavar="ARG", dest="ssh_args",
-        help="for HOST:RUN, an extra argument for ssh (repeat it: --ssh-arg=-p --ssh-arg=2222)",
-    )  # fmt: skip
+    add_ssh_arguments(parser, "for HOST:RUN, ")
     add_monitor_arguments(parser)
     from nnwatch.cli._job_attach import add_job_arguments
 
@@ -112,6 +102,26 @@ def _describe(job: Job) -> str:
     return f"job {job.label} ({pids})"
 
 
+def add_ssh_arguments(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """How nnwatch reaches another host: the user's ssh, its arguments, nnwatch's name there."""
+    parser.add_argument(
+        "--remote-nnwatch", default="nnwatch", metavar="CMD",
+        help=f"{when}the command that runs nnwatch on HOST (default: nnwatch)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ssh", default="ssh", metavar="PROGRAM", help=f"{when}the ssh program to run"
+    )
+    parser.add_argument(
+        "--ssh-arg", action="append", default=[], metavar="ARG", dest="ssh_args",
+        help=f"{when}an extra argument for ssh (repeat it: --ssh-arg=-p --ssh-arg=2222)",
+    )  # fmt: skip
+
+
+def ssh_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``RemoteSource`` and ``remote_runs`` from the parsed options."""
+    return {"ssh": args.ssh, "ssh_args": list(args.ssh_args), "remote_nnwatch": args.remote_nnwatch}
+
+
 def _remote_spec(spec: str) -> tuple[str, str] | None:
     """``HOST:RUN`` (or ``HOST:`` for the only live run there) as (host, run); None otherwise.
     Only asked once ``spec`` matched no local run, so ``NAME:RANK`` of a local job wins."""
@@ -169,11 +179,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        remote = {
-            "ssh": args.ssh, "ssh_args": list(args.ssh_args),
-            "remote_nnwatch": args.remote_nnwatch,
-        }  # fmt: skip
-        source, uuids, job = open_live(args.run, args.connect, remote)
+        source, uuids, job = open_live(args.run, args.connect, ssh_options(args))
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1

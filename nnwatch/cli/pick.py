@@ -1,7 +1,9 @@
 """``nnwatch`` (no arguments) or ``nnwatch pick``: choose a run from a list, then watch it.
 
 Live runs open the live dashboard (as ``nnwatch attach``), finished or crashed ones the recorded
-dashboard with its step cursor (as ``nnwatch open``).
+dashboard with its step cursor (as ``nnwatch open``). ``nnwatch HOST`` (or ``pick --host HOST``)
+lists the runs on another machine through the user's own ssh; a live one opens as
+``nnwatch attach HOST:RUN`` would, and without a terminal the list is printed as text.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ HELP = "choose a live or recent run from a list and open the dashboard on it (th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nnwatch.cli.attach import add_ssh_arguments
     from nnwatch.tui.launch import add_monitor_arguments
 
+    parser.add_argument(
+        "--host", metavar="HOST", help="list the runs on HOST over ssh (`nnwatch HOST` for short)"
+    )
+    add_ssh_arguments(parser, "with --host, ")
     add_monitor_arguments(parser)
 
 
@@ -28,12 +35,19 @@ def source_for(info: Any) -> tuple[Any, list[str]]:
     return open_listed(info)
 
 
+def _terminal() -> bool:
+    return sys.stdout.isatty() or bool(os.environ.get("NNWATCH_FORCE_TUI"))
+
+
 def run(args: argparse.Namespace) -> int:
     from nnwatch.sources.base import SourceError
     from nnwatch.tui.launch import run_monitor
+
+    if args.host:
+        return _run_remote(args)
     from nnwatch.tui.picker import RunPickerApp
 
-    if not sys.stdout.isatty() and not os.environ.get("NNWATCH_FORCE_TUI"):
+    if not _terminal():
         print(
             "nnwatch: the run picker needs a terminal; `nnwatch ls --all` lists the runs as text",
             file=sys.stderr,
@@ -48,3 +62,64 @@ def run(args: argparse.Namespace) -> int:
         print(f"nnwatch: {exc}", file=sys.stderr)
         return 1
     return run_monitor(source, args, gpu_uuids=uuids or None)
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    """The runs on ``args.host``: a picker in a terminal, else the list as text."""
+    from nnwatch.cli.attach import ssh_options
+    from nnwatch.sources.base import SourceError
+    from nnwatch.sources.remote import RemoteRun, RemoteSource, remote_runs
+
+    host, opts = args.host, ssh_options(args)
+
+    def lister() -> list[RemoteRun]:
+        rows = remote_runs(host, finished=True, **opts)
+        return [RemoteRun.from_row(r, host) for r in rows]
+
+    if not _terminal():
+        try:
+            runs = lister()
+        except SourceError as exc:
+            print(f"nnwatch: {exc} (`nnwatch --help` lists the commands)", file=sys.stderr)
+            return 1
+        for line in remote_table(runs, host):
+            print(line)
+        return 0
+    from nnwatch.tui.launch import run_monitor
+    from nnwatch.tui.picker import RunPickerApp
+
+    picked = RunPickerApp(
+        lister=lister, refresh_s=5.0, title=f"nnwatch · runs on {host} (Enter opens one)"
+    ).run()
+    if picked is None:
+        return 0
+    if not picked.live:
+        print(
+            f"nnwatch: {picked.name} on {host} has {picked.state}; only a live run can be "
+            f"followed from here (`nnwatch pull {host}:{picked.name} --run` copies a run's files)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        source = RemoteSource(host, picked.run_dir, **opts)
+    except SourceError as exc:
+        print(f"nnwatch: {exc}", file=sys.stderr)
+        return 1
+    return run_monitor(source, args)
+
+
+def remote_table(runs: list[Any], host: str) -> list[str]:
+    """The runs on a host as lines of text, live ones first, and how to open one."""
+    if not runs:
+        return [f"no runs on {host} (`nnwatch ls --all` there lists none)"]
+    runs = sorted(runs, key=lambda r: (not r.live, r.age))
+    lines = [f"{'name':24} {'state':9} {'step':>10} {'rank':>5} {'pid':>8}  directory"]
+    for r in runs:
+        step = "-" if r.step is None else str(r.step)
+        lines.append(
+            f"{r.name:24} {r.state:9} {step:>10} {r.rank:>5} {r.pid:>8}  {host}:{r.run_dir}"
+        )
+    live = [r for r in runs if r.live]
+    if live:
+        lines.append(f"follow one: nnwatch attach {host}:{live[0].name}")
+    return lines

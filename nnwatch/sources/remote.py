@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,15 @@ def remote_runs(
     ssh_args: Sequence[str] = (),
     remote_nnwatch: str = "nnwatch",
     timeout: float = CONNECT_TIMEOUT,
+    finished: bool = False,
 ) -> list[dict[str, Any]]:
-    """The runs ``nnwatch ls --json`` lists on ``host``, as its JSON rows."""
-    cmd = [*_ssh_base(ssh, ssh_args), host, f"{remote_nnwatch} ls --json"]
+    """The runs ``nnwatch ls --json`` lists on ``host``, as its JSON rows (``finished``: also
+    the finished and crashed runs still on disk there, as ``--all``)."""
+    cmd = [
+        *_ssh_base(ssh, ssh_args),
+        host,
+        f"{remote_nnwatch} ls --json" + (" --all" if finished else ""),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
@@ -110,9 +117,42 @@ def pick_run(rows: list[dict[str, Any]], spec: str, host: str) -> dict[str, Any]
     return found[0]
 
 
+@dataclass(frozen=True)
+class RemoteRun:
+    """One run as ``nnwatch ls --json`` on another host described it: what a run list shows.
+    ``live`` is the far host's own judgement (its pids and heartbeats mean nothing here)."""
+
+    name: str
+    state: str
+    step: int | None
+    steps_per_s: float | None
+    pid: int
+    host: str
+    rank: int
+    world_size: int
+    age: float
+    run_dir: str
+    live: bool
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], host: str) -> RemoteRun:
+        def num(key: str) -> float | None:
+            v = row.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+        step = num("step")
+        return cls(
+            name=str(row.get("name", "?")), state=str(row.get("state", "?")),
+            step=int(step) if step is not None else None, steps_per_s=num("steps_per_s"),
+            pid=int(num("pid") or 0), host=f"{host}:{row.get('host', '')}".rstrip(":"),
+            rank=int(num("rank") or 0), world_size=int(num("world_size") or 1),
+            age=num("age") or 0.0, run_dir=str(row.get("run_dir", "")),
+            live=bool(row.get("live")) and bool(row.get("socket")) and not row.get("ended"),
+        )  # fmt: skip
+
+
 def _label(r: dict[str, Any]) -> str:
     return f"{r.get('name')} (pid {r.get('pid')}, rank {r.get('rank')})"
-
 
 
 def stop_process(proc: subprocess.Popen[Any] | None) -> None:
@@ -124,6 +164,7 @@ def stop_process(proc: subprocess.Popen[Any] | None) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
 
 class SshTunnel:
     """``ssh -N -L LOCAL:REMOTE HOST`` to a private local path; ``close`` removes it all."""

@@ -142,17 +142,21 @@ class RunPickerApp(App[Any]):
     ]
 
     def __init__(
-        self, lister: Callable[[], list[Any]] = default_lister, refresh_s: float = 2.0
+        self,
+        lister: Callable[[], list[Any]] = default_lister,
+        refresh_s: float = 2.0,
+        title: str = "nnwatch · pick a run (Enter opens it)",
     ) -> None:
         super().__init__()
         self.lister = lister
         self.refresh_s = refresh_s
+        self.heading = title
         self.runs: list[Any] = []
         self.findings: dict[str, int | None] = {}  # run directory -> findings count, as shown
         self._busy = threading.Lock()
 
     def compose(self) -> ComposeResult:
-        yield Label("nnwatch · pick a run (Enter opens it)", id="title")
+        yield Label(self.heading, id="title")
         table: DataTable[Text | str] = DataTable(id="runs", cursor_type="row", zebra_stripes=True)
         table.add_columns(*RUN_COLUMNS)
         yield table
