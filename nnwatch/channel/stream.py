@@ -72,6 +72,7 @@ CAUGHT_UP_RECORDS = 4096
 #: How long a gap's fill waits for the run log to reach the ring (its writer drains ~4x a second).
 LOG_WAIT_S = 1.0
 
+
 class _Gone(Exception):
     """The monitor closed its end or stopped reading for good."""
 
@@ -283,23 +284,45 @@ class _Stream:
         while self.requests.pending and not self.out.full:
             req = self.requests.pending.pop(0)
             rid = req.get("id")
-            if scalars is None or layers is None or (
-                isinstance(req.get("last"), (int, float)) and len(scalars)
-                and req["last"] > float(scalars["step"][-1])
-            ):  # fmt: skip
+            if scalars is None or layers is None or self._log_short_of(scalars, req):
                 if self.meta is None:
                     break
-                scalars, layers = summ.map_log(self.run_dir, self.meta)
+                scalars, layers = self._map_log_up_to(req)
             got = summ.fetch_rows(scalars, layers, req)
             if isinstance(got, str):
                 self.out.put(_json_line({"type": "fetched", "id": rid, "error": got, "rows": 0}))
                 continue
             self.rows("scalars", got[0], fetch=rid)
             self.rows("layers", got[1], fetch=rid)
+            log_last = float(scalars["step"][-1]) if len(scalars) else None
             self.out.put(_json_line({
                 "type": "fetched", "id": rid, "rows": int(len(got[0])),
-                "first": req.get("first"), "last": req.get("last"),
+                "first": req.get("first"), "last": req.get("last"), "log_last": log_last,
             }))  # fmt: skip
+
+    @staticmethod
+    def _log_short_of(scalars: np.ndarray, req: dict[str, Any]) -> bool:
+        last = req.get("last")
+        return isinstance(last, (int, float)) and (
+            not len(scalars) or last > float(scalars["step"][-1])
+        )
+
+    def _map_log_up_to(self, req: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The log mapped again; when it has not yet reached the steps asked for but the ring
+        has (its writer drains a few times a second), it gets a moment to write them, as a gap
+        fill does. A fetch past what the ring holds is answered at once with what there is."""
+        assert self.meta is not None
+        deadline = time.monotonic() + LOG_WAIT_S
+        while True:
+            scalars, layers = summ.map_log(self.run_dir, self.meta)
+            ring_last = self.last_step if self.last_step is not None else -math.inf
+            last = float(req.get("last") or 0)
+            if not self._log_short_of(scalars, req) or time.monotonic() >= deadline:
+                return scalars, layers
+            log_last = float(scalars["step"][-1]) if len(scalars) else -math.inf
+            if log_last >= min(last, ring_last):
+                return scalars, layers
+            time.sleep(0.05)
 
     def fill_gap(self, last: float, first: float) -> None:
         # The log's writer drains a few times a second: at a fast step rate the ring can run
