@@ -23,6 +23,8 @@ FAST = 0.3  # weight of a new loss in the fast average
 SPIKE = 8.0  # deviations above the level that make a single loss a spike
 RISE = 4.0  # deviations the fast average must climb above the level to count as rising
 HOLD = 50  # steps still measured in full after the loss looks normal again
+SHORT_HOLD = 5  # after a lone doubled loss, which noise near convergence also makes
+DOUBLED = 4.0  # deviations above the level a doubled loss must also be
 WARMUP = 20  # losses seen before anything is judged
 
 
@@ -35,6 +37,9 @@ class LossTrend:
         self.dev = 0.0
         self.seen = 0
         self.bad_since: int | None = None  # first step of the current bad stretch
+        #: the last loss was a spike of SPIKE deviations, part of a climb, or the second bad
+        #: loss in a row: worth the long hold; a lone doubled loss gets the short one
+        self.severe = False
 
     def add(self, step: int, loss: float) -> bool:
         """Take the loss of ``step``; True while the loss is spiking or rising."""
@@ -49,10 +54,12 @@ class LossTrend:
         self.seen += 1
         level, dev = self.level, self.dev
         scale = max(dev, 1e-3 * abs(level), 1e-12)
-        bad = self.seen > WARMUP and (
-            loss > level + SPIKE * scale
-            or (level > 0 and loss > 2.0 * level and loss - level > 2.0 * scale)
-            or self.fast > level + RISE * scale
+        judged = self.seen > WARMUP
+        severe = judged and (loss > level + SPIKE * scale or self.fast > level + RISE * scale)
+        # a loss that doubled is worth a closer look, but near convergence minibatch losses are
+        # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists
+        bad = severe or (
+            judged and level > 0 and loss > 2.0 * level and loss - level > DOUBLED * scale
         )
         # a lone spike must not hold the fast average up for the steps after it: it is fed at
         # most the spike line, so only a run of high losses makes it climb
@@ -63,8 +70,10 @@ class LossTrend:
         else:
             # a sustained rise moves the level slowly, so that a new, higher plateau ends the alarm
             self.level += 0.2 * SLOW * (loss - level)
+        persists = bad and self.bad_since is not None  # the step before was bad too
         if bad and self.bad_since is None:
             self.bad_since = step
         elif not bad:
             self.bad_since = None
+        self.severe = severe or persists
         return bad

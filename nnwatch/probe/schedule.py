@@ -18,12 +18,13 @@ from __future__ import annotations
 import time
 
 from nnwatch.probe.budget import CostBudget
-from nnwatch.probe.loss_trend import HOLD, LossTrend
+from nnwatch.probe.loss_trend import HOLD, SHORT_HOLD, LossTrend
 
 WARMUP_STEPS = 10  # steps measured in full at the start, whatever the budget says
 DEFAULT_LAYER_INTERVAL = 10  # full per-layer stats every 10 steps, stretched if over budget
 AFTER_TROUBLE = 100  # steps measured in full after non-finite gradients were seen
 STATS_HOLD = 10  # steps still sampled in full after the loss looks normal again
+SHORT_STATS_HOLD = 2  # after a lone doubled loss (see ``LossTrend.severe``)
 
 
 class Schedule:
@@ -76,9 +77,12 @@ class Schedule:
     def on_loss(self, step: int, loss: float) -> None:
         """The loss as published: while it spikes or climbs, every step is measured, so an
         explosion is never between two samples."""
-        if self.loss_trend.add(step, loss):
-            self.measure_until = max(self.measure_until, step + 2 + HOLD)
-            self.sample_until = max(self.sample_until, step + 2 + STATS_HOLD)
+        trend = self.loss_trend
+        if trend.add(step, loss):
+            severe = trend.severe
+            hold, stats = (HOLD, STATS_HOLD) if severe else (SHORT_HOLD, SHORT_STATS_HOLD)
+            self.measure_until = max(self.measure_until, step + 2 + hold)
+            self.sample_until = max(self.sample_until, step + 2 + stats)
 
     def after_trouble(self, step_index: int) -> None:
         """Non-finite gradients at ``step_index``: watch what follows closely."""
