@@ -244,6 +244,37 @@ def test_a_loss_that_jumps_is_followed_by_full_measurement() -> None:
     assert measured[jump_at + 1 + HOLD :].mean() < 0.5  # and goes back to it after
 
 
+def _forced_steps(losses: np.ndarray) -> np.ndarray:
+    """Which steps the loss trend alone forces to be measured, fed the published losses."""
+    from nnwatch.probe.schedule import Schedule
+
+    sched = Schedule(0, 0.01, 32, None)
+    forced = np.zeros(len(losses), dtype=bool)
+    for step, loss in enumerate(losses):
+        forced[step] = step >= WARMUP_STEPS and step < sched.measure_until
+        sched.on_loss(step, float(loss))
+    return forced
+
+
+def test_heavy_tailed_losses_near_convergence_buy_short_looks_and_a_climb_the_long_hold() -> None:
+    """Minibatch losses near convergence are heavy-tailed: a batch at 2-4x the level is ordinary
+    there and must not switch the budget off for 50 steps each time; a climb must."""
+    level = 0.08 * np.exp(-np.arange(400) / 400)
+    # a converging loss, heavy-tailed per batch (log-normal); before, every batch 2x the level
+    # bought 50 steps: 25% and 52% of these steps were forced, now 1.5% and 16%
+    for sigma, most in ((0.3, 0.05), (0.45, 0.25)):
+        noisy = level * np.random.default_rng(0).lognormal(0.0, sigma, 400)
+        forced = _forced_steps(noisy)
+        assert forced.mean() < most, f"sigma {sigma}: {forced.sum()} of 400 steps forced"
+    for seed in range(3):  # the same noise, climbing 6% a step from step 200
+        noisy = level * np.random.default_rng(seed).lognormal(0.0, 0.45, 400)
+        climbing = np.concatenate([noisy[:200], noisy[200:260] * 1.06 ** np.arange(60)])
+        forced = _forced_steps(climbing)
+        first = int(np.argmax(forced[200:])) + 200
+        assert forced[first] and first <= 220, "a climb is looked at closely within 20 steps"
+        assert forced[first:260].all()  # and held: the climb goes on under full measurement
+
+
 def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

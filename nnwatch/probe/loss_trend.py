@@ -25,6 +25,7 @@ RISE = 4.0  # deviations the fast average must climb above the level to count as
 HOLD = 50  # steps still measured in full after the loss looks normal again
 SHORT_HOLD = 5  # after a lone doubled loss, which noise near convergence also makes
 DOUBLED = 4.0  # deviations above the level a doubled loss must also be
+CLIMB = 1.5  # the fast average this many times the level: the loss is climbing
 WARMUP = 20  # losses seen before anything is judged
 
 
@@ -55,7 +56,13 @@ class LossTrend:
         level, dev = self.level, self.dev
         scale = max(dev, 1e-3 * abs(level), 1e-12)
         judged = self.seen > WARMUP
-        severe = judged and (loss > level + SPIKE * scale or self.fast > level + RISE * scale)
+        fast = self.fast
+        severe = judged and (
+            loss > level + SPIKE * scale
+            or fast > level + RISE * scale
+            # a steady climb widens the deviation it is measured in; against the level it shows
+            or (level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale)
+        )
         # a loss that doubled is worth a closer look, but near convergence minibatch losses are
         # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists
         bad = severe or (
