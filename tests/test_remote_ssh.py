@@ -7,7 +7,10 @@ can then be fetched on demand, equal to the run log, none missing, none twice.
 from __future__ import annotations
 
 import getpass
+import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,5 +137,51 @@ def test_attach_host_names_what_is_there(
         source, _, _ = open_live(f"{host}:", None, remote)  # HOST: takes the only live run
         assert source.meta.name == "only-one"  # type: ignore[attr-defined]
         source.close()  # type: ignore[attr-defined]
+    finally:
+        trainer.kill()
+
+
+def test_a_frozen_ssh_link_costs_the_trainer_nothing_lets_a_held_pause_lapse_and_heals(
+    remote: dict[str, object], subprocess_env: dict[str, str]
+) -> None:
+    """The link freezes for 60 s (the local ssh stopped: nothing closes, nothing moves) while the
+    monitor holds a pause through it: the pause lapses with its lease, the trainer then steps at
+    its usual rate, and when the link moves again the monitor catches up without a restart."""
+    from nnwatch.sources.command_line import CommandLine
+
+    trainer = Trainer(subprocess_env, "--steps", "0", "--rate", "400", "--name", "frozen-link")
+    host = f"{getpass.getuser()}@127.0.0.1"
+    try:
+        wait_for(lambda: trainer.published() > 50, timeout=30)
+        source = RemoteSource(host, "frozen-link", **remote)  # type: ignore[arg-type]
+        state = RunState(source.meta)
+        poll_until(source, lambda u, all_: state.ingest(u) is not None
+                   and state.history.last_step > 50, timeout=30)  # fmt: skip
+        t0, n0 = time.monotonic(), trainer.published()
+        time.sleep(3)
+        rate = (trainer.published() - n0) / (time.monotonic() - t0)
+        line = CommandLine(timeout=10)
+        assert line.send(source.tunnel.local, "pause", {}).ok  # through the tunnel
+        time.sleep(1)
+        held = trainer.published()
+        time.sleep(2)
+        assert trainer.published() <= held + 1, "the pause did not hold"
+        ssh = source.tunnel.proc
+        assert ssh is not None
+        os.kill(ssh.pid, signal.SIGSTOP)  # the link freezes
+        try:
+            time.sleep(40)  # the lease (30 s) lapses: the run steps again
+            t1, n1 = time.monotonic(), trainer.published()
+            assert n1 > held + 400, "a frozen link still held the pause"
+            time.sleep(20)
+            frozen_rate = (trainer.published() - n1) / (time.monotonic() - t1)
+        finally:
+            os.kill(ssh.pid, signal.SIGCONT)
+        assert frozen_rate > 0.9 * rate, f"{frozen_rate:.0f} steps/s frozen, {rate:.0f} before"
+        target = trainer.published()
+        poll_until(source, lambda u, all_: state.ingest(u) is not None
+                   and state.history.last_step >= target, timeout=60)  # fmt: skip
+        line.close()
+        source.close()
     finally:
         trainer.kill()
