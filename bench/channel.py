@@ -100,7 +100,7 @@ _LATENCY_READER = textwrap.dedent(
     """
     import json, sys, time
     import numpy as np
-    from nnwatch.store.ring import RingReader
+    from nnwatch.store.ring_reader import RingReader
     r = RingReader(sys.argv[1], start="latest")
     lat = []
     end = time.time() + float(sys.argv[2])

@@ -34,7 +34,7 @@ from nnwatch.channel.client import ChannelClient  # noqa: E402
 from nnwatch.sources.live import ConnectedSource  # noqa: E402
 from nnwatch.sources.summarised import SummarisedSource  # noqa: E402
 from nnwatch.store.overview import OverviewWriter  # noqa: E402
-from nnwatch.store.ring import RingReader  # noqa: E402
+from nnwatch.store.ring_reader import RingReader  # noqa: E402
 from nnwatch.tui.model import RunState  # noqa: E402
 
 

@@ -25,7 +25,7 @@ import pytest
 from nnwatch.channel.client import ChannelClient
 from nnwatch.sources.live import ConnectedSource, LiveSource
 from nnwatch.store.registry import gc, list_runs
-from nnwatch.store.ring import RingReader
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import load_run
 
 PYTHON = sys.executable
@@ -109,7 +109,7 @@ def steps_of(updates: list) -> list[int]:
 _READER = textwrap.dedent(
     """
     import sys, time
-    from nnwatch.store.ring import RingReader
+    from nnwatch.store.ring_reader import RingReader
     r = RingReader(sys.argv[1])
     while True:
         n = len(r.read())

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from nnwatch.store.health import judge
-from nnwatch.store.ring import RingState
+from nnwatch.store.ring_reader import RingState
 
 NOW = 1_000_000.0
 

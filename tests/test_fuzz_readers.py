@@ -23,7 +23,9 @@ from nnwatch.diagnosis.snapshot import SnapshotError, read_manifest, read_record
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import clean_end, read_end
 from nnwatch.store.registry import EntryError, validate_entry
-from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.ring import RingWriter
+from nnwatch.store.ring_layout import RingError
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import iter_events, load_run
 from nnwatch.store.runlog import RunLogError, RunLogWriter
 from nnwatch.store.schema import RunMeta

@@ -24,7 +24,9 @@ import pytest
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.store import registry
 from nnwatch.store.paths import RunDirError, make_run_dir, write_private_file
-from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.ring import RingWriter
+from nnwatch.store.ring_layout import RingError
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log, load_run
 from nnwatch.store.runlog import END_FILE, MAGIC_V1, SCALARS_FILE, RunLogWriter, crc_path
 from nnwatch.store.schema import RunMeta
@@ -90,7 +92,8 @@ def test_readers_survive_a_sparse_ring_on_a_full_tmpfs(tmpfs: Path) -> None:
     fill(tmpfs / "filler")
     code = (
         "import sys\n"
-        "from nnwatch.store.ring import RingReader, RingError\n"
+        "from nnwatch.store.ring_layout import RingError\n"
+        "from nnwatch.store.ring_reader import RingReader\n"
         "from nnwatch.store.run_reader import load_run\n"
         "for p in sys.argv[1:3]:\n"
         "    try:\n"

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from nnwatch.store.health import ring_health
-from nnwatch.store.ring import RingError, RingReader, RingWriter
+from nnwatch.store.ring import RingWriter
+from nnwatch.store.ring_layout import RingError
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.schema import RunMeta, RunSchema
 
 REPO = Path(__file__).resolve().parent.parent

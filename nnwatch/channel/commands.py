@@ -15,9 +15,10 @@ Wire format, one JSON object per line (newline-delimited JSON)::
 :data:`COMMANDS` is the one specification of the command set: each :class:`CommandSpec` says what
 the command does, its arguments (type, range, help, how ``nnwatch ctl`` reads one from the command
 line), who applies it (the server thread at once, or the training thread at a step boundary), how
-often the run takes it, and the TUI key that sends it. The server's validation, the client's
-request building, ``nnwatch ctl``'s help and parsing and the probe's dispatch table all derive from
-it; adding a command is adding one entry here (and its handler where it is applied).
+often the run takes it, and the TUI key that sends it (with its footer word and help line). The
+server's validation, the client's request building, ``nnwatch ctl``'s help and parsing, the
+probe's dispatch table and the TUI's steering keys all derive from it; adding a command is adding
+one entry here (and its handler where it is applied).
 """
 
 from __future__ import annotations
@@ -173,8 +174,14 @@ class CommandSpec:
     positional: str | None = None
     #: True when the training thread applies it; False when the server answers it on its own.
     applied_by_trainer: bool = True
-    #: The TUI key that sends it (the TUI's keymap id is the command name), if any.
+    #: The TUI key that sends it, if any: the dashboard's binding for it comes from these four.
     key: str | None = None
+    #: The key's word in the footer (default: the command name).
+    key_label: str = ""
+    #: The key's line in the ``?`` help (default: ``summary``).
+    key_help: str = ""
+    #: The binding id a user's keymap moves the key by (default: the command name).
+    key_id: str = ""
     #: At most this many per second from all monitors together; more are refused with the reason
     #: (for commands whose every use costs the trainer real work, like a snapshot).
     per_s: float | None = None
@@ -246,10 +253,14 @@ COMMANDS: dict[str, CommandSpec] = {
         },
         positional="reason",
         key="s",
+        key_label="snap",
+        key_help="write a snapshot now",
         per_s=1.0,
     ),
     PAUSE: CommandSpec(
-        "hold training at the next step boundary until resumed or disconnected", key="p"
+        "hold training at the next step boundary until resumed or disconnected",
+        key="p",
+        key_help="pause or resume training (asks first)",
     ),
     RESUME: CommandSpec("let paused training go on"),
     "set_clip": CommandSpec(
@@ -265,6 +276,9 @@ COMMANDS: dict[str, CommandSpec] = {
         required=("max_norm",),
         positional="max_norm",
         key="c",
+        key_label="clip",
+        key_help="set the grad clip threshold (asks first)",
+        key_id="clip",
     ),
     "set_layer_interval": CommandSpec(
         "sample per-layer activation stats every N steps",
@@ -291,6 +305,8 @@ COMMANDS: dict[str, CommandSpec] = {
         },
         positional="steps",
         key="a",
+        key_label="anom",
+        key_help="anomaly detection for the next step",
         per_s=1.0,
     ),
     "stop": CommandSpec("set w.should_stop so the training loop can end cleanly"),

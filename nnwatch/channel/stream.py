@@ -55,7 +55,8 @@ from nnwatch.channel.commands import encode_reply
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
-from nnwatch.store.ring import RingError, RingReader
+from nnwatch.store.ring_layout import RingError
+from nnwatch.store.ring_reader import RingReader
 
 #: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
 OUT_LIMIT = 8 * 1024 * 1024

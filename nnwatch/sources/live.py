@@ -29,7 +29,8 @@ from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Health, Liveness, read_end
 from nnwatch.store.log_catchup import gap_rows, load_history
 from nnwatch.store.registry import RunInfo, find_runs, list_runs, ring_path
-from nnwatch.store.ring import RingError, RingReader
+from nnwatch.store.ring_layout import RingError
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.runlog import schema_dtypes, split_records
 from nnwatch.store.schema import RunMeta
 

@@ -3,7 +3,9 @@
 - :mod:`~nnwatch.store.schema`, :mod:`~nnwatch.store.summary`: the record layout of one step.
 - :mod:`~nnwatch.store.paths`: where runs live, and files opened without following symlinks.
 - :mod:`~nnwatch.store.runlog`: the append-only run log (scalars, layer rows, events, end).
-- :mod:`~nnwatch.store.ring`: one mmap'd ring per rank, written without ever waiting.
+- :mod:`~nnwatch.store.ring` (writer), :mod:`~nnwatch.store.ring_reader`,
+  :mod:`~nnwatch.store.ring_layout` (the bytes both agree on): one mmap'd ring per rank, written
+  without ever waiting.
 - :mod:`~nnwatch.store.registry`, :mod:`~nnwatch.store.health`, :mod:`~nnwatch.store.identity`:
   which runs exist and whether their process is alive.
 - :mod:`~nnwatch.store.finding`: the record a detector writes.

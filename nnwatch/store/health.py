@@ -20,7 +20,8 @@ from pathlib import Path
 
 from nnwatch.store.identity import same_process, this_host
 from nnwatch.store.paths import read_small_file
-from nnwatch.store.ring import ENDED, RingReader, RingState
+from nnwatch.store.ring_layout import ENDED
+from nnwatch.store.ring_reader import RingReader, RingState
 
 #: The heartbeat thread beats at 1 Hz; this many seconds without one means the process is frozen.
 HEARTBEAT_STALE = 5.0

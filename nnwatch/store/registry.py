@@ -39,7 +39,8 @@ from nnwatch.store.paths import (
     read_small_file,
     write_private_file,
 )
-from nnwatch.store.ring import RingError, RingReader, ring_path
+from nnwatch.store.ring_layout import RingError, ring_path
+from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.schema import RunMeta
 
 REGISTRY_DIR = "registry"

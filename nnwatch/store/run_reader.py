@@ -288,7 +288,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
 def _ring_status(run_dir: Path, meta: RunMeta) -> str | None:
     """"finished" or "crashed" as the ring header says, when the run ended without ``end.json``."""
     try:
-        from nnwatch.store.ring import RingError, RingReader, ring_path
+        from nnwatch.store.ring_layout import RingError, ring_path
+        from nnwatch.store.ring_reader import RingReader
     except ImportError:
         return None
     try:
@@ -305,7 +306,8 @@ def _merge_ring_tail(
     """Append the records that reached the ring but not the log (the writer thread drains the
     log every ~100 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
     try:
-        from nnwatch.store.ring import RingError, RingReader, ring_path
+        from nnwatch.store.ring_layout import RingError, ring_path
+        from nnwatch.store.ring_reader import RingReader
     except ImportError:  # a build without the live channel has no ring to merge
         return scalars, layers
 
@@ -346,7 +348,7 @@ def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
     if run.status == "running":
         return 0, "still running"
     from nnwatch.store.paths import describe_os_error
-    from nnwatch.store.ring import ring_path
+    from nnwatch.store.ring_layout import ring_path
 
     path = ring_path(run_dir, run.meta.rank)
     if not os.path.lexists(path):

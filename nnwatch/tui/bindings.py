@@ -1,16 +1,46 @@
 """The dashboard's key bindings, and which of them apply to which run.
 
 Every binding has an id (``?`` lists them) so users can remap it (``keymap.py``). The keys that
-steer training are greyed out, and explained when pressed, for a run that cannot be steered; the
-rank keys only show for a rank of a distributed job, the overlay keys only while one is shown.
+steer training come from the command specification (``keyed_commands()``: key, footer word, help
+line, id), so a command given a key there gets its binding here without an edit; they are greyed
+out, and explained when pressed, for a run that cannot be steered. The rank keys only show for a
+rank of a distributed job, the overlay keys only while one is shown.
 """
 
 from __future__ import annotations
 
 from textual.binding import Binding
 
+from nnwatch.channel.commands import keyed_commands
+
+#: The action of every steering key: ``steer('<command>')`` (see ``steering.py``).
+STEER = "steer"
+
+
+def steer_action(command: str) -> str:
+    """The binding action that sends ``command`` (Textual passes the name to ``action_steer``)."""
+    return f"{STEER}({command!r})"
+
+
+def steering_bindings() -> list[Binding]:
+    """One binding per keyed command of the spec, in the spec's order."""
+    return [
+        Binding(
+            spec.key,
+            steer_action(name),
+            spec.key_label or name,
+            id=spec.key_id or name,
+            tooltip=spec.key_help or spec.summary,
+        )
+        for name, spec in keyed_commands().items()
+        if spec.key is not None
+    ]
+
+
+STEERING_BINDINGS = steering_bindings()
 #: Actions that change training: greyed out (and explained) when the source cannot be steered.
-STEERING = frozenset({"request_snapshot", "toggle_pause", "set_clip", "arm_anomaly"})
+#: Both forms: the action name ``check_action`` is asked about, and each binding's action string.
+STEERING = frozenset({STEER, *(b.action for b in STEERING_BINDINGS)})
 #: Actions that only mean something for a rank of a distributed job: hidden for a single process.
 RANK_ACTIONS = frozenset({"prev_rank", "next_rank"})
 #: Actions that only mean something while another run is overlaid on the charts.
@@ -18,10 +48,7 @@ OVERLAY_ACTIONS = frozenset({"clear_overlay", "swap_overlay"})
 NOT_LIVE = "this run is not live, so it cannot be steered; attach to a running trainer with `nnwatch attach`"
 
 BINDINGS: list[Binding] = [
-    Binding("s", "request_snapshot", "snap", id="snapshot", tooltip="write a snapshot now"),
-    Binding("p", "toggle_pause", "pause", id="pause", tooltip="pause or resume training (asks first)"),
-    Binding("c", "set_clip", "clip", id="clip", tooltip="set the grad clip threshold (asks first)"),
-    Binding("a", "arm_anomaly", "anom", id="anomaly", tooltip="anomaly detection for the next step"),
+    *STEERING_BINDINGS,
     Binding("l", "focus_layers", "layer", id="layers", tooltip="focus the layers pane: type to filter, Enter for the rows"),
     Binding("slash", "filter", "filter", id="filter", key_display="/", tooltip="filter the layers: a substring or a glob (blocks.*.act)"),
     Binding("z", "toggle_zoom", "zoom", id="zoom", tooltip="charts: last 500 steps <-> whole run"),

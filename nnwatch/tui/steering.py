@@ -1,21 +1,29 @@
-"""The keys that steer training (``s`` snapshot, ``p`` pause, ``c`` clip, ``a`` anomaly): each one
-that changes training asks first, goes through ``source.command`` in a thread, and says what
-happened ("clip 1.0 applies at step 1234"), or why it could not."""
+"""The keys that steer training (snapshot, pause, clip, anomaly: every command the spec gives a
+key): each goes through ``source.command`` in a thread and says what happened ("clip 1.0 applies
+at step 1234"), or why it could not.
+
+The keys themselves come from the command spec (``bindings.py``); every one calls ``action_steer``
+with its command's name. A few commands have an exchange of their own here (pause toggles with
+resume, clip asks for the norm); any other keyed command asks first and is sent without arguments.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from nnwatch.channel.commands import COMMANDS, PAUSE, RESUME
 from nnwatch.tui import format as fmt
+from nnwatch.tui.bindings import STEERING_BINDINGS, steer_action
 from nnwatch.tui.messages import CommandFinished
 from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
 
-#: Commands sent to the trainer. Names match the live channel's command set.
+#: The commands with an exchange (or an outcome line) of their own in the TUI.
 CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = (
     "snapshot",
-    "pause",
-    "resume",
+    PAUSE,
+    RESUME,
     "set_clip",
     "anomaly",
 )
@@ -42,10 +50,31 @@ class SteeringActions(MonitorBase):
                 f"{name} failed: {reply.error or 'no answer from the run'}", error=True
             )
 
-    def action_request_snapshot(self) -> None:
-        self._send(CMD_SNAPSHOT, reason="key s in nnwatch")
+    def action_steer(self, name: str) -> None:
+        """A steering key: its command's own exchange if it has one, else ask and send."""
+        own: dict[str, Callable[[], None]] = {
+            CMD_SNAPSHOT: self._request_snapshot,
+            CMD_PAUSE: self._toggle_pause,
+            CMD_CLIP: self._set_clip,
+            CMD_ANOMALY: self._arm_anomaly,
+        }
+        exchange = own.get(name)
+        if exchange is not None:
+            exchange()
+        else:
+            self._ask_and_send(name)
 
-    def action_toggle_pause(self) -> None:
+    def _current_key(self, name: str) -> str:
+        """The key that sends ``name`` now, after the user's keymap."""
+        for b in STEERING_BINDINGS:
+            if b.action == steer_action(name):
+                return self.key_of(b)
+        return "?"
+
+    def _request_snapshot(self) -> None:
+        self._send(CMD_SNAPSHOT, reason=f"key {self._current_key(CMD_SNAPSHOT)} in nnwatch")
+
+    def _toggle_pause(self) -> None:
         paused = self.state.status.state == "paused"
         verb = "Resume" if paused else "Pause"
         detail = (
@@ -64,7 +93,7 @@ class SteeringActions(MonitorBase):
             ConfirmScreen(f"{verb} training of {self.source.meta.name}?", detail), answer
         )
 
-    def action_set_clip(self) -> None:
+    def _set_clip(self) -> None:
         current = self.state.history.latest_finite("clip_threshold")
 
         def got_value(value: float | None) -> None:
@@ -88,8 +117,33 @@ class SteeringActions(MonitorBase):
 
         self.push_screen(ClipScreen(current), got_value)
 
-    def action_arm_anomaly(self) -> None:
+    def _arm_anomaly(self) -> None:
         self._send(CMD_ANOMALY, steps=1)
+
+    def _ask_and_send(self, name: str) -> None:
+        """A keyed command without an exchange of its own: confirm with its summary, then send it
+        without arguments (one that needs some says how to send it with ``nnwatch ctl``)."""
+        spec = COMMANDS.get(name)
+        if spec is None:
+            self._show_outcome(f"{name}: not a command this nnwatch knows", error=True)
+            return
+        if spec.required:
+            self._show_outcome(
+                f"{name} needs {', '.join(spec.required)}; send it with "
+                f"`nnwatch ctl {self.source.meta.name} {spec.usage(name)}`",
+                error=True,
+            )
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._send(name)
+            else:
+                self._show_outcome(f"{name} cancelled", error=False)
+
+        self.push_screen(
+            ConfirmScreen(f"Send {name} to {self.source.meta.name}?", spec.summary), answer
+        )
 
 
 def describe_outcome(
