@@ -30,6 +30,7 @@ COVERED = {
     "ssh -N -L /tmp/run.sock:/dev/shm/nnwatch-1000/s/12345-r0.sock gpu-host &": "tests/test_ssh_forward.py",
     "nnwatch attach --connect /tmp/run.sock": "tests/test_ssh_forward.py",
     "nnwatch attach gpu-host:mnist-mlp": "tests/test_remote_ssh.py (HOST:RUN through a real sshd)",
+    "nnwatch gpu-host": "tests/test_remote_picker.py (the runs on a host through a real sshd: picker and text)",
     "nnwatch attach --job JOB --hosts node01,node02": (
         "tests/test_job_multinode.py (the fan-out and job screen it runs, two sshd 'nodes')"
     ),
