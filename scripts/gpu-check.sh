@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NNWATCH_RUN_DIR=$(mktemp -d)
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee "$out/device.txt"
 python3 -m pytest -q -p no:cacheprovider -m gpu -o addopts="-ra" --timeout 300 \
-  tests/test_probe_gpu.py tests/test_grad.py tests/test_probe_bad_input.py 2>&1 | tee "$out/gpu-tests.log"
+  tests/integration/test_probe_gpu.py tests/unit/test_grad.py tests/integration/test_probe_bad_input.py 2>&1 | tee "$out/gpu-tests.log"
 tests=${PIPESTATUS[0]}
 timeout "${GPU_BENCH_SECONDS:-240}" python3 bench/overhead.py --device cuda \
   --rounds "${GPU_BENCH_ROUNDS:-6}" --steps 20 2>&1 | tee "$out/gpu-bench.log"

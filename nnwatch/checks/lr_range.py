@@ -18,7 +18,7 @@ Why not the classic "steepest slope of the running average"? On noisy curves its
 noise, very often among the first steps, where the bias-corrected average is built from only a
 few samples. The minimum of a lag-free smoothed curve is stable, ``lr_min / 10`` keeps a decade
 of margin below the cliff, and averaging with the steepest point keeps the suggestion on the
-descending part of the curve. ``tests/test_checks_lr.py`` measures both rules on synthetic noisy
+descending part of the curve. ``tests/unit/test_checks_lr.py`` measures both rules on synthetic noisy
 curves with a known shape.
 """
 

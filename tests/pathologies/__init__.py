@@ -2,7 +2,7 @@
 
 ``CASES`` lists them all; :func:`run_case` trains one with nnwatch attached and returns what the
 detectors said, and :func:`score` turns outcomes into recall per kind, false alarms and delays.
-``bench/detection.py`` prints the table; ``tests/test_diagnosis_suite.py`` asserts the targets.
+``bench/detection.py`` prints the table; ``tests/integration/test_diagnosis_suite.py`` asserts the targets.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The e2e layer of the test suite (see CONTRIBUTING.md)."""

@@ -1,0 +1,1 @@
+"""The integration layer of the test suite (see CONTRIBUTING.md)."""

@@ -1,0 +1,1 @@
+"""The tui layer of the test suite (see CONTRIBUTING.md)."""

@@ -1,0 +1,1 @@
+"""The unit layer of the test suite (see CONTRIBUTING.md)."""
