@@ -32,9 +32,8 @@ import pytest
 from nnwatch.sources.job_fanout import JobFanout
 from nnwatch.sources.job_monitor import JobMonitor
 from nnwatch.store.jobs import group_jobs, run_info_from_dir
-from tests.e2e.test_ssh_forward import KEYGEN, SSHD, pytestmark  # noqa: F401 - the skip mark
-
 from tests.conftest import REPO
+from tests.e2e.test_ssh_forward import KEYGEN, SSHD, pytestmark  # noqa: F401 - the skip mark
 
 pytestmark = [pytestmark, pytest.mark.slow]  # type: ignore[list-item]
 BAD = {"killed", "crashed", "stopped", "exited", "frozen"}

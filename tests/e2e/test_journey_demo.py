@@ -27,7 +27,6 @@ import pytest
 import nnwatch
 from nnwatch.store.identity import same_process
 from nnwatch.store.registry import list_runs
-
 from tests.terminal import Terminal
 
 REPO = Path(__file__).resolve().parents[2]

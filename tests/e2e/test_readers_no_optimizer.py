@@ -38,7 +38,6 @@ from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.layers import LayersPane
 from nnwatch.tui.widgets.loss import LossPane
-
 from tests.conftest import REPO
 
 #: A training script as users write it without an optimizer object: a manual SGD update.

@@ -14,9 +14,9 @@ from nnwatch.cli import _looks_like_host
 from nnwatch.sources.remote import RemoteRun, RemoteSource, remote_runs
 from nnwatch.tui.picker import RunPickerApp
 from nnwatch.tui.testing import wait_until
-from tests.integration.test_channel_faults import Trainer, wait_for
 from tests.e2e.test_remote_ssh import remote  # noqa: F401 - fixture
 from tests.e2e.test_ssh_forward import pytestmark, tunnel  # noqa: F401 - fixture, skip mark
+from tests.integration.test_channel_faults import Trainer, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,8 +23,8 @@ from nnwatch.sources.base import SourceError
 from nnwatch.sources.remote import RemoteSource
 from nnwatch.store.run_reader import load_run
 from nnwatch.tui.model import RunState
-from tests.integration.test_channel_faults import Trainer, poll_until, steps_of, wait_for
 from tests.e2e.test_ssh_forward import Tunnel, pytestmark, tunnel  # noqa: F401 - fixture, skip mark
+from tests.integration.test_channel_faults import Trainer, poll_until, steps_of, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,6 @@ import nnwatch
 from nnwatch.sources.job_monitor import RankState, summarize_runs
 from nnwatch.store.jobs import group_jobs, run_info_from_dir
 from nnwatch.store.schema import RunSchema
-
 from tests.integration.test_distributed_ddp import run_jobs
 
 STEPS, EVERY = 60, 20

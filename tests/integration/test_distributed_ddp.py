@@ -20,7 +20,6 @@ import nnwatch
 from nnwatch.sources.job_monitor import JobMonitor, summarize_runs
 from nnwatch.store.jobs import group_jobs
 from nnwatch.store.registry import list_runs
-
 from tests.conftest import REPO
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -21,7 +21,6 @@ import pytest
 
 from nnwatch.sources.job_monitor import summarize_runs
 from nnwatch.store.jobs import group_jobs, run_info_from_dir
-
 from tests.integration.test_distributed_ddp import run_jobs
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

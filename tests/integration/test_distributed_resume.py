@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 import nnwatch
-
 from tests.conftest import REPO
 from tests.integration.test_distributed_ddp import TORCHRUN
 

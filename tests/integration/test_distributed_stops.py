@@ -24,7 +24,6 @@ import pytest
 from nnwatch.cli import main as cli_main
 from nnwatch.store.job_health import judge_job
 from nnwatch.store.registry import list_runs
-
 from tests.conftest import REPO
 from tests.integration.test_distributed_ddp import TORCHRUN, TRAINER
 
@@ -185,7 +184,6 @@ def test_ranks_pane_names_the_first_rank_and_the_waiting_ones() -> None:
     from nnwatch.tui.model import RunState
     from nnwatch.tui.widgets.base import PaneContext, ViewSettings
     from nnwatch.tui.widgets.ranks import RanksPane
-
     from tests.tui.test_tui_ranks import _info
 
     ranks = [_Rank(0, heartbeat_at=109.5), _Rank(1, "crashed", alive=False)]

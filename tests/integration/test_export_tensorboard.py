@@ -18,7 +18,6 @@ from torch import nn
 import nnwatch
 from nnwatch.export import TensorBoard, export_run
 from nnwatch.probe.consistency import make_finding
-
 from tests.conftest import REPO
 
 pytest.importorskip("tensorboard")

@@ -13,7 +13,6 @@ import pytest
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.store.run_reader import iter_events, load_run
 from nnwatch.store.runlog import END_FILE, RunLogWriter
-
 from tests.small_disk import fill
 
 

@@ -30,7 +30,6 @@ from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log, load_run
 from nnwatch.store.runlog import END_FILE, MAGIC_V1, SCALARS_FILE, RunLogWriter, crc_path
 from nnwatch.store.schema import RunMeta
-
 from tests.small_disk import ROOT, fill
 
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root: mounts a tmpfs / switches uid")

@@ -20,7 +20,6 @@ import pytest
 from nnwatch.sources.job_table import view_from_summary
 from nnwatch.store.jobs import JOB_SUMMARY_FILE, group_jobs, read_job_summary, run_info_from_dir
 from nnwatch.store.run_reader import load_run
-
 from tests.integration.test_distributed_ddp import run_jobs
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from nnwatch.cli import main as cli_main
-
 from tests.conftest import REPO
 from tests.integration.test_distributed_ddp import TORCHRUN, TRAINER, _wait_for
 

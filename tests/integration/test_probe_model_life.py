@@ -17,7 +17,6 @@ from torch import nn
 
 import nnwatch
 from nnwatch.probe import hook_hiding
-
 from tests.conftest import PYTHON
 from tests.plain_models import TinyLM
 

@@ -17,7 +17,6 @@ from torch import nn
 
 import nnwatch
 from nnwatch.store.runlog import RunLogError
-
 from tests.conftest import REPO
 
 

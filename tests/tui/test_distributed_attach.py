@@ -19,7 +19,6 @@ from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.ranks import RanksPane
-
 from tests.conftest import REPO
 from tests.integration.test_distributed_ddp import TORCHRUN, TRAINER, _wait_for
 

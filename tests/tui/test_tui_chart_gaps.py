@@ -31,7 +31,6 @@ from nnwatch.tui.testing import fixed_hardware, settle
 from nnwatch.tui.widgets.chart import GUTTER
 from nnwatch.tui.widgets.grad import GradPane
 from nnwatch.tui.widgets.loss import LossPane
-
 from tests.conftest import REPO
 
 Body = Callable[[Pilot[Any], NNWatchApp], Awaitable[None]]

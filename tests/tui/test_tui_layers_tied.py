@@ -13,7 +13,6 @@ from nnwatch.sources.recorded import RecordedSource
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.testing import fixed_hardware, settle
 from nnwatch.tui.widgets.layers import LayersPane, LayerTable
-
 from tests.plain_models import ScaleShift
 
 

@@ -30,7 +30,6 @@ from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.base import PaneContext, ViewSettings
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.ranks import RanksPane, missing_ranges, status_style
-
 from tests.conftest import REPO
 from tests.integration.test_distributed_ddp import TORCHRUN, TRAINER, _wait_for
 
