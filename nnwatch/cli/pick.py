@@ -96,7 +96,8 @@ def _run_remote(args: argparse.Namespace) -> int:
     if not picked.live:
         print(
             f"nnwatch: {picked.name} on {host} has {picked.state}; only a live run can be "
-            f"followed from here (`nnwatch pull {host}:{picked.name} --run` copies a run's files)",
+            f"followed from here; its files are in {host}:{picked.run_dir} (copy them, for "
+            f"example with `scp -r`, and open the copy with `nnwatch open DIR`)",
             file=sys.stderr,
         )
         return 1
