@@ -46,7 +46,7 @@ def forward_watch(model: Any, first_bad: list[str]) -> list[Any]:
     """Module hooks that note the first module (in call order) whose output holds NaN/Inf."""
     import torch
 
-    from nnwatch.tensors.layers import first_tensor
+    from nnwatch.tensors.layers import first_tensor  # lazy: pulls torch; diagnosis stays torch-free
 
     hooks = []
     for name, mod in model.named_modules():

@@ -24,6 +24,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from nnwatch.diagnosis.replay import ReplayError, _match_prefix, load_factory, load_snapshot
+from nnwatch.store.run_reader import load_run
+
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
 IGNORE_INDEX = -100
 #: Robust distance (in MADs) at or above which a table value is flagged as extreme for this batch.
@@ -137,8 +140,6 @@ def build_report(
     factory: Callable[[], Any] | None = None,
 ) -> BatchReport:
     """Read a snapshot (or a run directory's newest one) and describe its batch."""
-    from nnwatch.diagnosis.replay import ReplayError, load_snapshot
-
     try:
         snap = load_snapshot(snapshot_dir)
         batch = snap.batch()
@@ -276,8 +277,6 @@ def grad_norms_before(
         if not (run_dir / "scalars.bin").exists():
             continue
         try:
-            from nnwatch.store.run_reader import load_run
-
             run = load_run(run_dir)
             steps = np.asarray(run.steps, dtype=np.int64)
             norms = np.asarray(run["grad_norm"], dtype=np.float64)
@@ -409,8 +408,6 @@ def _recompute_losses(
 ) -> None:
     """Per-sample losses from the user's model factory and the snapshot's weights (no_grad)."""
     import torch
-
-    from nnwatch.diagnosis.replay import _match_prefix
 
     try:
         made = factory()
@@ -547,8 +544,6 @@ def _read_json(p: Path) -> dict[str, Any] | None:
 
 def load_decoder(spec: str) -> Callable[[list[int]], str]:
     """``module:function`` or ``file.py:function`` -> a decoder of token ids into text."""
-    from nnwatch.diagnosis.replay import ReplayError, load_factory
-
     try:
         return cast(Callable[[list[int]], str], load_factory(spec))
     except ReplayError as exc:
@@ -556,8 +551,6 @@ def load_decoder(spec: str) -> Callable[[list[int]], str]:
 
 
 def load_model_factory(spec: str) -> Callable[[], Any]:
-    from nnwatch.diagnosis.replay import ReplayError, load_factory
-
     try:
         return load_factory(spec)
     except ReplayError as exc:

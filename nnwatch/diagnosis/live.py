@@ -18,6 +18,7 @@ import numpy as np
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.snapshot import complete_pending
 from nnwatch.diagnosis.spikes import SpikeTrigger
 from nnwatch.store.finding import Finding
 
@@ -53,8 +54,6 @@ class Diagnosis:
                     self._request_snapshot(f"grad_norm_spike at step {row.step}")
                 for finding in self.pipeline.feed_row(row):
                     self._emit(finding)
-        from nnwatch.diagnosis.snapshot import complete_pending
-
         complete_pending(self.w, rows)
 
     # -- training thread -------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def replay(
         )
     rng = snp.rng()
     threads = int(man.get("num_threads") or torch.get_num_threads())
-    from nnwatch.tensors.layers import plan_layers
+    from nnwatch.tensors.layers import plan_layers  # lazy: pulls torch; diagnosis stays torch-free
 
     plan = plan_layers(model)
     first_bad: list[str] = []
@@ -252,8 +252,8 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
     """The global norm as the probe measures it, and as clip_grad_norm_ does (float32 each)."""
     import torch
 
-    from nnwatch import grad as gradmath
-    from nnwatch.tensors.grad_norms import squared_norms, total_norm
+    from nnwatch import grad as gradmath  # lazy: pulls torch
+    from nnwatch.tensors.grad_norms import squared_norms, total_norm  # lazy: pulls torch
 
     if not grads:
         return np.float32(np.nan), np.float32(np.nan)

@@ -19,6 +19,7 @@ import numpy as np
 
 from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.float_bits import from_bits, json_float
+from nnwatch.store.run_reader import load_run
 
 
 class ReplayError(RuntimeError):
@@ -86,8 +87,6 @@ class Snapshot:
         run_dir = Path(self.manifest.get("run_dir", ""))
         for candidate in (self.path.parent.parent, run_dir):
             try:
-                from nnwatch.store.run_reader import load_run
-
                 run = load_run(candidate)
             except Exception:  # noqa: BLE001 - not a run directory: try the next
                 continue

@@ -42,6 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from nnwatch.export.event_file import EventFile
+from nnwatch.store.event_tail import EventTail
+from nnwatch.store.run_reader import load_run
+from nnwatch.store.runlog import RunLogError, split_records
 from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta
 
 if TYPE_CHECKING:
@@ -126,8 +130,6 @@ class TensorBoardWriter:
         histogram_every: int = 100,
         per_layer: bool = True,
     ) -> None:
-        from nnwatch.export.event_file import EventFile
-
         self._Summary, self._tb = _load_tensorboard()
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -279,9 +281,6 @@ def export_run(
     overwrite: bool = False,
 ) -> ExportSummary:
     """Write one run's history as TensorBoard events into ``OUT_DIR/<run directory name>``."""
-    from nnwatch.store.run_reader import load_run
-    from nnwatch.store.runlog import RunLogError
-
     try:
         run = load_run(run_dir)
     except RunLogError as exc:
@@ -318,8 +317,6 @@ class LiveExport:
     """
 
     def __init__(self, w: Watch, options: TensorBoard) -> None:
-        from nnwatch.store.event_tail import EventTail
-
         self.meta = w.meta
         self.out_dir = target_dir(options.log_dir, w.run_dir)
         _clear_previous(self.out_dir, overwrite=False)
@@ -336,8 +333,6 @@ class LiveExport:
         if self.error is not None or self.writer.closed:
             return
         try:
-            from nnwatch.store.runlog import split_records
-
             scalars, layers = split_records(rows, self.meta.schema)
             self.writer.add_scalars(scalars)
             self.writer.add_layers(

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nnwatch import grad as gradmath
+
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
 
@@ -52,8 +54,6 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
     if w.disabled or not w.plan.params:
         return
     try:
-        from nnwatch import grad as gradmath
-
         b = w.buffers
         post = gradmath.global_norm(list(w.plan.params)).to(b.dev.device, torch.float32)
         pre = b.slot("grad_norm")

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from nnwatch.integrations import _probe
+from nnwatch.probe.watch import watch
 
 log = logging.getLogger("nnwatch")
 
@@ -69,8 +70,6 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
 
     # -- fit start / end -------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        from nnwatch.probe.watch import watch
-
         optimizers = list(getattr(trainer, "optimizers", []) or [])
         if len(optimizers) > 1:
             log.warning(

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from nnwatch.integrations import _probe
+from nnwatch.probe.watch import watch
 
 log = logging.getLogger("nnwatch")
 
@@ -82,8 +83,6 @@ class NNWatchCallback(_callback_base()):  # type: ignore[misc]
 
     # -- begin / end ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        from nnwatch.probe.watch import watch
-
         model = kwargs.get("model")
         if model is None:
             log.warning("nnwatch: the Trainer passed no model to its callbacks; not watching")

@@ -505,7 +505,7 @@ def make_finding(
 ) -> Any:
     """A ``nnwatch.store.finding.Finding`` when the diagnosis package is there, else a dict."""
     try:
-        from nnwatch.store.finding import Finding
+        from nnwatch.store.finding import Finding  # lazy: guarded, optional here
     except ImportError:
         where = f" in {layer}" if layer else ""
         message = f"step {step}: {kind.replace('_', ' ')}{where}: {summary} Fix: {remedy}"

@@ -25,6 +25,7 @@ import torch
 
 from nnwatch._version import __version__
 from nnwatch.store.jobs import job_extra
+from nnwatch.store.overview import OverviewWriter
 from nnwatch.store.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema
@@ -213,8 +214,6 @@ class RunFiles:
         self.log = RunLogWriter(self.dir, meta)
         self.log.on_error.append(on_error)
         try:  # multi-resolution summaries beside the log, for remote monitors (overview.bin)
-            from nnwatch.store.overview import OverviewWriter
-
             self.log.observers.append(OverviewWriter(self.dir, meta.schema.scalar_dtype(), self.log))
         except Exception:  # noqa: BLE001 - monitors then build them from the log
             pass
@@ -233,7 +232,7 @@ class RunFiles:
         if detectors:
             self.diagnosis = _make_diagnosis(w, run_log)
         if tensorboard is not None:
-            from nnwatch.export.tensorboard import attach_live
+            from nnwatch.export.tensorboard import attach_live  # lazy: only if asked for
 
             self.exporter = attach_live(w, tensorboard)
 
@@ -292,7 +291,7 @@ class RunFiles:
 
 def _make_channel(w: Any) -> Any:
     try:
-        from nnwatch.probe.channel_link import ChannelLink
+        from nnwatch.probe.channel_link import ChannelLink  # lazy: guarded, optional
     except ImportError:
         return None
     try:
@@ -304,7 +303,7 @@ def _make_channel(w: Any) -> Any:
 
 def _make_diagnosis(w: Any, run_log: RunLogWriter) -> Any:
     try:
-        from nnwatch.diagnosis import Diagnosis
+        from nnwatch.diagnosis import Diagnosis  # lazy: guarded, diagnosis is optional
     except ImportError:
         return None
     try:

@@ -146,7 +146,7 @@ class SnapshotTaker:
         self.pre_state = None
         rng = self.rng_at_start or capture_rng()
         try:
-            from nnwatch.diagnosis.snapshot import write_snapshot
+            from nnwatch.diagnosis.snapshot import write_snapshot  # lazy: guarded, optional
         except ImportError:
             owner.warn_once("no-snapshot", "snapshots are not available in this build")
             return

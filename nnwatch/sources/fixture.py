@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.paths import ensure_private_dir
+from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
@@ -386,9 +388,6 @@ def write_run(
     then fixed-size rows) for benchmark runs of millions of steps. A fixture whose ``end_state``
     is "crashed" gets no ``end.json``, as a killed trainer leaves none.
     """
-    from nnwatch.store.paths import ensure_private_dir
-    from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
-
     if source.steps is None:
         raise ValueError("an endless fixture cannot be written; give it a number of steps")
     run_dir = ensure_private_dir(Path(run_dir))

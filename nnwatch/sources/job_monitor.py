@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.sources.job_findings import LAG_STEPS, job_findings, lag_limit
+from nnwatch.sources.job_table import view_from_summary
 from nnwatch.sources.job_view import JobView, RankSummary
+from nnwatch.sources.live import LiveSource
 from nnwatch.store.job_health import JobStops, certain_first, judge_job
-from nnwatch.store.jobs import Job
+from nnwatch.store.jobs import Job, read_job_summary
+from nnwatch.store.registry import RunInfo, note_first_stop, refresh
+from nnwatch.store.run_reader import load_run
+from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import sums_measured
-
-if TYPE_CHECKING:
-    from nnwatch.sources.base import RunSource
-    from nnwatch.store.registry import RunInfo
 
 #: A live rank this many steps behind the most advanced rank is called a straggler (or, in a
 #: fast job, a second of its steps: see ``job_findings.lag_limit``).
@@ -144,9 +146,6 @@ class JobMonitor:
     def _source(self, info: RunInfo) -> RunSource | None:
         src = self._sources.get(info.rank)
         if src is None:
-            from nnwatch.sources.base import SourceError
-            from nnwatch.sources.live import LiveSource
-
             kwargs: dict[str, Any] = {} if self._hung_min is None else {"hung_min": self._hung_min}
             try:
                 src = LiveSource(info.run_dir, ring=info.ring or None, **kwargs)
@@ -187,16 +186,11 @@ class JobMonitor:
         rank0 = self.job.run_for(0)
         if not self.use_summary or not self.job.missing or rank0 is None:
             return None
-        from nnwatch.sources.job_table import view_from_summary
-        from nnwatch.store.jobs import read_job_summary
-
         doc = read_job_summary(rank0.run_dir)
         return None if doc is None else view_from_summary(doc, self.job)
 
     def _judge_stops(self) -> JobStops:
         """Which rank stopped first, and which one the others wait for, judged afresh."""
-        from nnwatch.store.registry import refresh
-
         runs = []
         for info in self.job.runs:
             try:
@@ -288,14 +282,9 @@ def build_view(
 
 def summarize_runs(job: Job) -> JobView:
     """A one-off view of a job read from its run logs (finished or crashed jobs, scripts, tests)."""
-    from nnwatch.store.run_reader import load_run
-    from nnwatch.store.runlog import RunLogError
-
     states: dict[int, RankState] = {}
     run_state: dict[int, str] = {}
     findings: list[dict[str, Any]] = []
-    from nnwatch.store.registry import refresh
-
     for info in job.runs:
         st = RankState()
         try:
@@ -318,8 +307,6 @@ def judge_stops(runs: list[RunInfo], *, known_first: tuple[int, ...] = ()) -> Jo
     """:func:`~nnwatch.store.job_health.judge_job` for the ranks of one job, recording in the
     first rank's run directory when this reader sees it stopped while the others still live (so
     that later readers know, even when the files alone could not order their deaths)."""
-    from nnwatch.store.registry import note_first_stop
-
     stops = judge_job(runs, known_first=known_first)
     certain = certain_first(runs, stops)
     for info in runs:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.run_reader import load_run
+from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import RunMeta
 
 CHUNK_ROWS = 262_144  # rows per poll while loading: ~30 MB of scalars for a small model
@@ -33,9 +35,6 @@ class RecordedSource(RunSource):
     """The history of one run directory. Cannot be steered (``can_command`` is False)."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, chunk_rows: int = CHUNK_ROWS) -> None:
-        from nnwatch.store.run_reader import load_run
-        from nnwatch.store.runlog import RunLogError
-
         self.run_dir = Path(run_dir).expanduser()
         self.chunk_rows = max(1, int(chunk_rows))
         try:
@@ -95,9 +94,6 @@ class RecordedSource(RunSource):
 
     def _reload(self) -> None:
         """Map the files again to see rows a running trainer appended since."""
-        from nnwatch.store.run_reader import load_run
-        from nnwatch.store.runlog import RunLogError
-
         try:
             self._run = load_run(self.run_dir)
         except (RunLogError, OSError) as exc:

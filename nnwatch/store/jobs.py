@@ -17,10 +17,12 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nnwatch.store.registry import RunInfo
+from nnwatch.store.health import read_end
+from nnwatch.store.registry import RunInfo, inspect_dir, ring_path
+from nnwatch.store.runlog import RunLogError
+from nnwatch.store.schema import RunMeta
 
 #: Runs that share a master address but started further apart than this are different jobs.
 JOIN_WINDOW_S = 600.0
@@ -202,11 +204,6 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
     copied directory), from its ``meta.json`` and ``end.json``, to group it with :func:`group_jobs`.
     """
     import time
-
-    from nnwatch.store.health import read_end
-    from nnwatch.store.registry import RunInfo, inspect_dir, ring_path
-    from nnwatch.store.runlog import RunLogError
-    from nnwatch.store.schema import RunMeta
 
     run_dir = Path(run_dir).expanduser()
     try:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nnwatch.store.run_reader import load_run
+
 
 def load_history(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """(scalars, layer rows) from the run log, or None when there is no readable log yet."""
     try:
-        from nnwatch.store.run_reader import load_run
-
         run = load_run(run_dir)
     except Exception:  # noqa: BLE001 - no log yet (before the first step) or unreadable
         return None

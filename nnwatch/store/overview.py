@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.paths import open_for_append, read_small_file
+
 OVERVIEW_FILE = "overview.bin"
 MAGIC = b"NNWOVR1\0"
 HEADER_SIZE = 64
@@ -270,8 +272,6 @@ class OverviewWriter:
         self._held_rows = 0
         self._pending: list[np.ndarray] = [np.zeros(0, bucket_dtype(len(self.fields)))] * LEVELS
         self._count = [0] * LEVELS  # complete buckets per level
-        from nnwatch.store.paths import open_for_append
-
         fd = open_for_append(self.path)  # opened per write after this: no descriptor is held
         try:
             if os.fstat(fd).st_size == 0:
@@ -317,8 +317,6 @@ class OverviewWriter:
             self._count[k] += len(new)
             out.append(new)
         data = _seal(np.concatenate(out)).tobytes()
-        from nnwatch.store.paths import open_for_append
-
         try:
             fd = open_for_append(self.path)
             try:
@@ -339,8 +337,6 @@ def _write_all(fd: int, data: bytes) -> None:
 def read_stored(path: Path, fields: tuple[str, ...], scalar_size: int) -> dict[int, np.ndarray]:
     """The complete buckets of ``overview.bin`` by level. Raises ValueError (plain words) when the
     file is not one of this log, or any record is damaged or out of order."""
-    from nnwatch.store.paths import read_small_file
-
     data = read_small_file(path, limit=1 << 34)
     if len(data) < HEADER_SIZE:
         raise ValueError(f"{path.name} is shorter than its header")

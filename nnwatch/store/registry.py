@@ -41,6 +41,8 @@ from nnwatch.store.paths import (
 )
 from nnwatch.store.ring_layout import RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
+from nnwatch.store.run_reader import fold_ring_into_log
+from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import RunMeta
 
 REGISTRY_DIR = "registry"
@@ -454,9 +456,6 @@ def fold_dead_rings(
     """For every run of this host whose process is gone but whose ring file is still there (a
     crash, or a log that failed): move the steps only the ring holds into the log and remove the
     ring. Returns (run directory, steps recovered, what was done) per ring."""
-    from nnwatch.store.run_reader import fold_ring_into_log
-    from nnwatch.store.runlog import RunLogError
-
     done: list[tuple[str, int, str]] = []
     seen: set[str] = set()
     for info in [*list_runs(root, problems=problems), *recorded_runs(root, problems=problems)]:

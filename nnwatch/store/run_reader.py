@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
+from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
     CRC_ENTRY,
     END_FILE,
@@ -135,8 +137,6 @@ class Run:
 def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np.ndarray:
     """The rows of one log file, memory-mapped; rows whose checksum fails are left out (one
     warning names their steps), and a partial last row (a killed writer) is ignored."""
-    from nnwatch.store.paths import open_regular
-
     try:
         fd = open_regular(path)
     except FileNotFoundError:
@@ -179,8 +179,6 @@ def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np
 
 def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.ndarray | None:
     """A mask of the rows whose block checksum fails, or None when every checked block is good."""
-    from nnwatch.store.paths import read_small_file
-
     try:
         table = read_small_file(crc_path(path), limit=1 << 31)
     except FileNotFoundError:
@@ -250,8 +248,6 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         raise RunLogError(
             f"{run_dir} has no {META_FILE}: it is not an nnwatch run, or the run never finished a step"
         )
-    from nnwatch.store.paths import read_small_file
-
     try:
         meta = RunMeta.from_json(read_small_file(meta_path))
     except OSError as exc:
@@ -266,7 +262,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     end: dict[str, Any] = {}
     end_path = run_dir / END_FILE
     if os.path.lexists(end_path):
-        from nnwatch.store.health import clean_end
+        from nnwatch.store.health import clean_end  # lazy: pulls psutil into nnwatch ls start-up
 
         try:
             cleaned = clean_end(json.loads(read_small_file(end_path, limit=1 << 20)))
@@ -288,8 +284,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
 def _ring_status(run_dir: Path, meta: RunMeta) -> str | None:
     """"finished" or "crashed" as the ring header says, when the run ended without ``end.json``."""
     try:
-        from nnwatch.store.ring_layout import RingError, ring_path
-        from nnwatch.store.ring_reader import RingReader
+        from nnwatch.store.ring_layout import RingError, ring_path  # lazy: guarded, optional
+        from nnwatch.store.ring_reader import RingReader  # lazy: guarded, optional
     except ImportError:
         return None
     try:
@@ -306,8 +302,8 @@ def _merge_ring_tail(
     """Append the records that reached the ring but not the log (the writer thread drains the
     log every ~100 ms, so a ``kill -9`` leaves the newest steps only in the ring file)."""
     try:
-        from nnwatch.store.ring_layout import RingError, ring_path
-        from nnwatch.store.ring_reader import RingReader
+        from nnwatch.store.ring_layout import RingError, ring_path  # lazy: guarded, optional
+        from nnwatch.store.ring_reader import RingReader  # lazy: guarded, optional
     except ImportError:  # a build without the live channel has no ring to merge
         return scalars, layers
 
@@ -347,9 +343,6 @@ def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
     run = load_run(run_dir)  # raises RunLogError for what is not a readable run
     if run.status == "running":
         return 0, "still running"
-    from nnwatch.store.paths import describe_os_error
-    from nnwatch.store.ring_layout import ring_path
-
     path = ring_path(run_dir, run.meta.rank)
     if not os.path.lexists(path):
         return 0, "no ring file"

@@ -39,6 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.paths import (
+    check_own_dir,
+    create_exclusive,
+    describe_os_error,
+    open_for_append,
+    open_regular,
+    write_private_file,
+)
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 log = logging.getLogger("nnwatch")
@@ -74,8 +82,6 @@ class RowAppender:
     it. Every file is opened without following symlinks and must be a regular file of ours."""
 
     def __init__(self, path: Path, row_size: int, kind: int) -> None:
-        from nnwatch.store.paths import open_for_append
-
         self.path = path
         self.row_size = row_size
         self.fd = open_for_append(path)
@@ -123,8 +129,6 @@ class RowAppender:
 
 
 def read_head(path: Path) -> bytes:
-    from nnwatch.store.paths import open_regular
-
     fd = open_regular(path)
     try:
         return os.pread(fd, 8, 0)
@@ -204,8 +208,6 @@ class RunLogWriter:
         #: Called in the writer thread with each batch of new records (a structured array);
         #: the detectors live here, off the training thread.
         self.observers: list[Any] = []
-        from nnwatch.store.paths import check_own_dir, open_for_append, write_private_file
-
         check_own_dir(self.run_dir)
         write_private_file(self.run_dir / META_FILE, meta.to_json().encode())
         self._scalars = RowAppender(self.run_dir / SCALARS_FILE, self._scalar_size, KIND_SCALARS)
@@ -326,8 +328,6 @@ class RunLogWriter:
             self.written += len(rows)
         except OSError as exc:
             self.lost += len(rows)
-            from nnwatch.store.paths import describe_os_error
-
             self._fail(
                 f"cannot append to the run log in {self.run_dir}: "
                 f"{describe_os_error(exc, self.run_dir)}"
@@ -364,8 +364,6 @@ def _reserve_end(run_dir: Path) -> int:
     """Create ``.end.json.reserve`` with its space allocated now, while the disk has room, so
     that ``end.json`` can be written at the end whatever happened to the disk meanwhile. Returns
     its file descriptor, or -1 when it could not be made (``end.json`` is then written plainly)."""
-    from nnwatch.store.paths import create_exclusive
-
     path = run_dir / END_RESERVE_FILE
     try:
         fd = create_exclusive(path)
@@ -388,8 +386,6 @@ def _reserve_end(run_dir: Path) -> int:
 def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
     """Write ``end.json``: into the reserved file, cut to size and renamed into place (no new
     space needed), else as a plain atomic write. A failure is logged, never raised."""
-    from nnwatch.store.paths import describe_os_error, write_private_file
-
     data = json.dumps(end, default=_json_default).encode()
     if len(data) > END_RESERVE:
         short = {k: (v[:200] if isinstance(v, str) else v) for k, v in end.items()}

@@ -15,7 +15,7 @@ __all__ = ["NNWatchApp"]
 
 def __getattr__(name: str) -> Any:
     if name == "NNWatchApp":
-        from nnwatch.tui.app import NNWatchApp
+        from nnwatch.tui.app import NNWatchApp  # lazy: pulls textual
 
         return NNWatchApp
     raise AttributeError(name)

@@ -18,10 +18,11 @@ from typing import Any
 
 from textual.message import Message
 
-from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.sources.base import CommandReply, RunSource, SourceError
 from nnwatch.sources.hardware import Hardware, HardwareReading
 from nnwatch.sources.job_monitor import JobMonitor
 from nnwatch.store.jobs import Job, group_jobs, run_info_from_dir
+from nnwatch.store.registry import list_runs
 from nnwatch.tui.messages import (
     CommandFinished,
     HardwareSampled,
@@ -179,8 +180,6 @@ class SourceCollector(_Loop):
         """Send one command in its own thread; the answer comes back as ``CommandFinished``."""
 
         def run() -> None:
-            from nnwatch.sources.base import CommandReply
-
             try:
                 reply = self.source.command(name, **args)
             except Exception as exc:  # noqa: BLE001 - reported to the user, never raised
@@ -272,8 +271,6 @@ class RankCollector(_Loop):
         self._monitor: JobMonitor | None = JobMonitor(job) if job is not None else None
 
     def _find_job(self) -> Job | None:
-        from nnwatch.store.registry import list_runs
-
         here = os.path.realpath(self.run_dir)
         try:
             runs = list_runs(self.root)

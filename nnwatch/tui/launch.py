@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from nnwatch.sources.base import RunSource
-from nnwatch.tui.run_sources import gpu_uuids_for
+from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.tui.run_sources import gpu_uuids_for, open_run_spec
 
 __all__ = ["add_monitor_arguments", "gpu_uuids_for", "run_monitor"]
 
@@ -42,7 +42,7 @@ def add_monitor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) -> int:
     """Run the dashboard until the user quits; 0 on ``q``, 1 with a message on a usage error."""
-    from nnwatch.tui.app import DEFAULT_FPS, NNWatchApp, load_keymap
+    from nnwatch.tui.app import DEFAULT_FPS, NNWatchApp, load_keymap  # lazy: pulls textual
 
     if not sys.stdout.isatty() and not os.environ.get("NNWATCH_FORCE_TUI"):
         source.close()
@@ -65,9 +65,6 @@ def run_monitor(source: RunSource, args: argparse.Namespace, **app_kwargs: Any) 
     fps = getattr(args, "fps", None) or DEFAULT_FPS
     compare = None
     if getattr(args, "compare", None):
-        from nnwatch.sources.base import SourceError
-        from nnwatch.tui.run_sources import open_run_spec
-
         try:
             compare = open_run_spec(args.compare)
         except SourceError as exc:

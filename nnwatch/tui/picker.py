@@ -15,6 +15,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label
 
+from nnwatch.store.paths import default_root
+from nnwatch.store.registry import list_runs, recorded_runs
 from nnwatch.tui import format as fmt
 from nnwatch.tui.run_sources import source_for
 
@@ -73,9 +75,6 @@ def _is_finding_line(line: bytes) -> bool:
 
 def default_lister() -> list[Any]:
     """Live runs (registry), then runs on disk without an entry, newest first in each group."""
-    from nnwatch.store.paths import default_root
-    from nnwatch.store.registry import list_runs, recorded_runs
-
     root = default_root()
     live = list_runs(root)
     seen = {str(Path(r.run_dir).resolve()) for r in live}

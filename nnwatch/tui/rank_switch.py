@@ -4,6 +4,7 @@ ranks pane's data comes from ``RankCollector``; switching opens the other rank's
 from __future__ import annotations
 
 from nnwatch.sources.base import SourceError
+from nnwatch.sources.live import LiveSource
 from nnwatch.tui.monitor import MonitorBase
 
 
@@ -41,8 +42,6 @@ class RankActions(MonitorBase):
             return False
         if rank == self.source.meta.rank:
             return True
-        from nnwatch.sources.live import LiveSource
-
         try:
             source = LiveSource.from_info(info)
         except SourceError as exc:

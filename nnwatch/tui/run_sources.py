@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.sources.live import LiveSource
+from nnwatch.sources.recorded import RecordedSource
+from nnwatch.store.paths import default_root
+from nnwatch.store.registry import list_runs, recorded_runs
 
 
 def gpu_uuids_for(device: str, visible: list[str]) -> list[str]:
@@ -23,9 +27,6 @@ def gpu_uuids_for(device: str, visible: list[str]) -> list[str]:
 def source_for(info: Any) -> tuple[RunSource, list[str]]:
     """The source for a listed run: live through its files and socket, else its recorded log;
     and the uuids of its GPUs when the registry knows them."""
-    from nnwatch.sources.live import LiveSource
-    from nnwatch.sources.recorded import RecordedSource
-
     if info.live:
         source = LiveSource.from_info(info)
         return source, gpu_uuids_for(source.meta.device, list(info.cuda_devices))
@@ -35,10 +36,6 @@ def source_for(info: Any) -> tuple[RunSource, list[str]]:
 def open_run_spec(spec: str, root: Path | None = None) -> RunSource:
     """A run named on the command line: a live run of that name (followed live), else a run
     directory, else a finished or crashed run of that name on disk. ``SourceError`` says why not."""
-    from nnwatch.sources.recorded import RecordedSource
-    from nnwatch.store.paths import default_root
-    from nnwatch.store.registry import list_runs, recorded_runs
-
     base = root if root is not None else default_root()
     try:
         live = [r for r in list_runs(base) if r.live]

@@ -13,7 +13,7 @@ from typing import ClassVar
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
-from nnwatch.store.finding import Finding
+from nnwatch.store.finding import Finding, fmt
 
 
 class Detector:
@@ -31,7 +31,5 @@ class Detector:
 
 def lr_now(row: Row) -> str:
     """`` (now 0.1)`` when the run's LR is known, else nothing: a remedy never cites an unknown LR."""
-    from nnwatch.store.finding import fmt
-
     lr = row.lr0
     return f" (now {fmt(lr)})" if math.isfinite(lr) else ""
