@@ -94,13 +94,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     if picked is None:
         return 0
     if not picked.live:
-        print(
-            f"nnwatch: {picked.name} on {host} has {picked.state}; only a live run can be "
-            f"followed from here; its files are in {host}:{picked.run_dir} (copy them, for "
-            f"example with `scp -r`, and open the copy with `nnwatch open DIR`)",
-            file=sys.stderr,
-        )
-        return 1
+        return _open_a_copy(picked, host, opts, args)
     try:
         source = RemoteSource(host, picked.run_dir, **opts)
     except SourceError as exc:
@@ -124,3 +118,29 @@ def remote_table(runs: list[Any], host: str) -> list[str]:
     if live:
         lines.append(f"follow one: nnwatch attach {host}:{live[0].name}")
     return lines
+
+
+def _open_a_copy(picked: Any, host: str, opts: dict[str, Any], args: argparse.Namespace) -> int:
+    """A finished run on ``host``: copied here whole (checked), then opened like a local one."""
+    from nnwatch.sources.base import SourceError
+    from nnwatch.sources.pull import PullError, PullRequest, describe, pull
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.tui.launch import run_monitor
+
+    print(f"nnwatch: {picked.name} on {host} has {picked.state}; copying its files here…")
+    try:
+        got = pull(PullRequest(host, run=picked.run_dir, whole=True, **opts))
+    except PullError as exc:
+        print(
+            f"nnwatch: {exc}; its files stay in {host}:{picked.run_dir}",
+            file=sys.stderr,
+        )
+        return 1
+    print("\n".join(describe(got, host)))
+    try:
+        source = RecordedSource(got.path)
+    except SourceError as exc:
+        print(f"nnwatch: the copy in {got.path} cannot be opened: {exc}", file=sys.stderr)
+        return 1
+    return run_monitor(source, args)
+

@@ -40,6 +40,8 @@ import numpy as np
 
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import (
+    SNAPSHOT_MANIFEST,
+    SNAPSHOTS_DIR,
     check_own_dir,
     create_exclusive,
     describe_os_error,
@@ -49,8 +51,7 @@ from nnwatch.store.paths import (
 )
 
 SNAPSHOT_VERSION = 1
-SNAPSHOTS_DIR = "snapshots"
-MANIFEST, STATE, RNG, BATCH = "manifest.json", "state.pt", "rng.pt", "batch.pt"
+MANIFEST, STATE, RNG, BATCH = SNAPSHOT_MANIFEST, "state.pt", "rng.pt", "batch.pt"
 METRICS, LAYERS, FINDINGS, META, RECORD = (
     "metrics.npy",
     "layers.json",
@@ -425,7 +426,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise SnapshotError(f"{path} is corrupt: it is not a JSON object")
     version = manifest.get("version", 0)
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise SnapshotError(f"{path} is corrupt: its version is {_show(version)}, not a whole number")
+        raise SnapshotError(
+            f"{path} is corrupt: its version is {_show(version)}, not a whole number"
+        )
     if version > SNAPSHOT_VERSION:
         raise SnapshotError(f"{path} was written by a newer nnwatch; upgrade nnwatch to read it")
     step = manifest.get("step")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,20 @@ class RunSource(ABC):
 
     def command(self, name: str, **args: Any) -> CommandReply:
         return CommandReply(False, error="this run is not live; it cannot be steered")
+
+    @property
+    def files_host(self) -> str | None:
+        """The host whose disk holds this run's snapshots when that is not this machine."""
+        return None
+
+    def pulled_snapshot(self, step: int, name: str = "") -> Path | None:
+        """Where an earlier ``pull_snapshot`` put this snapshot, if it did."""
+        return None
+
+    def pull_snapshot(self, step: int, name: str = "") -> Path:
+        """Copy the snapshot of ``step`` (directory ``name`` when known) from ``files_host`` to
+        this machine and say where it now lies; SourceError when it cannot."""
+        raise SourceError("this run's snapshots are on this machine; there is nothing to pull")
 
     def reconnect(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Try to reach the run again after it was lost. Recorded sources have nothing to do."""

@@ -34,7 +34,7 @@ from nnwatch.sources.base import SourceError
 from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
-from nnwatch.sources.remote import stop_process
+from nnwatch.sources.ssh_child import stop_process
 from nnwatch.store.job_health import judge_job
 from nnwatch.store.jobs import Job
 
@@ -145,7 +145,9 @@ class HostLink:
                 time.sleep(RETRY_S)
 
     def _follow(self) -> None:
-        cmd = self.ssh_command(f"{self.remote_nnwatch} ranks {shlex.quote(self.job)} --json --follow")
+        cmd = self.ssh_command(
+            f"{self.remote_nnwatch} ranks {shlex.quote(self.job)} --json --follow"
+        )
         self.follow = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
         assert self.follow.stdout is not None
@@ -205,7 +207,9 @@ class JobFanout:
                 ident = job.get("ident") or {}
                 key = f"{ident.get('id') or job.get('key')}#{ident.get('restart') or 0}"
                 groups.setdefault(key, []).extend((link, r) for r in job.get("rows", []))
-                events.setdefault(key, []).extend(e for e in job.get("events", []) if isinstance(e, dict))
+                events.setdefault(key, []).extend(
+                    e for e in job.get("events", []) if isinstance(e, dict)
+                )
                 world = max(world, int(job.get("world_size") or 0))
                 label = str(job.get("label") or label).split(" (")[0]
         unreachable = []
@@ -243,7 +247,9 @@ class JobFanout:
         self.where = {int(r["rank"]): (link.host, str(r.get("run_dir") or "")) for link, r in pairs}
         limit = lag_limit(r.steps_per_s for r in rows if r.state in _LIVE)
         rows = [_told(row, stops, lead, limit) for row in rows]
-        fwd = [(r.forward_nonfinite_step, r.rank) for r in rows if r.forward_nonfinite_step is not None]
+        fwd = [
+            (r.forward_nonfinite_step, r.rank) for r in rows if r.forward_nonfinite_step is not None
+        ]
         pool = fwd or [(r.nonfinite_step, r.rank) for r in rows if r.nonfinite_step is not None]
         origin = tuple(sorted(rk for s, rk in pool if s == min(pool)[0])) if pool else ()
         job = Job(key, label, "ssh", max(world, len(rows)), 0, ())
@@ -264,10 +270,14 @@ def _told(row: RankSummary, stops: Any, lead: int | None, limit: int) -> RankSum
     whole job said of it (first to stop, waiting, ...)."""
     import dataclasses
 
-    behind = lead - row.step if lead is not None and row.step is not None and row.state in _LIVE else 0
+    behind = (
+        lead - row.step if lead is not None and row.step is not None and row.state in _LIVE else 0
+    )
     row = dataclasses.replace(row, behind=max(0, behind))
     if row.status == "live" and behind >= limit:
-        row = dataclasses.replace(row, status="behind", note=f"{behind} steps behind the leading rank")
+        row = dataclasses.replace(
+            row, status="behind", note=f"{behind} steps behind the leading rank"
+        )
     told = stops.ranks.get(row.rank)
     if told is None or not row.reachable:
         return row

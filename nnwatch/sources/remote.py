@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -24,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.sources.base import SourceError
+from nnwatch.sources.pull import PullError, PullRequest, pull, pulled_run_dir
+from nnwatch.sources.ssh_child import ssh_base, stop_process
 from nnwatch.sources.summarised import SummarisedSource
+from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
 
 #: How long ssh gets to log in and forward (a ProxyJump over a slow link can take a while).
 CONNECT_TIMEOUT = 30.0
-
-
-def _ssh_base(ssh: str, ssh_args: Sequence[str]) -> list[str]:
-    return [*shlex.split(ssh), *ssh_args]
 
 
 def remote_runs(
@@ -46,7 +44,7 @@ def remote_runs(
     """The runs ``nnwatch ls --json`` lists on ``host``, as its JSON rows (``finished``: also
     the finished and crashed runs still on disk there, as ``--all``)."""
     cmd = [
-        *_ssh_base(ssh, ssh_args),
+        *ssh_base(ssh, ssh_args),
         host,
         f"{remote_nnwatch} ls --json" + (" --all" if finished else ""),
     ]
@@ -155,17 +153,6 @@ def _label(r: dict[str, Any]) -> str:
     return f"{r.get('name')} (pid {r.get('pid')}, rank {r.get('rank')})"
 
 
-def stop_process(proc: subprocess.Popen[Any] | None) -> None:
-    """End an ssh child: terminate, and kill it if it has not gone within 5 s."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class SshTunnel:
     """``ssh -N -L LOCAL:REMOTE HOST`` to a private local path; ``close`` removes it all."""
 
@@ -196,7 +183,7 @@ class SshTunnel:
         self.stop()
         self.local.unlink(missing_ok=True)
         cmd = [
-            *_ssh_base(self.ssh, self.ssh_args), "-N",
+            *ssh_base(self.ssh, self.ssh_args), "-N",
             "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
             "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
             "-L", f"{self.local}:{self.remote_socket}", self.host,
@@ -249,6 +236,7 @@ class RemoteSource(SummarisedSource):
         max_hz: float = 20.0,
     ) -> None:
         self.host = host
+        self._ssh, self._ssh_args, self._remote_nnwatch = ssh, tuple(ssh_args), remote_nnwatch
         rows = remote_runs(host, ssh=ssh, ssh_args=ssh_args, remote_nnwatch=remote_nnwatch)
         self.info = pick_run(rows, spec, host)
         self.tunnel = SshTunnel(host, str(self.info["socket"]), ssh=ssh, ssh_args=ssh_args)
@@ -258,6 +246,34 @@ class RemoteSource(SummarisedSource):
         except BaseException:
             self.tunnel.close()
             raise
+
+    @property
+    def files_host(self) -> str:
+        return self.host
+
+    def _pulled_dir(self) -> Path:
+        run_dir = str(self.info.get("run_dir") or "")
+        return pulled_run_dir(self.host, run_dir, str(self.info.get("name") or ""))
+
+    def pulled_snapshot(self, step: int, name: str = "") -> Path | None:
+        local = self._pulled_dir() / SNAPSHOTS_DIR / (name or f"step-{int(step)}")
+        return local if (local / SNAPSHOT_MANIFEST).is_file() else None
+
+    def pull_snapshot(self, step: int, name: str = "") -> Path:
+        """The snapshot copied (once) into ``nnwatch-pulled/HOST/RUN/snapshots``, checked."""
+        done = self.pulled_snapshot(step, name)
+        if done is not None:
+            return done  # pulled before: the same bytes, checked then
+        run_dir = str(self.info.get("run_dir") or "")
+        into = self._pulled_dir()
+        req = PullRequest(
+            self.host, run=run_dir, step=int(step), into=into, ssh=self._ssh,
+            ssh_args=self._ssh_args, remote_nnwatch=self._remote_nnwatch,
+        )  # fmt: skip
+        try:
+            return pull(req).path
+        except PullError as exc:
+            raise SourceError(str(exc)) from None
 
     def _resubscribe(self) -> None:
         if not self.tunnel.alive:

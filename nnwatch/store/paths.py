@@ -19,6 +19,10 @@ import tempfile
 from pathlib import Path
 
 ENV_RUN_DIR = "NNWATCH_RUN_DIR"
+#: A run directory's snapshots, one directory each, and the file that makes one complete
+#: (written last): the names monitors, ``pack`` and ``pull`` look for without loading torch.
+SNAPSHOTS_DIR = "snapshots"
+SNAPSHOT_MANIFEST = "manifest.json"
 #: Largest JSON side file (meta, end, registry entry, manifest) a reader loads; real ones are KBs.
 MAX_SMALL_FILE = 4 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -56,7 +60,9 @@ def check_own_dir(path: Path, *, tighten: bool = True) -> os.stat_result:
     path = Path(path)
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        raise RunDirError(f"{path} is a symlink; nnwatch refuses it so that nobody can redirect runs")
+        raise RunDirError(
+            f"{path} is a symlink; nnwatch refuses it so that nobody can redirect runs"
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise RunDirError(f"{path} exists and is not a directory")
     if st.st_uid != os.getuid():
@@ -66,7 +72,9 @@ def check_own_dir(path: Path, *, tighten: bool = True) -> os.stat_result:
         )
     if stat.S_IMODE(st.st_mode) & 0o077:
         if not tighten:
-            raise RunDirError(f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})")
+            raise RunDirError(
+                f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
+            )
         os.chmod(path, 0o700, follow_symlinks=False)
         st = os.lstat(path)
     return st
@@ -114,7 +122,9 @@ def make_run_dir(path: str | os.PathLike[str]) -> Path:
 
 def open_for_append(path: Path, mode: int = 0o600) -> int:
     """Open (creating if needed) a regular file of ours for appending, never through a symlink."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)
+    fd = os.open(
+        path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode
+    )
     try:
         _check_own_regular(fd, path)
         os.set_blocking(fd, True)
@@ -160,7 +170,9 @@ def read_small_file(path: Path | str, limit: int = MAX_SMALL_FILE) -> bytes:
     try:
         size = os.fstat(fd).st_size
         if size > limit:
-            raise UnsafeFileError(errno.EFBIG, f"{path} is {size} bytes, too large for what it should hold")
+            raise UnsafeFileError(
+                errno.EFBIG, f"{path} is {size} bytes, too large for what it should hold"
+            )
         chunks = []
         left = limit + 1
         while left > 0:

@@ -58,6 +58,7 @@ BINDINGS: list[Binding] = [
     Binding("x", "clear_overlay", "drop", id="clear_overlay", tooltip="overlay: remove it from the charts"),
     Binding("e", "show_events", "event", id="events", tooltip="all events; Enter jumps to a step, d details, i inspects a snapshot"),
     Binding("i", "inspect_snapshot", "inspect", id="inspect", tooltip="the snapshot at or before the step cursor: its batch sample by sample"),
+    Binding("P", "pull_snapshot", "pull", id="pull", tooltip="remote run: copy the snapshot at the step cursor to this machine, checked"),
     Binding("r", "reconnect", "recon", id="reconnect", tooltip="reconnect to the run"),
     Binding("left_square_bracket", "prev_rank", "rank-", id="prev_rank", key_display="[", tooltip="distributed job: watch the previous rank"),
     Binding("right_square_bracket", "next_rank", "rank+", id="next_rank", key_display="]", tooltip="distributed job: watch the next rank"),

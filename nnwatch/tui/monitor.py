@@ -246,8 +246,11 @@ class MonitorBase(App[int]):
         if self.collector.polls <= 1:
             return  # snapshots already in the history of a run we just opened
         reason = f" ({message.reason})" if message.reason else ""
+        host = self.source.files_host
+        where = f"{host}:{message.path}" if host else message.path
+        hint = "; i inspects it here, P copies it here" if host else ""
         self.notify(
-            f"step {fmt.count(message.step)}: {message.path}{reason}", title="snapshot written"
+            f"step {fmt.count(message.step)}: {where}{reason}{hint}", title="snapshot written"
         )
 
     def on_reconnected(self, message: Reconnected) -> None:
@@ -272,6 +275,8 @@ class MonitorBase(App[int]):
             return False  # a single process: no rank selector in the footer
         if action in OVERLAY_ACTIONS and self.overlay is None:
             return False  # nothing overlaid: nothing to drop or swap
+        if action == "pull_snapshot" and self.source.files_host is None:
+            return False  # the snapshots are on this machine already
         if action == "clear_filter" and not self.view.layer_filter:
             return False  # Escape has nothing to clear; it stays free for the panes
         return True

@@ -1,6 +1,6 @@
 """The keys that change what is seen, not the run: zoom (``z``), log scale (``g``), the step cursor
 (arrows, Home, End), the layers and their filter (``l``, ``/``, Escape), the events list (``e``)
-and the snapshot inspector (``i``)."""
+the snapshot inspector (``i``), and copying a remote run's snapshot here (``P``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from nnwatch.sources.base import SourceError
+from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
 from nnwatch.tui import format as fmt
 from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.screens.events import EventsScreen
@@ -62,52 +64,105 @@ class ViewActions(MonitorBase):
             return [e for e in self.state.events if e.get("type") == "snapshot"]
 
     def snapshot_path(self, event: dict[str, Any]) -> Path | None:
-        """Where a snapshot event's directory is on this machine (the run may have moved)."""
+        """Where a snapshot event's directory is on this machine: a copy pulled from the run's
+        host, the path itself (this machine, or a filesystem both share), or the run directory
+        it moved with."""
         path = Path(str(event.get("path") or ""))
-        if event.get("path") and (path / "manifest.json").exists():
+        if self.source.files_host is not None:
+            copy = self.source.pulled_snapshot(int(event.get("step") or 0), path.name)
+            if copy is not None:
+                return copy
+        if event.get("path") and (path / SNAPSHOT_MANIFEST).exists():
             return path
         run_dir = getattr(self.source, "run_dir", None)
         if run_dir is not None:
             name = path.name if event.get("path") else f"step-{event.get('step')}"
-            moved = Path(run_dir) / "snapshots" / name
-            if (moved / "manifest.json").exists():
+            moved = Path(run_dir) / SNAPSHOTS_DIR / name
+            if (moved / SNAPSHOT_MANIFEST).exists():
                 return moved
         return None
 
     def inspect_snapshot(self, event: dict[str, Any]) -> bool:
-        """Open the inspector on a snapshot event; False (with a note) when it is not readable."""
+        """Open the inspector on a snapshot event, pulling it first from the run's host when it
+        lies there; False (with a note) when it cannot be read here."""
         path = self.snapshot_path(event)
-        if path is None:
-            self.notify(
-                f"The snapshot of step {fmt.count(event.get('step'))} is not on this machine "
-                f"({event.get('path', 'no path')}); `nnwatch show` reads it where it is.",
-                title="inspect",
-                severity="warning",
-            )
-            return False
-        self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
-        return True
+        if path is not None:
+            self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
+            return True
+        if self.source.files_host is not None:
+            self.pull_snapshot(event, then_inspect=True)
+            return True
+        self.notify(
+            f"The snapshot of step {fmt.count(event.get('step'))} is not on this machine "
+            f"({event.get('path', 'no path')}); `nnwatch show` reads it where it is.",
+            title="inspect",
+            severity="warning",
+        )
+        return False
 
-    def action_inspect_snapshot(self) -> None:
+    def chosen_snapshot(self, what: str) -> dict[str, Any] | None:
+        """The snapshot at or before the step cursor (the newest without one); None, with a
+        note, when the run has none."""
         snaps = self.snapshot_events()
         if not snaps:
             self.notify(
                 "No snapshot in this run yet. s takes one of the next step (live runs); one is "
                 "also taken automatically on the first non-finite step.",
-                title="inspect",
+                title=what,
                 severity="warning",
             )
-            return
+            return None
         cursor = self.view.cursor
-        chosen = snaps[-1]
-        if cursor is not None:
-            before = [e for e in snaps if float(e.get("step", math.inf)) <= cursor]
-            chosen = (
-                max(before, key=lambda e: e["step"])
-                if before
-                else min(snaps, key=lambda e: abs(float(e.get("step", 0)) - cursor))
-            )
-        self.inspect_snapshot(chosen)
+        if cursor is None:
+            return snaps[-1]
+        before = [e for e in snaps if float(e.get("step", math.inf)) <= cursor]
+        if before:
+            return max(before, key=lambda e: e["step"])
+        return min(snaps, key=lambda e: abs(float(e.get("step", 0)) - cursor))
+
+    def action_inspect_snapshot(self) -> None:
+        chosen = self.chosen_snapshot("inspect")
+        if chosen is not None:
+            self.inspect_snapshot(chosen)
+
+    # -- snapshots of a run on another host --------------------------------------------------
+    def action_pull_snapshot(self) -> None:
+        """``P``: copy the snapshot at the cursor from the run's host to this machine."""
+        chosen = self.chosen_snapshot("pull")
+        if chosen is not None:
+            self.pull_snapshot(chosen, then_inspect=False)
+
+    def pull_snapshot(self, event: dict[str, Any], *, then_inspect: bool) -> None:
+        """Copy a snapshot from ``source.files_host`` in a worker (ssh may take seconds), then
+        say where it lies, or open it in the inspector."""
+        host = self.source.files_host
+        step = int(event.get("step") or 0)
+        name = Path(str(event.get("path") or "")).name
+        self.notify(
+            f"copying the snapshot of step {fmt.count(step)} from {host}…", title="pull", timeout=4
+        )
+
+        def work() -> None:
+            try:
+                path = self.source.pull_snapshot(step, name)
+            except SourceError as exc:
+                self.call_from_thread(
+                    self.notify, str(exc), title="pull failed", severity="error", timeout=15
+                )
+                return
+            self.call_from_thread(self._pulled, path, step, then_inspect)
+
+        self.run_worker(work, thread=True, group="pull", exit_on_error=False)
+
+    def _pulled(self, path: Path, step: int, then_inspect: bool) -> None:
+        self.notify(
+            f"step {fmt.count(step)} from {self.source.files_host} is now at {path} "
+            "(every file checked by sha256); `nnwatch show` and `nnwatch replay` take it there.",
+            title="snapshot pulled",
+            timeout=10,
+        )
+        if then_inspect:
+            self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
 
     # -- the step cursor: scrub through history (recorded runs, or back in a live one) -------
     def _set_cursor(self, step: float | None) -> None:

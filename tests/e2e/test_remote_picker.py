@@ -1,22 +1,25 @@
 """``nnwatch HOST``: the runs on another machine, listed through a real sshd on 127.0.0.1 with the
 user's own ssh; a picked live run opens as ``nnwatch attach HOST:RUN`` would, and without a
-terminal the list is printed as text."""
+terminal the list is printed as text; a picked finished run is copied here and opened."""
 
 from __future__ import annotations
 
 import asyncio
 import getpass
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from nnwatch.cli import _looks_like_host
 from nnwatch.sources.remote import RemoteRun, RemoteSource, remote_runs
+from nnwatch.store.run_reader import load_run
 from nnwatch.tui.picker import RunPickerApp
 from nnwatch.tui.testing import wait_until
 from tests.e2e.test_remote_ssh import remote  # noqa: F401 - fixture
 from tests.e2e.test_ssh_forward import pytestmark, tunnel  # noqa: F401 - fixture, skip mark
 from tests.integration.test_channel_faults import Trainer, wait_for
+from tests.terminal import Terminal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,3 +115,33 @@ def test_a_near_miss_of_a_command_is_a_typo_not_a_host() -> None:
     assert not _looks_like_host("atach") and not _looks_like_host("ls-")
     assert not _looks_like_host("./runs/x")
     assert _looks_like_host("gpu-host") and _looks_like_host("me@10.0.0.7:")
+
+
+def test_picking_a_finished_run_on_a_host_copies_it_here_and_opens_the_copy(
+    remote: dict[str, object],  # noqa: F811
+    subprocess_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """In a real terminal: ``nnwatch HOST``, Enter on a finished run; its files are pulled (checked)
+    into ./nnwatch-pulled/HOST/RUN and the monitor opens the copy as ``nnwatch open`` would."""
+    host = f"{getpass.getuser()}@127.0.0.1"
+    _finished_run(subprocess_env)
+    ssh = " ".join(shlex.quote(f"--ssh-arg={x}") for x in remote["ssh_args"])  # type: ignore[attr-defined]
+    env = {**subprocess_env, "PYTHONPATH": str(REPO)}
+    cmd = (
+        f"cd {shlex.quote(str(tmp_path))} && {sys.executable} -m nnwatch {host} {ssh} "
+        f"--remote-nnwatch {shlex.quote(str(remote['remote_nnwatch']))} --no-nvml"
+    )
+    term = Terminal(cmd, env)
+    try:
+        term.wait_for("done-before", timeout=90)
+        term.keys("Enter")
+        screen = term.wait_for("FINISHED", timeout=120)
+        assert "done-before" in screen
+        (copy,) = (tmp_path / "nnwatch-pulled" / "127.0.0.1").iterdir()
+        assert copy.name.startswith("done-before")
+        assert len(load_run(copy).scalars) == 60
+        term.keys("q")
+        assert term.exit_status() == 0
+    finally:
+        term.close()

@@ -21,10 +21,17 @@ EVENT = {"type": "command", "name": "pause", "args": {}, "step": 50}
 class ScriptedSource(RunSource):
     """Plays a list of (rows, events, status) polls, then repeats the last status with no data."""
 
-    def __init__(self, script: list[tuple[range, list[dict[str, Any]], SourceStatus]]) -> None:
+    def __init__(
+        self, script: list[tuple[range, list[dict[str, Any]], SourceStatus]], hold_after: int = 0
+    ) -> None:
         self._meta = make_meta("far", 2)
         self.script = list(script)
         self.last = script[-1][2]
+        #: after this many polls, repeat the latest status with no data until ``held`` is cleared
+        self.hold_after = hold_after
+        self.held = hold_after > 0
+        self.polls = 0
+        self.now = script[0][2]
 
     @property
     def meta(self) -> RunMeta:
@@ -32,7 +39,12 @@ class ScriptedSource(RunSource):
 
     def poll(self) -> SourceUpdate:
         schema = self._meta.schema
-        steps, events, status = self.script.pop(0) if self.script else (range(0), [], self.last)
+        self.polls += 1
+        if self.held and self.polls > self.hold_after:
+            steps, events, status = range(0), [], self.now
+        else:
+            steps, events, status = self.script.pop(0) if self.script else (range(0), [], self.last)
+        self.now = status
         rows = np.zeros(len(steps), schema.scalar_dtype())
         rows["step"] = np.asarray(steps, np.float64)
         return SourceUpdate(rows, np.zeros(0, schema.layer_row_dtype()), list(events), status)
@@ -69,13 +81,14 @@ def test_events_repeated_by_a_reconnect_are_listed_once_and_a_pause_label_clears
         (range(0, 100), [EVENT], SourceStatus("paused")),
         (range(100, 101), [], SourceStatus("lost", message="the tunnel is gone")),
         (range(101, 120), [EVENT], SourceStatus("live")),  # a resumed stream sends it again
-    ])  # fmt: skip
+    ], hold_after=1)  # fmt: skip
     app = NNWatchApp(source, hardware=fixed_hardware, fps=20)
 
     async def main() -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: app.state.history.rows >= 100)
-            app._show_outcome("paused at step 50", error=False)
+            app._show_outcome("paused at step 50", error=False)  # while the run is paused
+            source.held = False
             await wait_until(pilot, lambda: app.state.history.last_step >= 119)
             await wait_until(pilot, lambda: "LIVE" in header(app))
             assert "paused at step" not in header(app)
