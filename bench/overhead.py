@@ -14,6 +14,9 @@ machine swing by several percent between identical loops, nnwatch's *direct* cos
 in place: the time spent inside its hooks and ``step()``, as a share of the bare step (the
 median of the bare blocks' mean steps). The naive hooks and the TensorBoard calls are timed in
 place the same way, so the direct costs compare at a resolution the end-to-end ratios lack.
+``background`` is the CPU time of nnwatch's log-writer thread (the run log, the overview and every
+detector, fed each record) per record, as a share of the bare step: it runs off the training
+thread, but shares the cores and the GIL, and its drains land in whichever block is running.
 
     python bench/overhead.py                 # all models, 12 rounds
     python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
@@ -127,6 +130,9 @@ class Variant:
     direct: list[float] = field(default_factory=list)  # per round, seconds per step in its own code
     intervals: list[int] = field(default_factory=list)  # the probe's measurement interval
     layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
+    #: CPU seconds nnwatch's log-writer thread spent (log, overview, detectors) and the records
+    #: it took in: off the training thread, but on this machine's cores and under its GIL
+    background: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
 
 def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Variant]:
@@ -204,6 +210,22 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
+        run_log = w.cycle.files.log
+        if run_log is not None:  # (the run files exist from the first step) the writer thread's CPU time per record it wrote and diagnosed
+            drain, write = run_log._drain, run_log._write
+
+            def timed_drain() -> None:
+                t = time.thread_time()
+                try:
+                    drain()
+                finally:
+                    v.background[0] += time.thread_time() - t
+
+            def counted_write(rows: Any) -> None:
+                v.background[1] += len(rows)
+                write(rows)
+
+            run_log._drain, run_log._write = timed_drain, counted_write  # type: ignore[method-assign]
 
         def block() -> None:
             timed_block(v, timer, step, net=net, opt=opt)
@@ -295,7 +317,7 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
              f"{rounds} rounds x {len(bare.times[0])} steps per block)"]
     lines.append(
         f"  {'variant':<20} {'time ratio':>10} {'min':>7} {'max':>7} {'step ratio':>11} "
-        f"{'direct cost':>12} {'k/stats':>9}"
+        f"{'direct cost':>12} {'background':>11} {'k/stats':>9}"
     )
     for v in variants.values():
         if v is bare:  # each bare block against the one before it in the same round
@@ -304,13 +326,15 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
         else:
             total, step = _ratios(v.times, v.paired)
         direct = f"{statistics.median(v.direct) / bare_mean * 100:10.2f} %" if v.direct else ""
+        cpu, records = v.background
+        background = f"{cpu / records / bare_mean * 100:9.2f} %" if records else ""
         every = (
             f"{statistics.median(v.intervals):>4.0f}/{statistics.median(v.layer_intervals):<4.0f}"
             if v.intervals else ""
         )
         lines.append(
             f"  {v.name:<20} {statistics.median(total):10.3f} {min(total):7.3f} {max(total):7.3f} "
-            f"{statistics.median(step):11.3f} {direct:>12} {every}"
+            f"{statistics.median(step):11.3f} {direct:>12} {background:>11} {every}"
         )
     return lines
 

@@ -6,17 +6,23 @@ watches the one number it reads on every step anyway, the loss, from the publish
 GPU one step late, which costs no sync), and measures every step while the loss is
 
 - far above its running level (a spike: more than ``SPIKE`` robust deviations above it, or more
-  than twice the level), or
+  than twice the level) and above every loss of the last ``PEAK_WINDOW`` steps (for a spike,
+  twice as far above the level as their peak was), or
 - rising: its fast average has climbed ``RISE`` deviations above the slow one,
 
 and for ``HOLD`` steps after it looks normal again. The level is a slow exponential average with
 an average absolute deviation beside it; it follows a falling loss quickly enough that a healthy
-run (falling, or flat and noisy) never triggers.
+run (falling, or flat and noisy) never triggers. Near convergence a classifier's minibatch losses
+are very heavy-tailed (most batches near zero, one with a misclassified sample 30x the median):
+a deviation from the mean says little there, so a loss only counts as a spike when the run has
+not seen its like in the recent past.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
+from itertools import islice
 
 SLOW = 0.05  # weight of a new loss in the running level
 FAST = 0.3  # weight of a new loss in the fast average
@@ -27,6 +33,8 @@ SHORT_HOLD = 5  # after a lone doubled loss, which noise near convergence also m
 DOUBLED = 4.0  # deviations above the level a doubled loss must also be
 CLIMB = 1.5  # the fast average this many times the level: the loss is climbing
 WARMUP = 20  # losses seen before anything is judged
+PEAK_WINDOW = 64  # a loss within the range of this many recent ones is not a spike
+SHIFT_N = 8  # a rise counts once the median of this many recent losses stands above the level
 
 
 class LossTrend:
@@ -41,6 +49,7 @@ class LossTrend:
         #: the last loss was a spike of SPIKE deviations, part of a climb, or the second bad
         #: loss in a row: worth the long hold; a lone doubled loss gets the short one
         self.severe = False
+        self.recent: deque[float] = deque(maxlen=PEAK_WINDOW)  # finite losses before this one
 
     def add(self, step: int, loss: float) -> bool:
         """Take the loss of ``step``; True while the loss is spiking or rising."""
@@ -57,17 +66,28 @@ class LossTrend:
         scale = max(dev, 1e-3 * abs(level), 1e-12)
         judged = self.seen > WARMUP
         fast = self.fast
+        recent = self.recent
+        peak = max(recent) if recent else -math.inf  # the highest loss of the recent past
+        recent.append(loss)
+        # the recent losses as a whole stand above the level: a climb, not one heavy-tailed batch
+        # (whose mean sits far above its median: most batches lie below the level)
+        shifted = (
+            len(recent) >= SHIFT_N
+            and sorted(islice(reversed(recent), SHIFT_N))[SHIFT_N // 2] > level
+        )
+        unseen = loss > peak or shifted  # or higher than any loss of the last PEAK_WINDOW
         severe = judged and (
-            loss > level + SPIKE * scale
-            or fast > level + RISE * scale
+            (loss > level + SPIKE * scale and loss - level > 2.0 * (peak - level))
+            or (shifted and fast > level + RISE * scale)
             # a steady climb widens the deviation it is measured in; against the level it shows
-            or (level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale)
+            or (shifted and level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale)
         )
         # a loss that doubled is worth a closer look, but near convergence minibatch losses are
         # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists
         bad = severe or (
-            judged and level > 0 and loss > 2.0 * level and loss - level > DOUBLED * scale
-        )
+            judged and unseen and level > 0 and loss > 2.0 * level
+            and loss - level > DOUBLED * scale
+        )  # fmt: skip
         # a lone spike must not hold the fast average up for the steps after it: it is fed at
         # most the spike line, so only a run of high losses makes it climb
         self.fast += FAST * (min(loss, level + SPIKE * scale) - self.fast)

@@ -275,6 +275,23 @@ def test_heavy_tailed_losses_near_convergence_buy_short_looks_and_a_climb_the_lo
         assert forced[first:260].all()  # and held: the climb goes on under full measurement
 
 
+def test_very_heavy_tailed_losses_are_not_spikes_but_a_loss_above_all_recent_ones_is() -> None:
+    """A converged classifier on small batches: most losses near zero, one batch in ten 30x the
+    median (log-normal, sigma 1-2.7). Such batches lie within the recent range and are not
+    spikes: before the recent-peak rule 82-98% of these steps were forced, now about half at
+    most. A loss far above every recent one is still looked at at once, and held."""
+    level = 0.08 * np.exp(-np.arange(2000) / 2000)
+    for sigma in (1.0, 1.5, 2.7):
+        for seed in range(2):
+            noisy = level * np.random.default_rng(seed).lognormal(0.0, sigma, 2000)
+            forced = _forced_steps(noisy)
+            assert forced.mean() < 0.7, f"sigma {sigma}: {forced.mean():.0%} of steps forced"
+            jumped = noisy.copy()
+            jumped[1500] = 3.0 * noisy[1436:1500].max()  # a loss the run has not seen lately
+            forced = _forced_steps(jumped)
+            assert forced[1501 : 1502 + HOLD].all(), f"sigma {sigma}: missed"
+
+
 def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
