@@ -6,8 +6,7 @@ watches the one number it reads on every step anyway, the loss, from the publish
 GPU one step late, which costs no sync), and measures every step while the loss is
 
 - far above its running level (a spike: more than ``SPIKE`` robust deviations above it, or more
-  than twice the level) and above every loss of the last ``PEAK_WINDOW`` steps (for a spike,
-  twice as far above the level as their peak was), or
+  than twice the level) and above every loss of the last ``PEAK_WINDOW`` steps, or
 - rising: its fast average has climbed ``RISE`` deviations above the slow one,
 
 and for ``HOLD`` steps after it looks normal again. The level is a slow exponential average with
@@ -77,7 +76,7 @@ class LossTrend:
         )
         unseen = loss > peak or shifted  # or higher than any loss of the last PEAK_WINDOW
         severe = judged and (
-            (loss > level + SPIKE * scale and loss - level > 2.0 * (peak - level))
+            (loss > level + SPIKE * scale and loss > peak)
             or (shifted and fast > level + RISE * scale)
             # a steady climb widens the deviation it is measured in; against the level it shows
             or (shifted and level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale)
