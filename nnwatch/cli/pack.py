@@ -43,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RUN",
         help="run name (or its start), pid or run directory; '' for the only run",
     )
+    add_choice_arguments(parser)
+    parser.add_argument(
+        "--root", type=Path, default=None, help="run directory root (default: $NNWATCH_RUN_DIR)"
+    )
+
+
+def add_choice_arguments(parser: argparse.ArgumentParser) -> None:
+    """STEP, --nearest and --run: which snapshot, or the whole run (``pack`` and ``pull``)."""
     parser.add_argument(
         "step", metavar="STEP", nargs="?", type=int, default=None,
         help="the snapshot of this step (default: the newest snapshot)",
@@ -54,9 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run", dest="whole", action="store_true",
         help="the whole run directory (its log, events and every snapshot), not one snapshot",
     )  # fmt: skip
-    parser.add_argument(
-        "--root", type=Path, default=None, help="run directory root (default: $NNWATCH_RUN_DIR)"
-    )
 
 
 def _label(r: Any) -> str:

@@ -27,23 +27,14 @@ HELP = "copy a snapshot (or a whole run) from another host over ssh, checked by 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nnwatch.cli.attach import add_ssh_arguments
+    from nnwatch.cli.pack import add_choice_arguments
 
     parser.add_argument(
         "run", metavar="HOST:RUN",
         help="the host and the run there (name or its start, pid or run directory; HOST: for the "
         "only run)",
     )  # fmt: skip
-    parser.add_argument(
-        "step", metavar="STEP", nargs="?", type=int, default=None,
-        help="the snapshot of this step (default: the newest snapshot)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--nearest", action="store_true", help="without a snapshot at STEP, take the closest one"
-    )
-    parser.add_argument(
-        "--run", dest="whole", action="store_true",
-        help="copy the whole run directory (log, events, every snapshot), not one snapshot",
-    )  # fmt: skip
+    add_choice_arguments(parser)
     parser.add_argument(
         "--into", metavar="DIR", type=Path, default=None,
         help="the local run directory to fill (default: ./nnwatch-pulled/HOST/RUN)",

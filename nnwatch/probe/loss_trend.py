@@ -66,27 +66,41 @@ class LossTrend:
         judged = self.seen > WARMUP
         fast = self.fast
         recent = self.recent
-        peak = max(recent) if recent else -math.inf  # the highest loss of the recent past
-        recent.append(loss)
-        # the recent losses as a whole stand above the level: a climb, not one heavy-tailed batch
-        # (whose mean sits far above its median: most batches lie below the level)
-        shifted = (
-            len(recent) >= SHIFT_N
-            and sorted(islice(reversed(recent), SHIFT_N))[SHIFT_N // 2] > level
-        )
-        unseen = loss > peak or shifted  # or higher than any loss of the last PEAK_WINDOW
+        # computed only where a rule needs them (this runs on the training thread every step):
+        # the highest loss of the recent past, and whether the recent losses as a whole stand
+        # above the level (a climb, not one heavy-tailed batch, whose mean sits far above its
+        # median: most batches lie below the level)
+        peak: float | None = None
+        shifted: bool | None = None
+
+        def above_peak() -> bool:
+            nonlocal peak
+            if peak is None:
+                peak = max(recent) if recent else -math.inf
+            return loss > peak
+
+        def bulk_above() -> bool:
+            nonlocal shifted
+            if shifted is None:
+                shifted = len(recent) >= SHIFT_N - 1 and (
+                    sorted([loss, *islice(reversed(recent), SHIFT_N - 1)])[SHIFT_N // 2] > level
+                )
+            return shifted
+
         severe = judged and (
-            (loss > level + SPIKE * scale and loss > peak)
-            or (shifted and fast > level + RISE * scale)
+            (loss > level + SPIKE * scale and above_peak())
+            or (fast > level + RISE * scale and bulk_above())
             # a steady climb widens the deviation it is measured in; against the level it shows
-            or (shifted and level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale)
+            or (level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale and bulk_above())
         )
         # a loss that doubled is worth a closer look, but near convergence minibatch losses are
-        # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists
+        # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists,
+        # and only above every recent loss or with the bulk of them above the level
         bad = severe or (
-            judged and unseen and level > 0 and loss > 2.0 * level
-            and loss - level > DOUBLED * scale
+            judged and level > 0 and loss > 2.0 * level and loss - level > DOUBLED * scale
+            and (above_peak() or bulk_above())
         )  # fmt: skip
+        recent.append(loss)
         # a lone spike must not hold the fast average up for the steps after it: it is fed at
         # most the spike line, so only a run of high losses makes it climb
         self.fast += FAST * (min(loss, level + SPIKE * scale) - self.fast)
