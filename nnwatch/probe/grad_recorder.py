@@ -7,7 +7,14 @@ per-layer gradient norms and the clip threshold. The pre-clip norm comes from th
    :mod:`nnwatch.probe.clip_intercept`: the value torch returned, bit for bit, on *every* step,
    at no cost; the threshold is the ``max_norm`` the user passed and ``clipped`` is
    ``norm > max_norm``. Per-layer norms are added on measured steps, from the same gradients
-   before they are scaled.
+   before they are scaled. A clip over more than the watched model (a loss module with
+   parameters of its own clipped with it) is recorded as torch computed it, over everything
+   clipped. A model clipped in parts (an actor and a critic, each with its own call) is recorded
+   once every part has been seen: the global norm is the root of the parts' squared norms (equal
+   to torch's norm of the whole up to rounding), ``clipped`` says whether any part was clipped,
+   and the threshold is the parts' ``max_norm`` when they share one. A clip by another norm
+   (``norm_type=inf``) gives the threshold and ``clipped`` from torch's norm; the L2 norms stay
+   those measured when backward ended, and the clipped one is scaled by the clip's coefficient.
 2. **the end of backward**, on measured steps of a loop that does not clip with torch: the
    accumulated gradients right after the last backward of the step (gradient accumulation
    included: the micro-batch count of the previous step says which backward is the last), before
@@ -75,6 +82,8 @@ class GradientRecorder:
         self.torch_clips = 0  # recent steps clipped by torch; >0: expect it again
         self._at_backward_end = False  # the norm was taken when backward ended
         self._sentinel: tuple[torch.Tensor, torch.Tensor | float] | None = None
+        self._other_norm: torch.Tensor | None = None  # torch's non-L2 norm of this model's grads
+        self._parts = ClipParts()  # this step's clips of parts of the model
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -85,8 +94,10 @@ class GradientRecorder:
                 grads.append(p.grad)
         return present, grads
 
-    def _matches(self, grads: list[torch.Tensor], attr: str = "") -> bool:
-        """Whether ``grads`` (or params, with ``attr="grad"``) are exactly this model's gradients.
+    def _coverage(self, grads: list[torch.Tensor], attr: str = "") -> tuple[str, set[int]]:
+        """How ``grads`` (or params, with ``attr="grad"``) cover this model's gradients:
+        ``"all"`` (all of them, perhaps with others), ``"part"`` (some, and nothing else) or
+        ``"none"``; with the ids of the gradients given when the answer is ``"part"``.
 
         The usual call (``clip_grad_norm_(model.parameters(), ...)`` with every parameter
         trained) passes them in the model's order: its ends and its length say so without
@@ -98,13 +109,21 @@ class GradientRecorder:
             if attr:
                 first, last = getattr(first, attr), getattr(last, attr)
             if first is not None and first is params[0].grad and last is params[-1].grad:
-                return True
+                return "all", set()
         ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
-        if not ours or len(grads) < len(ours):
-            return False
+        if not ours:
+            return "none", set()
         seen = {id(getattr(g, attr) if attr else g) for g in grads}
         seen.discard(id(None))
-        return seen == ours
+        if ours <= seen:
+            return "all", set()
+        if seen and seen <= ours:
+            return "part", seen
+        return "none", set()
+
+    def _matches(self, grads: list[torch.Tensor], attr: str = "") -> bool:
+        """Whether ``grads`` hold all of this model's gradients (others may come with them)."""
+        return self._coverage(grads, attr)[0] == "all"
 
     def _scale(self) -> torch.Tensor | None:
         sc = self.scaler
@@ -180,23 +199,57 @@ class GradientRecorder:
 
     # -- torch's clip (clip_intercept listener) --------------------------------------------------
     def on_total_norm(self, grads: list[torch.Tensor], norm_type: float, total: torch.Tensor) -> None:
-        if norm_type != 2.0 or not self._matches(grads):
+        if self.from_torch:
+            return  # the step's pre-clip norm is in: a later call sees clipped gradients
+        cover, ids = self._coverage(grads)
+        if cover == "none":
+            return
+        if norm_type != 2.0:
+            if cover == "all":
+                self._other_norm = total  # its clip is recorded against it, see on_clip
+            return
+        if cover == "part":
+            self._on_part_norm(ids, total)
             return
         self._write_total(total)
         if self.measure and not self.done:  # per-layer norms from the same, unclipped gradients
-            present, ours = self.grads()
-            if ours:
-                b = self.buf
-                sq = squared_norms(ours, b.dev.device)
-                if b.dev_np is not None and b.grad_layer_np is not None:
-                    self.reducer.write_host(sq.numpy(), present, b.grad_layer_np)
-                else:
-                    self.reducer.write(sq, present, b.grad_layer, squared=True)
+            self._layer_norms(None)
+        self._took_torch_total(total)
+
+    def _took_torch_total(self, total: torch.Tensor | float) -> None:
         self.total = total
         self.done = self.from_torch = True
         self._at_backward_end = False
         if self.on_nonfinite is not None and not self.finite(total):
             self.on_nonfinite()
+
+    def _layer_norms(self, only: set[int] | None) -> None:
+        """Per-layer norms of this model's gradients as they are now (``only``: of those ids)."""
+        present, ours = self.grads()
+        if only is not None:
+            keep = [k for k, g in enumerate(ours) if id(g) in only]
+            present, ours = [present[k] for k in keep], [ours[k] for k in keep]
+        if not ours:
+            return
+        b = self.buf
+        sq = squared_norms(ours, b.dev.device)
+        if b.dev_np is not None and b.grad_layer_np is not None:
+            self.reducer.write_host(sq.numpy(), present, b.grad_layer_np)
+        else:
+            self.reducer.write(sq, present, b.grad_layer, squared=True)
+
+    def _on_part_norm(self, ids: set[int], total: torch.Tensor) -> None:
+        """torch's norm of a part of the model: recorded once the parts cover the whole model."""
+        parts = self._parts
+        if not parts.add_norm(ids, total):
+            return  # a part seen twice: not one clip in parts
+        if self.measure:
+            self._layer_norms(ids)  # before this part is scaled
+        ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
+        if parts.ids == ours:
+            whole = parts.whole()
+            self._write_total(whole)
+            self._took_torch_total(whole)
 
     def clip_limit(self, params: list[torch.Tensor], max_norm: float) -> float:
         if self.override is not None and self._matches(params, "grad"):
@@ -204,6 +257,16 @@ class GradientRecorder:
         return max_norm
 
     def on_clip(self, params: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+        if self._other_norm is not None and total is self._other_norm:
+            self._other_norm = None
+            self.record_clip(total, max_norm, l2=self.total if self.done else math.nan)
+            return
+        parts = self._parts
+        if parts.norms and parts.add_clip(total, max_norm):
+            if self.from_torch and parts.complete():
+                self.record_parts_clip(parts)
+                self.torch_clips = FORGET_CLIP
+            return
         # the total torch just computed over this model's gradients: no second look at them
         if not (self.from_torch and total is self.total) and not self._matches(params, "grad"):
             return
@@ -215,21 +278,43 @@ class GradientRecorder:
         """Clipping by value: its effect is measured at the update, like a manual rescale."""
 
     # -- clipping --------------------------------------------------------------------------------
-    def record_clip(self, total: torch.Tensor | float, max_norm: float) -> None:
-        """A norm clip with ``max_norm`` was applied to gradients whose norm was ``total``."""
+    def record_clip(
+        self, total: torch.Tensor | float, max_norm: float, l2: torch.Tensor | float | None = None
+    ) -> None:
+        """A norm clip with ``max_norm`` was applied to gradients whose norm was ``total``.
+
+        ``l2``: the L2 norm of those gradients, when ``total`` is another norm (the clip scales
+        every gradient by the same coefficient, so the clipped L2 norm is ``l2`` times it).
+        """
         b = self.buf
         self.threshold = float(max_norm)
         self.clip_seen = True
         host = b.dev_np
         if host is not None:  # CPU: Python floats straight into the record, no torch call
             t = total if isinstance(total, float) else float(total.detach())
-            host[_NORM_CLIPPED] = t * min(max_norm / (t + _CLIP_EPS), 1.0)
+            coef = min(max_norm / (t + _CLIP_EPS), 1.0)
+            base = t if l2 is None else (l2 if isinstance(l2, float) else float(l2))
+            host[_NORM_CLIPPED] = base * coef
             host[_CLIPPED] = 1.0 if t > max_norm else 0.0
             return
         tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
-        coef = (max_norm / (tt + _CLIP_EPS)).clamp(max=1.0)
-        b.slot("grad_norm_clipped").copy_(tt * coef)
+        coef_t = (max_norm / (tt + _CLIP_EPS)).clamp(max=1.0)
+        base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float32)
+        b.slot("grad_norm_clipped").copy_(base_t * coef_t)
         b.slot("clipped").copy_(tt > max_norm)
+
+    def record_parts_clip(self, parts: ClipParts) -> None:
+        """Every part of the model was clipped by torch: one clip record for the whole."""
+        b = self.buf
+        self.threshold = parts.limit
+        self.clip_seen = True
+        post, hit = parts.clipped()
+        if b.dev_np is not None:
+            b.dev_np[_NORM_CLIPPED] = float(post)
+            b.dev_np[_CLIPPED] = float(hit)
+            return
+        b.slot("grad_norm_clipped").copy_(torch.as_tensor(post).to(b.dev.device, torch.float32))
+        b.slot("clipped").copy_(torch.as_tensor(hit).to(b.dev.device, torch.float32))
 
     def clip(
         self,
@@ -345,5 +430,73 @@ class GradientRecorder:
         self.done = self.from_torch = self.clip_seen = self._at_backward_end = False
         self.total = None
         self._sentinel = None
+        self._other_norm = None
+        if self._parts.norms:
+            self._parts = ClipParts()
         self.threshold = math.nan
         self.measure = measure_next
+
+
+class ClipParts:
+    """torch's clips of parts of the model within one step: their norms, thresholds and results.
+
+    Totals stay what torch returned (CPU floats or device tensors): nothing here reads a device.
+    """
+
+    __slots__ = ("clips", "ids", "limits", "norms")
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()  # the gradients covered so far
+        self.norms: list[torch.Tensor | float] = []  # each part's norm, in call order
+        self.clips: dict[int, float] = {}  # part index -> the max_norm it was clipped with
+        self.limits: set[float] = set()
+
+    def add_norm(self, ids: set[int], total: torch.Tensor | float) -> bool:
+        """A new part's norm; False when it overlaps a part already seen."""
+        if ids & self.ids:
+            return False
+        self.ids |= ids
+        self.norms.append(total)
+        return True
+
+    def add_clip(self, total: torch.Tensor | float, max_norm: float) -> bool:
+        """The clip of one of the parts (found by the norm torch passed on); False if none."""
+        for k, t in enumerate(self.norms):
+            if t is total and k not in self.clips:
+                self.clips[k] = float(max_norm)
+                self.limits.add(float(max_norm))
+                return True
+        return False
+
+    def complete(self) -> bool:
+        return len(self.clips) == len(self.norms)
+
+    @property
+    def limit(self) -> float:
+        """The parts' common ``max_norm``; NaN when they differ."""
+        return next(iter(self.limits)) if len(self.limits) == 1 else math.nan
+
+    def whole(self) -> torch.Tensor | float:
+        """The L2 norm of the whole model's gradients, from its parts' norms."""
+        if all(isinstance(t, float) or t.is_cpu for t in self.norms):
+            return math.sqrt(sum(float(t) ** 2 for t in self.norms))
+        sq = sum(torch.as_tensor(t).float().square() for t in self.norms)
+        return torch.as_tensor(sq).sqrt()
+
+    def clipped(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """(the whole model's norm after the clips, 1.0 if any part was clipped else 0.0)."""
+        if all(isinstance(t, float) or t.is_cpu for t in self.norms):
+            post_sq, hit = 0.0, 0.0
+            for k, t in enumerate(self.norms):
+                v, lim = float(t), self.clips[k]
+                post_sq += (v * min(lim / (v + _CLIP_EPS), 1.0)) ** 2
+                hit = 1.0 if v > lim else hit
+            return math.sqrt(post_sq), hit
+        post = []
+        flags = []
+        for k, t in enumerate(self.norms):
+            tt = torch.as_tensor(t).float()
+            lim = self.clips[k]
+            post.append((tt * (lim / (tt + _CLIP_EPS)).clamp(max=1.0)).square())
+            flags.append(tt > lim)
+        return torch.stack(post).sum().sqrt(), torch.stack(flags).any().float()

@@ -193,3 +193,116 @@ def test_a_clip_of_another_models_parameters_is_not_taken_for_this_ones() -> Non
     run = nnwatch.load_run(w.run_dir)
     assert run["grad_norm"][-1] == pytest.approx(expected, rel=1e-5)
     assert np.isnan(run["clip_threshold"]).all()
+
+
+class _ActorCritic(nn.Module):
+    """Two heads on one input, each trained and clipped on its own (an RL agent's style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.actor = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 4))
+        self.critic = nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def _actor_critic_loss(agent: _ActorCritic, g: torch.Generator) -> torch.Tensor:
+    x, y = _batch(g)
+    return nn.functional.cross_entropy(agent.actor(x), y) + agent.critic(x).pow(2).mean()
+
+
+def test_a_clip_that_also_covers_a_loss_modules_parameters_is_recorded_as_torch_computed_it() -> None:
+    """ArcFace-style: the margin head is not part of the watched model but is clipped with it."""
+    model = _model()
+    head = nn.Linear(4, 4)
+    opt = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.05)
+    g = torch.Generator().manual_seed(7)
+    returned = []
+    with nnwatch.watch(model, opt, name="superset-clip", budget=1e-9, max_interval=8) as w:
+        for _ in range(40):
+            x, y = _batch(g)
+            loss = nn.functional.cross_entropy(head(model(x)), y)
+            opt.zero_grad()
+            loss.backward()
+            returned.append(clip_grad_norm_([*model.parameters(), *head.parameters()], 0.3))
+            opt.step()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    norms = torch.stack(returned).numpy()
+    assert np.array_equal(run["grad_norm"], norms)  # every step, bit for bit
+    assert (run["clip_threshold"] == 0.3).all()
+    assert np.array_equal(run["clipped"] == 1.0, norms > 0.3)
+
+
+@pytest.mark.parametrize("limits", [(0.5, 0.5), (0.5, 2.0)], ids=["one-max-norm", "two-max-norms"])
+def test_a_model_clipped_in_parts_is_recorded_as_one_clip_of_the_whole(limits: tuple[float, float]) -> None:
+    agent = _ActorCritic()
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(8)
+    parts, after = [], []
+    with nnwatch.watch(agent, opt, name="parts-clip", budget=1e-9, max_interval=8) as w:
+        for _ in range(60):
+            loss = _actor_critic_loss(agent, g)
+            opt.zero_grad()
+            loss.backward()
+            a = clip_grad_norm_(agent.actor.parameters(), limits[0])
+            c = clip_grad_norm_(agent.critic.parameters(), limits[1])
+            parts.append((float(a), float(c)))
+            after.append(float(global_norm(list(agent.parameters()))))
+            opt.step()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    a, c = np.array(parts).T
+    assert np.isfinite(run["grad_norm"]).all()  # every step, not only the budget's measured ones
+    np.testing.assert_allclose(run["grad_norm"], np.hypot(a, c), rtol=1e-6)
+    hit = (a > limits[0]) | (c > limits[1])
+    assert hit.any() and (~hit).any()  # both outcomes were exercised
+    assert np.array_equal(run["clipped"] == 1.0, hit)
+    np.testing.assert_allclose(run["grad_norm_clipped"], after, rtol=1e-5)
+    if limits[0] == limits[1]:
+        assert (run["clip_threshold"] == limits[0]).all()
+    else:  # no single threshold to draw against the norm
+        assert np.isnan(run["clip_threshold"]).all()
+
+
+def test_a_clip_of_one_part_only_is_not_taken_for_the_whole() -> None:
+    agent = _ActorCritic()
+    opt = torch.optim.SGD(agent.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(9)
+    before = []
+    with nnwatch.watch(agent, opt, name="one-part", budget=None) as w:
+        for _ in range(10):
+            loss = _actor_critic_loss(agent, g)
+            opt.zero_grad()
+            loss.backward()
+            before.append(float(global_norm(list(agent.parameters()))))
+            clip_grad_norm_(agent.actor.parameters(), 0.01)
+            opt.step()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    # the whole model's norm, measured when backward ended, before the actor's clip
+    np.testing.assert_allclose(run["grad_norm"], before, rtol=1e-5)
+    assert np.isnan(run["clip_threshold"]).all()
+
+
+def test_a_clip_by_the_max_norm_records_its_threshold_and_keeps_the_l2_norms() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(10)
+    l2, inf_norms = [], []
+    with nnwatch.watch(model, opt, name="inf-clip", budget=None) as w:
+        for _ in range(20):
+            x, y = _batch(g)
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            l2.append(float(global_norm(list(model.parameters()))))
+            inf_norms.append(float(clip_grad_norm_(model.parameters(), 0.05, norm_type=math.inf)))
+            opt.step()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    l2_a, inf_a = np.array(l2), np.array(inf_norms)
+    np.testing.assert_allclose(run["grad_norm"], l2_a, rtol=1e-5)  # still the L2 norm
+    assert (run["clip_threshold"] == 0.05).all()
+    assert np.array_equal(run["clipped"] == 1.0, inf_a > 0.05)
+    coef = np.minimum(0.05 / (inf_a + 1e-6), 1.0)
+    np.testing.assert_allclose(run["grad_norm_clipped"], l2_a * coef, rtol=1e-5)
