@@ -204,3 +204,37 @@ def test_norm_at_the_end_of_backward_is_unscaled_and_a_manual_rescale_makes_no_s
     run2 = nnwatch.load_run(w2.run_dir)
     np.testing.assert_allclose(run2["grad_norm_clipped"], run2["grad_norm"] * 0.5, rtol=1e-5)
     assert (run2["clipped"] == 1.0).all()
+
+
+def test_a_model_clipped_in_parts_makes_no_sync_and_is_recorded_as_the_whole() -> None:
+    """An actor and a critic clipped each with torch's own call: one record of the whole, no sync."""
+    torch.manual_seed(0)
+    agent = nn.ModuleDict(
+        {"actor": nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4)),
+         "critic": nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))}
+    ).cuda()
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    parts = []
+    with nnwatch.watch(agent, opt, name="gpu-parts-clip", channel=False, budget=1e-9, max_interval=4) as w:
+        for i in range(40):
+            x = torch.randn(32, 64, device="cuda")
+            checked = i >= 30
+            if checked:
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                opt.zero_grad(set_to_none=True)
+                loss = agent["actor"](x).pow(2).mean() + agent["critic"](x).pow(2).mean()
+                loss.backward()
+                a = torch.nn.utils.clip_grad_norm_(agent["actor"].parameters(), 0.05)
+                c = torch.nn.utils.clip_grad_norm_(agent["critic"].parameters(), 0.05)
+                parts.append(torch.stack([a, c]))
+                opt.step()
+                w.step(loss, batch=(x,))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    run = nnwatch.load_run(w.run_dir)
+    a, c = torch.stack(parts).double().cpu().numpy().T
+    np.testing.assert_allclose(run["grad_norm"], np.hypot(a, c), rtol=1e-6)
+    assert (run["clip_threshold"] == 0.05).all()
+    assert np.array_equal(run["clipped"] == 1.0, (a > 0.05) | (c > 0.05))
