@@ -2,7 +2,11 @@
 
 ``Diagnosis(w)`` is created by the probe at the first ``w.step()``. The writer thread calls
 :meth:`observe` with each batch of new records (off the training thread: a detector never slows a
-step down, it only acts one step late). The one exception is the guard: when the single
+step down, it only acts one step late). It hands the GIL back after every record: a batch is a
+quarter second of steps, tens of milliseconds of Python at a thousand steps a second, and
+held in one piece it stalled the training thread for up to CPython's 5 ms switch interval each
+time that thread came back from a torch kernel (``bench/writer_stalls.py``: the steps' tail, p99.9
+and the time lost in stalls, back to the bare loop's with the hand-back). The one exception is the guard: when the single
 ``isfinite`` check before ``optimizer.step()`` trips, the training thread calls
 :meth:`on_nonfinite_grads` and the NaN finding is issued on the spot, with the weights still clean.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -36,6 +41,8 @@ class Diagnosis:
         self.spikes = SpikeTrigger()
         self._lock = threading.Lock()
         self.rows_seen = 0
+        #: give the GIL back after each record (off only for bench/writer_stalls.py's comparison)
+        self.hand_back = True
         if getattr(w, "guard_tripped", False) and int(getattr(w, "step_index", 0)) == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
@@ -44,6 +51,7 @@ class Diagnosis:
     # -- writer thread ---------------------------------------------------------------------------
     def observe(self, rows: np.ndarray) -> None:
         """Feed new records (in step order) to every detector."""
+        hand_back = self.hand_back
         with self._lock:
             hist = self.pipeline.history
             for row in Row.batch(rows):
@@ -54,6 +62,8 @@ class Diagnosis:
                     self._request_snapshot(f"grad_norm_spike at step {row.step}")
                 for finding in self.pipeline.feed_row(row):
                     self._emit(finding)
+                if hand_back:
+                    time.sleep(0)  # releases the GIL: a waiting training thread takes it now
         complete_pending(self.w, rows)
 
     # -- training thread -------------------------------------------------------------------------
