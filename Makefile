@@ -22,6 +22,7 @@ bench: setup
 	.venv/bin/python bench/detection.py
 	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/corpus.py
+	.venv/bin/python bench/writer_stalls.py
 
 screenshots: setup
 	.venv/bin/python scripts/screenshots.py
