@@ -223,30 +223,46 @@ class GradientRecorder:
         if self.on_nonfinite is not None and not self.finite(total):
             self.on_nonfinite()
 
-    def _layer_norms(self, only: set[int] | None) -> None:
-        """Per-layer norms of this model's gradients as they are now (``only``: of those ids)."""
+    def _layer_sq(self, only: set[int] | None) -> tuple[list[int], torch.Tensor | None]:
+        """Squared norms of this model's gradients as they are now (``only``: of those ids),
+        with the indices of their parameters."""
         present, ours = self.grads()
         if only is not None:
             keep = [k for k, g in enumerate(ours) if id(g) in only]
             present, ours = [present[k] for k in keep], [ours[k] for k in keep]
         if not ours:
-            return
+            return present, None
+        return present, squared_norms(ours, self.buf.dev.device)
+
+    def _write_layers(self, present: list[int], sq: torch.Tensor) -> None:
         b = self.buf
-        sq = squared_norms(ours, b.dev.device)
         if b.dev_np is not None and b.grad_layer_np is not None:
             self.reducer.write_host(sq.numpy(), present, b.grad_layer_np)
         else:
             self.reducer.write(sq, present, b.grad_layer, squared=True)
+
+    def _layer_norms(self, only: set[int] | None) -> None:
+        """Per-layer norms of this model's gradients as they are now."""
+        present, sq = self._layer_sq(only)
+        if sq is not None:
+            self._write_layers(present, sq)
 
     def _on_part_norm(self, ids: set[int], total: torch.Tensor) -> None:
         """torch's norm of a part of the model: recorded once the parts cover the whole model."""
         parts = self._parts
         if not parts.add_norm(ids, total):
             return  # a part seen twice: not one clip in parts
-        if self.measure:
-            self._layer_norms(ids)  # before this part is scaled
+        if self.measure and not self.done:  # this part's per-layer norms, before it is scaled
+            present, sq = self._layer_sq(ids)
+            if sq is not None:
+                parts.layers.append((present, sq))
         ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
         if parts.ids == ours:
+            if parts.layers:  # written once: each write covers every layer
+                self._write_layers(
+                    [i for present, _ in parts.layers for i in present],
+                    torch.cat([sq for _, sq in parts.layers]),
+                )
             whole = parts.whole()
             self._write_total(whole)
             self._took_torch_total(whole)
@@ -443,13 +459,14 @@ class ClipParts:
     Totals stay what torch returned (CPU floats or device tensors): nothing here reads a device.
     """
 
-    __slots__ = ("clips", "ids", "limits", "norms")
+    __slots__ = ("clips", "ids", "layers", "limits", "norms")
 
     def __init__(self) -> None:
         self.ids: set[int] = set()  # the gradients covered so far
         self.norms: list[torch.Tensor | float] = []  # each part's norm, in call order
         self.clips: dict[int, float] = {}  # part index -> the max_norm it was clipped with
         self.limits: set[float] = set()
+        self.layers: list[tuple[list[int], torch.Tensor]] = []  # each part's per-param sq norms
 
     def add_norm(self, ids: set[int], total: torch.Tensor | float) -> bool:
         """A new part's norm; False when it overlaps a part already seen."""

@@ -238,12 +238,13 @@ def test_a_model_clipped_in_parts_is_recorded_as_one_clip_of_the_whole(limits: t
     agent = _ActorCritic()
     opt = torch.optim.Adam(agent.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(8)
-    parts, after = [], []
+    parts, after, pre_layers = [], [], []
     with nnwatch.watch(agent, opt, name="parts-clip", budget=1e-9, max_interval=8) as w:
         for _ in range(60):
             loss = _actor_critic_loss(agent, g)
             opt.zero_grad()
             loss.backward()
+            pre_layers.append(_layer_norms(agent))
             a = clip_grad_norm_(agent.actor.parameters(), limits[0])
             c = clip_grad_norm_(agent.critic.parameters(), limits[1])
             parts.append((float(a), float(c)))
@@ -262,6 +263,14 @@ def test_a_model_clipped_in_parts_is_recorded_as_one_clip_of_the_whole(limits: t
         assert (run["clip_threshold"] == limits[0]).all()
     else:  # no single threshold to draw against the norm
         assert np.isnan(run["clip_threshold"]).all()
+    # per-layer norms on measured steps: both parts before their clips
+    names = run.meta.schema.param_layer_names
+    rows = {int(s): r for s, r in zip(run.layers["step"], run.layers["grad_layer"], strict=True)}
+    measured = [int(s) for s in np.flatnonzero(run["layer_sums"] == 1.0) if int(s) in rows]
+    assert measured
+    for step in measured:
+        for j, name in enumerate(names):
+            assert rows[step][j] == pytest.approx(pre_layers[step][name], rel=1e-5)
 
 
 def test_a_clip_of_one_part_only_is_not_taken_for_the_whole() -> None:
