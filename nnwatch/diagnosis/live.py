@@ -29,6 +29,10 @@ from nnwatch.store.finding import Finding
 
 log = logging.getLogger("nnwatch")
 
+#: Seconds of one batch during which the detectors hand the GIL back after every record (the
+#: writer drains every 0.25 s; a healthy batch takes a few milliseconds of that).
+HAND_BACK_FOR = 0.1
+
 
 class Diagnosis:
     """Detectors for one watched run. Findings go to ``w.add_finding`` (and ``self.findings``)."""
@@ -52,6 +56,7 @@ class Diagnosis:
     def observe(self, rows: np.ndarray) -> None:
         """Feed new records (in step order) to every detector."""
         hand_back = self.hand_back
+        until = time.perf_counter() + HAND_BACK_FOR
         with self._lock:
             hist = self.pipeline.history
             for row in Row.batch(rows):
@@ -64,6 +69,9 @@ class Diagnosis:
                     self._emit(finding)
                 if hand_back:
                     time.sleep(0)  # releases the GIL: a waiting training thread takes it now
+                    # a loop that holds the GIL in Python between kernels would hand it back
+                    # only every switch interval: past this, hold it and catch up instead
+                    hand_back = time.perf_counter() < until
         complete_pending(self.w, rows)
 
     # -- training thread -------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from nnwatch.store.ring_layout import (
     MAGIC,
     META_OFFSET,
     SLOT_HEADER,
-    SLOT_LENGTH,
     STATUS_CODES,
     VERSION,
     W_ERRORS,
@@ -147,10 +146,18 @@ class RingWriter:
             raise
         else:
             os.close(fd)
-        # Touch every page now, so the first lap of publishes does not pay page faults.
+        # Touch every page now, so the first lap of publishes does not pay page faults; then the
+        # constant length field of every slot, through one strided view. (No Python object per
+        # slot: tens of thousands of them cost the first step 0.1-0.2 s of allocation and
+        # garbage-collector passes over the whole training process, and slowed every later one.)
         zeros = np.frombuffer(self._mm, dtype=np.uint8)
         zeros[:] = 0
-        del zeros
+        lengths = np.ndarray(
+            (self.slots,), dtype="<u4", buffer=self._mm, offset=self.slots_offset + 12,
+            strides=(self.slot_size,),
+        )  # fmt: skip
+        lengths[:] = self.record_size
+        del zeros, lengths
         now = time.time()
         self.pid = os.getpid()
         self.start_time = own_start_time()
@@ -168,16 +175,8 @@ class RingWriter:
         self._hdr_d[W_HEARTBEAT] = now
         self._hdr_q[W_STATUS] = STATUS_CODES["running"]
         self._hdr_d[W_STATUS_TIME] = now
-        for o in range(self.slots_offset, size, self.slot_size):
-            SLOT_LENGTH.pack_into(self._mm, o + 12, self.record_size)  # constant per slot
         self._mm[0:8] = MAGIC  # last: a reader that sees the magic sees a complete header
-        # One payload view per slot, made once, so publish() slices nothing.
-        self._payloads = [
-            self._mv[o + SLOT_HEADER : o + SLOT_HEADER + self.record_size]
-            for o in range(self.slots_offset, size, self.slot_size)
-        ]
-        words = self.slot_size // 8
-        self._seq_word = [i * words for i in range(self.slots)]  # index into _slot_q
+        self._words = self.slot_size // 8  # a slot's sequence word, as an index into _slot_q
 
     # -- training thread ---------------------------------------------------------------------------
     def publish(self, record: memoryview) -> None:
@@ -185,14 +184,15 @@ class RingWriter:
         try:
             n = self._n
             i = n % self.slots
-            q = self._seq_word[i]
+            q = i * self._words
             seqs = self._slot_q
             seqs[q] = 2 * n + 1  # odd: being written
+            start = self.slots_offset + i * self.slot_size + SLOT_HEADER
             try:
-                self._payloads[i][:] = record
-            except (ValueError, TypeError):
+                self._mm[start : start + self.record_size] = record
+            except (ValueError, TypeError, IndexError):
                 record = memoryview(record).cast("B")
-                self._payloads[i][:] = record
+                self._mm[start : start + self.record_size] = record
             self._slot_i[2 * q + 2] = zlib.crc32(record, n & 0xFFFFFFFF)
             seqs[q] = 2 * n + 2  # even: done, after the payload and its checksum
             t = time.time()
@@ -275,9 +275,6 @@ class RingWriter:
             self.set_status(status)
         finally:
             self._closed = True
-            for view in self._payloads:
-                view.release()
-            self._payloads = []
             for header_view in (self._hdr_q, self._hdr_d, self._slot_q, self._slot_i):
                 header_view.release()
             self._mv.release()
