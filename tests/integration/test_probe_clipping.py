@@ -39,6 +39,17 @@ def _layer_norms(model: nn.Module) -> dict[str, float]:
     return out
 
 
+def _assert_layer_norms_were(run: nnwatch.Run, pre_layers: list[dict[str, float]]) -> None:
+    """On every measured step in layers.bin, each per-layer norm is the one in ``pre_layers``."""
+    names = run.meta.schema.param_layer_names
+    rows = {int(s): r for s, r in zip(run.layers["step"], run.layers["grad_layer"], strict=True)}
+    checked = [int(s) for s in np.flatnonzero(run["layer_sums"] == 1.0) if int(s) in rows]
+    assert checked  # layers.bin holds the measured steps' per-layer norms
+    for step in checked:
+        for j, name in enumerate(names):
+            assert rows[step][j] == pytest.approx(pre_layers[step][name], rel=1e-5)
+
+
 def test_torch_clip_with_accumulation_is_recorded_bitwise_on_every_step() -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
@@ -66,13 +77,7 @@ def test_torch_clip_with_accumulation_is_recorded_bitwise_on_every_step() -> Non
     # per-layer norms on measured steps come from the gradients before they were scaled
     measured = np.flatnonzero(run["layer_sums"] == 1.0)
     assert 10 <= len(measured) < 120  # the budget thinned the per-layer work, not the global norm
-    names = run.meta.schema.param_layer_names
-    rows = {int(s): r for s, r in zip(run.layers["step"], run.layers["grad_layer"], strict=True)}
-    checked = [int(s) for s in measured if int(s) in rows]
-    assert checked  # layers.bin holds the measured steps' per-layer norms
-    for step in checked:
-        for j, name in enumerate(names):
-            assert rows[step][j] == pytest.approx(pre_layers[step][name], rel=1e-5)
+    _assert_layer_norms_were(run, pre_layers)
 
 
 def test_a_monitor_threshold_replaces_the_scripts_own_in_torchs_clip() -> None:
@@ -263,14 +268,7 @@ def test_a_model_clipped_in_parts_is_recorded_as_one_clip_of_the_whole(limits: t
         assert (run["clip_threshold"] == limits[0]).all()
     else:  # no single threshold to draw against the norm
         assert np.isnan(run["clip_threshold"]).all()
-    # per-layer norms on measured steps: both parts before their clips
-    names = run.meta.schema.param_layer_names
-    rows = {int(s): r for s, r in zip(run.layers["step"], run.layers["grad_layer"], strict=True)}
-    measured = [int(s) for s in np.flatnonzero(run["layer_sums"] == 1.0) if int(s) in rows]
-    assert measured
-    for step in measured:
-        for j, name in enumerate(names):
-            assert rows[step][j] == pytest.approx(pre_layers[step][name], rel=1e-5)
+    _assert_layer_norms_were(run, pre_layers)  # both parts, before their clips
 
 
 def test_a_clip_of_one_part_only_is_not_taken_for_the_whole() -> None:
