@@ -135,7 +135,7 @@ class RunContext:
                 sq = sum(float(torch.stack(n).square().sum()) for n in by_device.values())
         except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
             sq = math.nan
-        opt = getattr(w, "optimizer", None)
+        opt = getattr(w, "optimizer", None) or getattr(w, "optimizer_source", None)
         return cls(
             layer_names=base.layer_names,
             layer_kinds=base.layer_kinds,

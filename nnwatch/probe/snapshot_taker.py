@@ -122,9 +122,12 @@ class SnapshotTaker:
 
     def capture_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": to_cpu(self.model.state_dict())}
-        if self.optimizer is not None:
-            state["optimizer"] = to_cpu(self.optimizer.state_dict())
-            state["lr"] = [g.get("lr") for g in self.optimizer.param_groups]
+        opt = self.optimizer
+        if opt is not None:
+            if callable(getattr(opt, "state_dict", None)):
+                state["optimizer"] = to_cpu(opt.state_dict())
+            groups = getattr(opt, "param_groups", None) or []
+            state["lr"] = [g.get("lr") for g in groups]
         if self.scaler is not None and hasattr(self.scaler, "state_dict"):
             state["scaler"] = self.scaler.state_dict()
         return state

@@ -52,6 +52,7 @@ from nnwatch.probe.exit_status import (
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard
 from nnwatch.probe.layer_hooks import LayerHooks
+from nnwatch.probe.optimizer_target import resolve as resolve_optimizer
 from nnwatch.probe.run_files import RankInfo as RankInfo
 from nnwatch.probe.run_files import (
     RunFiles,
@@ -82,7 +83,7 @@ class Watch:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: Any = None,
         scaler: Any = None,
         *,
         num_classes: int | None = None,
@@ -113,7 +114,14 @@ class Watch:
         self._append = earlier is not None
         #: the interactive shell's last exception when this watch started (see taken_over)
         self.shell_exception_at_start = last_exception()
-        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        target = resolve_optimizer(optimizer)
+        #: the torch optimizer whose step pre-hook marks the update (None: ``w.step()`` does)
+        self.optimizer: torch.optim.Optimizer | None = target.hook
+        #: where LRs, optimizer state and its step count are read (the object the user passed,
+        #: when it has param groups of its own)
+        self.optimizer_source: Any = target.source
+        self.model, self.scaler = model, scaler
+        optimizer = target.source
         self.num_classes = num_classes
         #: the optimizer already holds state (a resumed run, or a second watch of one loop): the
         #: model has trained, so "the first loss should be ln K" does not apply
@@ -129,6 +137,8 @@ class Watch:
         self.rank = RankInfo.detect()
         self._want_channel, self._want_detectors = channel, detectors
         self._warned: set[str] = set()
+        if target.note is not None:
+            log.warning("nnwatch: %s", target.note)
         self._started = time.time()
         self._ending_status: str | None = None  # how the run ended, once it has
         self.files = RunFiles()
@@ -151,14 +161,14 @@ class Watch:
         reducer = LayerReducer(self.plan.param_layer_index, len(self.plan.param_layer_names))
         self.grads = GradientRecorder(
             self.plan, self.buffers, reducer, scaler,
-            on_nonfinite=self.nan_guard.hit if optimizer is None and self.guard else None,
+            on_nonfinite=self.nan_guard.hit if self.optimizer is None and self.guard else None,
         )
         self.commands = CommandHandler(self, self.grads, self.budget, self.snapshots)
         self.attachment = Attachment(self.layers, self.grads)
         self.sysmon = SystemSampler()
         self.record = StepRecord(self.buffers, self.sysmon, optimizer, scaler, num_lr, self.warn_once)
         self.cycle = StepCycle(
-            self, plan=self.plan, optimizer=optimizer, scaler=scaler, schedule=self.schedule,
+            self, plan=self.plan, optimizer=self.optimizer, scaler=scaler, schedule=self.schedule,
             buffers=self.buffers, layers=self.layers, grads=self.grads, guard=self.nan_guard,
             guard_on=self.guard, snapshots=self.snapshots, commands=self.commands,
             record=self.record, files=self.files, start_step=first_step, batch_size=batch_size,
@@ -180,7 +190,8 @@ class Watch:
             return
         cycle = self.cycle
         self.attachment.attach(
-            model, self.plan, optimizer, cycle.on_forward_start, cycle.on_backward, cycle.before_optimizer_step
+            model, self.plan, self.optimizer, cycle.on_forward_start, cycle.on_backward,
+            cycle.before_optimizer_step,
         )
         self.sysmon.start()
         _LIVE[model] = self
@@ -448,7 +459,7 @@ def _take_over(model: nn.Module, resume: bool = False) -> _Continued | None:
 
 def watch(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: Any = None,
     scaler: Any = None,
     *,
     num_classes: int | None = None,
@@ -472,8 +483,9 @@ def watch(
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
     Use it as a context manager, or call ``close()`` at the end. ``optimizer`` may be None (a
-    hand-written update): ``w.step()`` is then the step boundary. Gradient norms before and after
-    clipping are recorded whoever clips: torch's ``clip_grad_norm_`` is seen directly (every
+    hand-written update): ``w.step()`` is then the step boundary; a wrapper around a torch
+    optimizer (Lookahead and the like) is followed to the optimizer inside it. Gradient norms
+    before and after clipping are recorded whoever clips: torch's ``clip_grad_norm_`` is seen directly (every
     step, torch's own value), other clipping from the gradients measured when backward ends.
 
     Options: ``run_dir``, ``layer_interval`` (full per-layer activation stats every N steps; by
