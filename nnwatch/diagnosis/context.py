@@ -56,6 +56,9 @@ class RunContext:
     """Optimizer class name, or None."""
     resumed: bool = False
     """The optimizer held state when the watch began: the model has trained already."""
+    micro_batches: int = 1
+    """Backward passes in the first step (gradient accumulation): a loss passed to ``w.step()``
+    may be divided by it, as accumulation loops scale each micro-batch's loss."""
     param_norm: float = math.nan
     """L2 norm of all trainable parameters when diagnosis started (NaN when unknown)."""
     total_numel: int = 0
@@ -105,6 +108,7 @@ class RunContext:
             param_numel=None,
             num_classes=meta.num_classes,
             resumed=bool(meta.extra.get("resumed", False)),
+            micro_batches=_count(meta.extra.get("micro_batches")),
         )
 
     @classmethod
@@ -146,11 +150,17 @@ class RunContext:
             num_classes=getattr(w, "num_classes", None) or base.num_classes,
             optimizer=type(opt).__name__ if opt is not None else None,
             resumed=bool(getattr(w, "resumed", False)),
+            micro_batches=base.micro_batches,
             param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
             total_numel=int(numel.sum()),
             optimizer_on_copy=_optimizer_on_copy(opt, plan.params),
             unwatched_before=_unwatched_before(w.model, base.layer_names),
         )
+
+
+def _count(value: Any) -> int:
+    """A positive count from meta.json, 1 when absent or malformed (an older run, a hand edit)."""
+    return value if type(value) is int and value > 0 else 1
 
 
 def _optimizer_on_copy(opt: Any, params: tuple[Any, ...]) -> bool:

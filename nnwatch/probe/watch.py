@@ -260,7 +260,8 @@ class Watch:
             name=self.name, schema=self.schema, started=self._started, device=self.device,
             num_classes=self.num_classes, rank=self.rank,
             extra={"layer_interval": self.layer_interval, "resumed": self.resumed,
-                   "start_step": self.start_step, "tied": dict(plan.tied)},
+                   "start_step": self.start_step, "tied": dict(plan.tied),
+                   "micro_batches": max(1, self.grads.backwards)},
         )
         try:
             self.files.start(self.meta, self._on_log_error, append=self._append, warn=self.warn_once)

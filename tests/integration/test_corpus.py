@@ -344,6 +344,17 @@ def test_diverging_run_is_reported_exploding(corpus: dict[str, Outcome]) -> None
     )
 
 
+@pytest.mark.parametrize(("name", "micro"), [("gpt_accum", 4), ("hf_style", 2), ("mnist_cnn", 1)])
+def test_accumulation_is_known_to_the_initial_loss_check(
+    corpus: dict[str, Outcome], name: str, micro: int
+) -> None:
+    """Backward passes per update reach the detectors: both accumulation loops hand w.step()
+    their micro-batch loss divided by the count, which the ln(K) check must not call a leak."""
+    run = corpus[name].run()
+    assert run.meta.extra["micro_batches"] == micro
+    assert "bad_initial_loss" not in {f.get("kind") for f in run.findings}
+
+
 def test_every_corpus_run_opens_in_the_monitor(corpus: dict[str, Outcome]) -> None:
     """``nnwatch open RUN_DIR`` on each program's run: its last step and loss on screen, no
     reader error, no pane that failed to draw."""

@@ -1,8 +1,9 @@
 """Healthy runs of still more kinds, so that the corpus covers what users train: tanh and sigmoid
 MLPs (no saturation alarm on a working squashing net), a GRU, fine-tuning a pretrained body under a
 new head (zero and default init), a resumed run that keeps improving, bfloat16 autocast noise, batches of two, torch's own
-clip_grad_norm_ firing mildly on every step, strong AdamW weight decay, heavy dropout, and a
-BatchNorm CNN under Adam with cosine decay. None may raise a warning."""
+clip_grad_norm_ firing mildly on every step, strong AdamW weight decay, heavy dropout, a
+BatchNorm CNN under Adam with cosine decay, and gradient accumulation that hands ``w.step()`` the
+micro-batch loss divided by the count, as nanoGPT does. None may raise a warning."""
 
 from __future__ import annotations
 
@@ -223,6 +224,28 @@ def cnn_adam_cosine(wk: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
+def accumulated(wk: dict[str, Any]) -> Any:
+    """nanoGPT's loop: 4 micro-batches per update, each loss divided by 4, torch's clip at 1.0,
+    and the last (divided) micro-batch loss passed to w.step(): it starts near ln(10) / 4."""
+    torch.manual_seed(seed(412))
+    x, y = blobs(4096, 32, 10, seed=seed(412), spread=1.5)
+    model = mlp([32, 64, 64, 10])
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    sample = Sampler(x, y, 32, seed=seed(412))
+    accumulation = 4
+    with nnwatch.watch(model, opt, num_classes=10, name="healthy_accumulated", **wk) as w:
+        for step in range(150):
+            for micro in range(accumulation):
+                xb, yb = sample(step * accumulation + micro)
+                loss = cross_entropy(model, (xb, yb)) / accumulation
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            w.step(loss, batch=(xb, yb))
+    return w
+
+
 CASES = [
     Case("healthy_tanh_mlp", None, "tanh MLP, SGD momentum", tanh_mlp),
     Case("healthy_sigmoid_mlp", None, "sigmoid MLP, Adam", sigmoid_mlp),
@@ -251,4 +274,10 @@ CASES = [
     Case("healthy_strong_weight_decay", None, "AdamW, weight_decay=0.3", strong_weight_decay),
     Case("healthy_heavy_dropout", None, "dropout 0.6 in a wide MLP", heavy_dropout),
     Case("healthy_cnn_adam_cosine", None, "BatchNorm CNN, Adam, cosine decay", cnn_adam_cosine),
+    Case(
+        "healthy_accumulated",
+        None,
+        "gradient accumulation, w.step() given the micro-batch loss / 4",
+        accumulated,
+    ),
 ]

@@ -250,6 +250,16 @@ def test_initial_loss_against_ln_k(loss0, k, expect):
         assert f[0].step == 0 and f[0].evidence["expected_ln_k"] == pytest.approx(math.log(k))
 
 
+@pytest.mark.parametrize(("micro", "expect"), [(1, True), (4, False), (8, True)])
+def test_initial_loss_divided_for_accumulation_is_not_a_leak(micro, expect):
+    """ln(10)/4 is what an accumulation loop over 4 micro-batches hands w.step() at the start."""
+    r = records(10, loss=np.full(10, math.log(10) / 4))
+    f = [f for f in run(r, num_classes=10, micro_batches=micro) if f.kind == "bad_initial_loss"]
+    assert bool(f) == expect
+    if f and micro > 1:
+        assert f"with {micro} micro-batches per update" in f[0].remedy
+
+
 def test_summed_loss_is_recognised_from_the_batch_size():
     r = records(10, loss=64 * math.log(10))
     r["samples_per_sec"], r["step_time"] = 640.0, 0.1

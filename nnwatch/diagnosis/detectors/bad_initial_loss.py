@@ -2,7 +2,9 @@
 
 A fresh classifier is unsure of everything, so its cross-entropy starts near -ln(1/K) = ln(K). The
 first recorded loss is compared with it once (skipped when ``num_classes`` was not given, and
-when the optimizer already held state at ``watch()`` time: a resumed run has trained). A
+when the optimizer already held state at ``watch()`` time: a resumed run has trained). With
+gradient accumulation over k micro-batches the loss handed to ``w.step()`` is usually the last
+micro-batch's loss divided by k: a low first loss that is healthy times k is that, not a leak. A
 healthy init lands within a few tenths; the rule allows ``max(0.75, 0.5 ln K)`` above (default
 inits give logits with some spread) and half of ln K below. The evidence then points at the most
 likely cause: a loss that is ~batch-size x ln K sums instead of averaging, a huge first-layer output
@@ -61,13 +63,22 @@ class BadInitialLossDetector(Detector):
         k = int(self.ctx.num_classes or 0)
         lnk = math.log(k)
         loss = row.loss
-        high = loss - lnk - self._spread_allowance() > max(HIGH_ABS, HIGH_REL * lnk)
         low = lnk - loss > max(LOW_ABS, LOW_REL * lnk)
+        high = not low and not self._healthy(loss, lnk)
         if not (high or low):
             return None
         if low and k > 2 and abs(loss - math.log(2.0)) < 0.1:
             return None  # ~ln 2: a per-class binary loss (multi-label BCE), not a K-way softmax
+        micro = self.ctx.micro_batches
+        if low and micro > 1 and self._healthy(loss * micro, lnk):
+            return None  # the micro-batch's loss, divided by the accumulation steps as usual
         return self._finding(row, k, lnk, loss, high)
+
+    def _healthy(self, loss: float, lnk: float) -> bool:
+        return not (
+            loss - lnk - self._spread_allowance() > max(HIGH_ABS, HIGH_REL * lnk)
+            or lnk - loss > max(LOW_ABS, LOW_REL * lnk)
+        )
 
     def _spread_allowance(self) -> float:
         """What uninformed logits of the observed (moderate) spread add to ln K: s^2 / 2."""
@@ -126,6 +137,9 @@ class BadInitialLossDetector(Detector):
             causes.append(
                 "a loss this far below chance before training means a leak or a scaling error: "
                 "check that labels are not part of the inputs, that the loss is not divided twice "
+                + (f"(with {ctx.micro_batches} micro-batches per update, pass w.step() the loss "
+                   "before dividing it) " if ctx.micro_batches > 1 else "")
+                + 
                 f"and that num_classes={k} is right (a model loaded from trained weights starts "
                 "below chance by design: leave num_classes out when watching one)"
             )
