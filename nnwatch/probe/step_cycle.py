@@ -44,6 +44,7 @@ _ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined
 _clock = time.perf_counter
 _now = time.time
 _grad_enabled = torch.is_grad_enabled
+CHECK_UPDATES = 32  # steps over which w.step() calls without an optimizer step are counted
 
 
 class CycleOwner(Protocol):
@@ -113,6 +114,10 @@ class StepCycle:
         self.backward_seen = False
         self.end_queued = False  # a callback waits for the end of the running backward pass
         self.last_time = math.nan
+        #: the optimizer's step ran since the last w.step(); steps without one, in the first
+        #: ``CHECK_UPDATES`` (w.step() called per micro-batch is the mistake this catches)
+        self.updated = False
+        self.without_update = 0
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -175,6 +180,7 @@ class StepCycle:
             return
         t0 = _clock()
         sched = self.schedule
+        self.updated = True
         try:
             rec = self.grads
             rec.measure = sched.measure
@@ -266,12 +272,29 @@ class StepCycle:
         if hooks != bool(layers.handles) and self.has_layers and not self.owner.disabled:
             layers.arm(hooks)
         sched.charge(t0, step_time, measured, sampled, first)  # hook attaching included
+        if index - self.start_step <= CHECK_UPDATES:
+            self._count_updates(index - self.start_step)
         commands = self.commands
         if commands.anomaly_left > 0:
             commands.step_done()
         channel = self.files.channel
         if channel is not None:
             channel.after_step()
+
+    def _count_updates(self, done: int) -> None:
+        """Over the first steps, count those with no optimizer step; mostly none is a loop that
+        calls w.step() per micro-batch (an AMP scaler's skipped steps are not counted)."""
+        if self.optimizer is not None and self.scaler is None and not self.updated:
+            self.without_update += 1
+        self.updated = False
+        if done == CHECK_UPDATES and self.without_update * 2 >= CHECK_UPDATES:
+            self.owner.warn_once(
+                "step-per-micro-batch",
+                f"w.step() ran {self.without_update} of the first {CHECK_UPDATES} times with no "
+                "optimizer.step() since the previous call: call it once per optimizer update, "
+                "after optimizer.step() (with gradient accumulation, once per update, not per "
+                "micro-batch); nnwatch counts a step per w.step() call",
+            )
 
     def publish(self, record: memoryview) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail."""

@@ -304,3 +304,31 @@ def test_a_full_tmpfs_turns_live_monitoring_off_instead_of_killing_training(
         assert "live monitoring is off" in out.stderr
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("per_micro_batch", [True, False])
+def test_w_step_per_micro_batch_is_pointed_out(per_micro_batch: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Gradient accumulation with w.step() after every backward instead of every update: the
+    records still come, and the user is told once what a step is to nnwatch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, opt, name="micro") as w:
+        for update in range(12):
+            for _micro in range(4):
+                x = torch.randn(8, 6, generator=g)
+                loss = model(x).square().mean() / 4
+                loss.backward()
+                if per_micro_batch:
+                    w.step(loss)
+            opt.step()
+            opt.zero_grad()
+            if not per_micro_batch:
+                w.step(loss)
+            assert update < 11 or w.step_index == (48 if per_micro_batch else 12)
+    said = [r.getMessage() for r in caplog.records if "micro-batch" in r.getMessage()]
+    if per_micro_batch:
+        assert len(said) == 1 and "w.step() ran 25 of the first 32 times with no optimizer.step()" in said[0]
+    else:
+        assert said == []

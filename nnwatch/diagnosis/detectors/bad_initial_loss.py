@@ -139,7 +139,7 @@ class BadInitialLossDetector(Detector):
                 "check that labels are not part of the inputs, that the loss is not divided twice "
                 + (f"(with {ctx.micro_batches} micro-batches per update, pass w.step() the loss "
                    "before dividing it) " if ctx.micro_batches > 1 else "")
-                + 
+                +
                 f"and that num_classes={k} is right (a model loaded from trained weights starts "
                 "below chance by design: leave num_classes out when watching one)"
             )
