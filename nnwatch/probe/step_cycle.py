@@ -118,6 +118,7 @@ class StepCycle:
         #: ``CHECK_UPDATES`` (w.step() called per micro-batch is the mistake this catches)
         self.updated = False
         self.without_update = 0
+        self.closure_step = False  # the optimizer's step ran before this step's forward
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -181,6 +182,15 @@ class StepCycle:
         t0 = _clock()
         sched = self.schedule
         self.updated = True
+        if not self.step_open and not self.backward_seen and self.has_params:
+            # optimizer.step(closure) (LBFGS): forward and backward run inside the step, after
+            # this hook; the gradients here are the previous step's. w.step() measures instead.
+            self.closure_step = True
+            snaps = self.snapshots
+            if snaps.armed and snaps.pre_state is None:
+                snaps.pre_state = snaps.capture_state()
+            sched.own += _clock() - t0
+            return
         try:
             rec = self.grads
             rec.measure = sched.measure
@@ -219,7 +229,10 @@ class StepCycle:
         rec, sched, record = self.grads, self.schedule, self.record
         record.loss(loss)
         measure = rec.measure = sched.measure
-        if self.optimizer is None and self.backward_seen:
+        if self.closure_step:
+            if measure and self.backward_seen and not rec.clip_seen:
+                rec.measure_now(unscale=True)  # the closure's last evaluation
+        elif self.optimizer is None and self.backward_seen:
             rec.at_update()  # without an optimizer, w.step() is the update boundary
         elif measure and not rec.done:
             if self.backward_seen or not self.has_params:
@@ -265,7 +278,7 @@ class StepCycle:
         step_time = now - self.last_time
         self.last_time = now
         self.step_index = index = self.step_index + 1
-        self.step_open = self.backward_seen = False
+        self.step_open = self.backward_seen = self.closure_step = False
         snaps.armed = False
         hooks = sched.advance(index, snaps.reason is not None)
         self.grads.end_step(sched.measure)

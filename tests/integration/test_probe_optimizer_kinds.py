@@ -183,3 +183,36 @@ def test_resolve_reports_what_it_hooks() -> None:
     own = resolve(OwnSGD(model.parameters(), 0.1))
     assert own.hook is None and isinstance(own.source, OwnSGD)
     assert resolve(object()).source is None
+
+
+def test_lbfgs_closure_records_the_last_evaluations_gradient() -> None:
+    """LBFGS runs forward and backward inside ``optimizer.step(closure)``, several times per
+    update, after the step's pre-hook: the recorded norm is the gradient of the closure's last
+    evaluation, not the previous update's gradients that the pre-hook sees."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1))
+    x = torch.randn(256, 4)
+    y = (x**2).sum(1, keepdim=True)
+    # a line search: the number of evaluations differs from one update to the next
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20, line_search_fn="strong_wolfe")
+    last: list[float] = []
+    evaluations: list[int] = []
+    with nnwatch.watch(model, opt, name="lbfgs", budget=None) as w:
+        for _ in range(15):
+            norms: list[torch.Tensor] = []
+
+            def closure(norms: list[torch.Tensor] = norms) -> torch.Tensor:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+                return loss
+
+            loss = opt.step(closure)
+            last.append(float(norms[-1]))
+            evaluations.append(len(norms))
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    assert min(evaluations) > 1 and len(set(evaluations)) > 1  # several, and not always as many
+    np.testing.assert_allclose(run["grad_norm"], last, rtol=1e-5)
+    assert np.isfinite(run["loss"]).all()
