@@ -8,11 +8,12 @@ hook is marked so that a saved or copied model leaves it out, and all of them co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedParameter
 
 from nnwatch.probe import clip_intercept
 from nnwatch.probe.exit_status import OBSERVER
@@ -32,6 +33,8 @@ class Attachment:
         self.hooked_params: list[tuple[Any, bool]] = []  # (param, had no hook dict)
         self.hidden: list[type] = []  # classes whose pickling leaves our hooks out
         self.step_pre_hook: Any = None  # the optimizer's step pre-hook handle
+        #: called once a lazy model's parameters exist (the guard picks its sentinels then)
+        self.on_materialized: Callable[[], None] | None = None
 
     def attach(
         self,
@@ -47,14 +50,41 @@ class Attachment:
         self.layers.attach()
         params = plan.params
         self.hooked_params = []
-        for p in dict.fromkeys((params[0], params[-1]) if params else ()):
-            self.hooked_params.append((p, p._post_accumulate_grad_hooks is None))
-            self.handles.append(p.register_post_accumulate_grad_hook(on_backward))
+        ends = list(dict.fromkeys((params[0], params[-1]) if params else ()))
+        if any(isinstance(p, UninitializedParameter) for p in ends):
+            self._await_materialized(model, ends, on_backward)
+        else:
+            self._hook_ends(ends, on_backward)
         clip_intercept.listen(self.grads)
         OBSERVER.install()
         if optimizer is not None:
             self.step_pre_hook = optimizer.register_step_pre_hook(before_step)
             self.handles.append(self.step_pre_hook)
+
+    def _hook_ends(self, ends: Sequence[torch.Tensor], on_backward: Callable[[torch.Tensor], None]) -> None:
+        for p in ends:
+            self.hooked_params.append((p, p._post_accumulate_grad_hooks is None))
+            self.handles.append(p.register_post_accumulate_grad_hook(on_backward))
+
+    def _await_materialized(
+        self, model: nn.Module, ends: Sequence[torch.Tensor], on_backward: Callable[[torch.Tensor], None]
+    ) -> None:
+        """Lazy modules (``nn.LazyLinear``) get their parameters in their first forward, and an
+        uninitialized parameter takes no hook: the ends are hooked once the model's forward has
+        returned, before the backward that needs them."""
+
+        def after_forward(module: nn.Module, args: Any, output: Any) -> None:
+            if any(isinstance(p, UninitializedParameter) for p in ends):
+                return  # a forward that skipped a lazy module: wait for the next one
+            handle.remove()
+            if handle in self.handles:
+                self.handles.remove(handle)
+            self._hook_ends(ends, on_backward)
+            if self.on_materialized is not None:
+                self.on_materialized()
+
+        handle = model.register_forward_hook(ProbeHook(after_forward))
+        self.handles.append(handle)
 
     def detach_step_pre_hook(self) -> bool:
         """Remove the optimizer's step pre-hook (a framework calls the probe's pre-step work at

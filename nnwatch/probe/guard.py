@@ -61,8 +61,13 @@ class Guard:
         self.skip = skip_nonfinite  # drop the gradients of a bad step, so the update skips it
         #: a few parameters near the input, checked on light steps (:meth:`sentinels_finite`)
         self.sentinels = sentinel_params(plan.params, plan.param_layer_index)
+        self._plan = plan
         self.inputs: tuple[Any, Any] | None = None  # this step's forward arguments (references)
         self.tripped = False  # non-finite gradients were seen in this run
+
+    def choose_sentinels(self) -> None:
+        """Pick the sentinels again, once a lazy model's parameters have their sizes."""
+        self.sentinels = sentinel_params(self._plan.params, self._plan.param_layer_index)
 
     def sentinels_finite(self) -> bool:
         """True unless a sentinel gradient holds NaN or Inf: the light step's whole guard.

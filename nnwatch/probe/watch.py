@@ -165,6 +165,7 @@ class Watch:
         )
         self.commands = CommandHandler(self, self.grads, self.budget, self.snapshots)
         self.attachment = Attachment(self.layers, self.grads)
+        self.attachment.on_materialized = self.nan_guard.choose_sentinels
         self.sysmon = SystemSampler()
         self.record = StepRecord(self.buffers, self.sysmon, optimizer, scaler, num_lr, self.warn_once)
         self.cycle = StepCycle(

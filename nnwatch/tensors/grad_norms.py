@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import torch
+from torch.nn.parameter import UninitializedParameter
 
 
 def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -129,7 +130,8 @@ def sentinel_params(
     """
     by_layer: dict[int, list[torch.Tensor]] = {}
     for p, o in zip(params, owner, strict=False):
-        by_layer.setdefault(o, []).append(p)
+        if not isinstance(p, UninitializedParameter):  # a lazy module's: no size before its forward
+            by_layer.setdefault(o, []).append(p)
     for layer in sorted(by_layer):
         smallest = min(by_layer[layer], key=lambda p: p.numel())
         if smallest.numel() <= limit:

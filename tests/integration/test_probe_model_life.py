@@ -217,3 +217,30 @@ def test_layer_names_drop_the_wrappers_prefixes() -> None:
             self.module = nn.Linear(2, 2)  # the user's own attribute named "module" stays
 
     assert plan_layers(Holder()).stat_names == ("module",)
+
+
+def test_lazy_modules_are_watched_once_their_first_forward_sized_them(tmp_path: Path) -> None:
+    """``nn.LazyLinear`` has no parameter sizes before its first forward (and its uninitialized
+    parameters take no hook); watch() used to fail on it. Every step is recorded from step 0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.LazyLinear(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    returned = []
+    with nnwatch.watch(model, opt, name="lazy", budget=None) as w:
+        for _ in range(12):
+            x = torch.randn(16, 10, generator=g)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), x[:, :3].argmax(1))
+            loss.backward()
+            returned.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+            opt.step()
+            w.step(loss)
+        assert w.nan_guard.sentinels and w.nan_guard.sentinels[0] is model[0].bias
+    run = nnwatch.load_run(w.run_dir)
+    np.testing.assert_array_equal(run["grad_norm"], torch.stack(returned).numpy())
+    assert run.meta.schema.param_layer_names == ("0", "2")
+    assert np.isfinite(run.layers["grad_layer"]).all()
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    assert not _all_hooks(model)
+    torch.save(model, tmp_path / "lazy.pt")
