@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nnwatch.probe import scaler_discovery
 from nnwatch.probe.attachment import Attachment
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
@@ -194,6 +195,8 @@ class Watch:
             model, self.plan, self.optimizer, cycle.on_forward_start, cycle.on_backward,
             cycle.before_optimizer_step,
         )
+        if scaler is None:
+            scaler_discovery.wait_for(self._adopt_scaler)
         self.sysmon.start()
         _LIVE[model] = self
         self._atexit = weakref.WeakMethod(self._close_at_exit)
@@ -343,6 +346,20 @@ class Watch:
         self.log_event({"type": "finding", **d})
         log.warning("nnwatch: %s", getattr(finding, "message", None) or d.get("message") or d)
 
+    def _adopt_scaler(self, scaler: Any) -> None:
+        """The loop called ``GradScaler.scale()`` and no scaler was passed: use that one."""
+        if self.scaler is not None or self.closed or self.disabled:
+            return
+        self.scaler = scaler
+        for part in (self.grads, self.record, self.cycle, self.snapshots):
+            part.scaler = scaler
+        self.warn_once(
+            "found-scaler",
+            "the loop scales its loss with a GradScaler that was not passed to watch(): nnwatch "
+            "uses it (gradient norms unscaled, the AMP loss scale recorded); pass scaler= to "
+            "watch() to say so",
+        )
+
     def warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -357,6 +374,7 @@ class Watch:
             self.disabled = reason
             log.error("nnwatch: %s; training continues without it", reason)
             self.attachment.remove()
+            scaler_discovery.stop_waiting(self._adopt_scaler)
 
     # ------------------------------------------------------------------------------------------
     def close(self, status: str | Ending = "finished") -> None:
@@ -374,6 +392,7 @@ class Watch:
         if status != "finished":
             self.log_event({"type": "run_ended", "step": self.step_index, **ending.to_dict()})
         self.attachment.remove()
+        scaler_discovery.stop_waiting(self._adopt_scaler)
         if self._consistency is not None:
             self._consistency.close(ending.to_dict())  # reads a check in flight; tells rank 0
         self.commands.restore()

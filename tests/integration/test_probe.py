@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import nnwatch
+from nnwatch.probe import scaler_discovery
 from nnwatch.probe.activation_stats import stats_reference, write_stats
 
 
@@ -185,6 +187,41 @@ def test_amp_scale_is_read_without_get_scale_and_skips_are_seen() -> None:
     run = nnwatch.load_run(w.run_dir)
     assert list(run["amp_scale"]) == [2.0**16, 2.0**16, 2.0**15, 2.0**15]
     assert list(run["amp_skipped"]) == [0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_amp_norms_are_unscaled_whether_or_not_the_scaler_was_passed(
+    passed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop with ``scaler.scale(loss).backward()`` and no clip: the norm measured when backward
+    ends is divided by the loss scale. A scaler left out of watch() is found at its first
+    ``scale()`` call (before, the grad norm showed 65536 times the true one)."""
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    true = []
+    g = torch.Generator().manual_seed(3)
+    with caplog.at_level(logging.WARNING, "nnwatch"):
+        with nnwatch.watch(model, opt, scaler if passed else None, name="amp-found", budget=None) as w:
+            assert scaler_discovery.installed() != passed
+            for _ in range(6):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = model(torch.randn(8, 12, generator=g)).float().pow(2).mean()
+                scaler.scale(loss).backward()
+                scale = float(scaler._scale)  # type: ignore[arg-type]
+                true.append(float(torch.stack([p.grad.double().norm() for p in model.parameters()]).norm()) / scale)
+                scaler.step(opt)
+                scaler.update()
+                w.step(loss)
+            assert w.scaler is scaler
+        assert not scaler_discovery.installed()  # GradScaler.scale is torch's own again
+    run = nnwatch.load_run(w.run_dir)
+    np.testing.assert_allclose(run["grad_norm"], true, rtol=1e-5)
+    assert (run["amp_scale"] == 2.0**16).all()
+    found = "GradScaler that was not passed to watch()" in caplog.text
+    assert found != passed
+    assert not hasattr(torch.amp.GradScaler.scale, "__wrapped__")
 
 
 def test_close_leaves_the_model_as_it_was_and_it_can_be_watched_again() -> None:
