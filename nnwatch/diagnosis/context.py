@@ -56,6 +56,9 @@ class RunContext:
     """Optimizer class name, or None."""
     resumed: bool = False
     """The optimizer held state when the watch began: the model has trained already."""
+    clip_before_unscale: bool = False
+    """The probe saw torch's clip on gradients still holding the AMP loss scale (and said so):
+    the clip-ratio rule would blame the threshold instead."""
     micro_batches: int = 1
     """Backward passes in the first step (gradient accumulation): a loss passed to ``w.step()``
     may be divided by it, as accumulation loops scale each micro-batch's loss."""
@@ -151,6 +154,7 @@ class RunContext:
             optimizer=type(opt).__name__ if opt is not None else None,
             resumed=bool(getattr(w, "resumed", False)),
             micro_batches=base.micro_batches,
+            clip_before_unscale=bool(getattr(w, "clip_before_unscale", False)),
             param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
             total_numel=int(numel.sum()),
             optimizer_on_copy=_optimizer_on_copy(opt, plan.params),

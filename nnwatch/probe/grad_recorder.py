@@ -70,6 +70,8 @@ class GradientRecorder:
         self.reducer = reducer
         self.scaler = scaler
         self.on_nonfinite = on_nonfinite  # the guard, for loops without an optimizer
+        #: told when torch's norm is taken before ``scaler.unscale_()`` (see ``_still_scaled``)
+        self.on_scaled_norm: Callable[[], None] | None = None
         self.override: float | None = None  # a threshold set from a monitor
         self.threshold = math.nan  # the clip threshold of this step, NaN when none was applied
         self.measure = True  # this step is one the cost budget measures in full
@@ -204,6 +206,8 @@ class GradientRecorder:
         cover, ids = self._coverage(grads)
         if cover == "none":
             return
+        if self.scaler is not None and self.on_scaled_norm is not None and _still_scaled(self.scaler):
+            self.on_scaled_norm()  # torch's norm of gradients the AMP loss scale still multiplies
         if norm_type != 2.0:
             if cover == "all":
                 self._other_norm = total  # its clip is recorded against it, see on_clip
@@ -451,6 +455,20 @@ class GradientRecorder:
             self._parts = ClipParts()
         self.threshold = math.nan
         self.measure = measure_next
+
+
+def _still_scaled(scaler: Any) -> bool:
+    """The gradients still hold the AMP loss scale: the scaler is on and no optimizer has been
+    unscaled (or stepped) since its last ``update()`` (torch keeps that stage per optimizer)."""
+    try:
+        if not scaler.is_enabled():
+            return False
+        states = getattr(scaler, "_per_optimizer_states", None)
+        if states is None:
+            return False
+        return all(getattr(s.get("stage"), "name", "") == "READY" for s in states.values())
+    except Exception:  # noqa: BLE001 - a scaler of another make: say nothing
+        return False
 
 
 class ClipParts:

@@ -182,6 +182,9 @@ def optimizer_step(optimizer: Any) -> int:
     return max(counts, default=0)
 
 
+EARLY_EVENTS = 64  # events kept from before the run log starts (the first step's)
+
+
 class RunFiles:
     """Owns the run directory, the run log, the live channel, the log's observers (detectors,
     TensorBoard) and the in-memory tail of recent records."""
@@ -193,6 +196,9 @@ class RunFiles:
         self.channel: Any = None  # the ring file and command socket (ChannelLink)
         self.diagnosis: Any = None  # the detectors (nnwatch.diagnosis.Diagnosis)
         self.exporter: Any = None  # the live TensorBoard export
+        #: events of the first step that came before its record started the log (a finding the
+        #: probe makes during step 0), written when the outputs start; None after
+        self.early: list[dict[str, Any]] | None = []
 
     def start(
         self, meta: RunMeta, on_error: Callable[[str], None], *, append: bool, warn: Callable[[str, str], None]
@@ -235,6 +241,9 @@ class RunFiles:
             from nnwatch.export.tensorboard import attach_live  # lazy: only if asked for
 
             self.exporter = attach_live(w, tensorboard)
+        early, self.early = self.early, None
+        for event in early or ():
+            self.event(event)
 
     def publish(self, data: bytes, record: memoryview) -> None:
         if self.recent is not None:
@@ -245,6 +254,11 @@ class RunFiles:
             self.channel.publish(record)
 
     def event(self, event: dict[str, Any]) -> None:
+        early = self.early
+        if early is not None and self.log is None:
+            if len(early) < EARLY_EVENTS:
+                early.append(event)
+            return
         if self.log is not None:
             self.log.event(event)
         if self.channel is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import sys
 import time
@@ -69,6 +70,7 @@ from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.probe.step_cycle import StepCycle
 from nnwatch.probe.step_record import StepRecord
 from nnwatch.probe.sysmon import SystemSampler
+from nnwatch.store.finding import Finding
 from nnwatch.store.paths import RunDirError
 from nnwatch.store.schema import RunSchema
 from nnwatch.store.summary import RunSummary
@@ -165,6 +167,8 @@ class Watch:
             on_nonfinite=self.nan_guard.hit if self.optimizer is None and self.guard else None,
         )
         self.commands = CommandHandler(self, self.grads, self.budget, self.snapshots)
+        self.clip_before_unscale = False  # torch's clip was seen on still-scaled AMP gradients
+        self.grads.on_scaled_norm = self._clip_before_unscale
         self.attachment = Attachment(self.layers, self.grads)
         self.attachment.on_materialized = self.nan_guard.choose_sentinels
         self.sysmon = SystemSampler()
@@ -345,6 +349,33 @@ class Watch:
         d = finding.to_dict() if hasattr(finding, "to_dict") else dict(finding)
         self.log_event({"type": "finding", **d})
         log.warning("nnwatch: %s", getattr(finding, "message", None) or d.get("message") or d)
+
+    def _clip_before_unscale(self) -> None:
+        """torch's clip (or norm) ran on gradients still multiplied by the AMP loss scale."""
+        if self.clip_before_unscale:
+            return
+        self.clip_before_unscale = True
+        scale = getattr(self.scaler, "_scale", None)
+        value = float(scale) if isinstance(scale, torch.Tensor) and scale.is_cpu else math.nan
+        self.add_finding(Finding(
+            kind="clipping_misuse",
+            severity="warning",
+            step=self.step_index,
+            summary=(
+                "torch's clip_grad_norm_ ran before scaler.unscale_(optimizer): it measured and "
+                "clipped gradients still multiplied by the AMP loss scale"
+                + (f" ({value:g})" if math.isfinite(value) else "")
+                + ", so the threshold applies to the scaled norm and the real gradient is cut "
+                "down by about the scale on every step."
+            ),
+            remedy=(
+                "call scaler.unscale_(optimizer) right before clipping (then scaler.step and "
+                "scaler.update as before); the grad norms nnwatch shows are torch's, scaled, "
+                "until then"
+            ),
+            evidence={"loss_scale": value},
+            onset_step=self.step_index,
+        ))
 
     def _adopt_scaler(self, scaler: Any) -> None:
         """The loop called ``GradScaler.scale()`` and no scaler was passed: use that one."""

@@ -313,3 +313,36 @@ def test_a_clip_by_the_max_norm_records_its_threshold_and_keeps_the_l2_norms() -
     assert np.array_equal(run["clipped"] == 1.0, inf_a > 0.05)
     coef = np.minimum(0.05 / (inf_a + 1e-6), 1.0)
     np.testing.assert_allclose(run["grad_norm_clipped"], l2_a * coef, rtol=1e-5)
+
+
+@pytest.mark.parametrize("unscaled_first", [False, True])
+def test_clip_before_unscale_is_reported_with_its_own_remedy(unscaled_first: bool) -> None:
+    """AMP's classic mistake: ``clip_grad_norm_`` before ``scaler.unscale_(opt)`` clips gradients
+    still multiplied by the loss scale. The ratio rule alone would advise a 65536x larger
+    threshold; the probe sees the scaler's stage and says what is wrong instead, at step 0."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    g = torch.Generator().manual_seed(4)
+    returned = []
+    with nnwatch.watch(model, opt, scaler, name="amp-clip", budget=None) as w:
+        for _ in range(40):
+            x, y = _batch(g)
+            opt.zero_grad()
+            scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+            if unscaled_first:
+                scaler.unscale_(opt)
+            returned.append(clip_grad_norm_(model.parameters(), 1.0))
+            scaler.step(opt)
+            scaler.update()
+            w.step()
+    run = nnwatch.load_run(w.run_dir)
+    assert np.array_equal(run["grad_norm"], torch.stack(returned).numpy())  # torch's, as returned
+    misuse = [f for f in run.findings if f.get("kind") == "clipping_misuse"]
+    if unscaled_first:
+        assert misuse == []
+        return
+    assert len(misuse) == 1 and misuse[0]["step"] == 0  # in events.jsonl though step 0 was unrecorded yet
+    assert "scaler.unscale_(optimizer)" in misuse[0]["remedy"]
+    assert misuse[0]["evidence"]["loss_scale"] == 2.0**16
+    assert run["grad_norm"].min() > 1e3  # scaled indeed: what the ratio rule would have blamed

@@ -12,7 +12,9 @@ user's ``max_norm``, so two mistakes are plain to see:
   are large for a few steps at its start but that learns through the clip (Adam barely notices
   a clip) is left to the 50-step rule.
 
-The run's usual norm is what the remedy suggests as a threshold (about 2x its median).
+The run's usual norm is what the remedy suggests as a threshold (about 2x its median). A clip
+taken before ``scaler.unscale_()`` looks like a threshold 65536x too small; the probe reports
+that one itself, with the right remedy, and this rule stays quiet.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ class ClippingMisuseDetector(Detector):
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         t, g = row.clip_threshold, row.grad_norm
-        if not math.isfinite(t):
-            return None  # no clip seen this step
+        if not math.isfinite(t) or self.ctx.clip_before_unscale:
+            return None  # no clip seen this step, or one on AMP-scaled gradients (the probe's)
         if self.zero.update(t == 0.0, row.step):
             return self._zero(row)
         if t <= 0.0 or not (math.isfinite(g) and g > 0):
