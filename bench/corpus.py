@@ -31,7 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"
-PROGRAMS = ["gpt_accum", "rnn_lm", "mnist_cnn", "vae", "dcgan", "hf_style", "manual_rescale", "diverging"]
+PROGRAMS = [
+    "gpt_accum", "rnn_lm", "mnist_cnn", "vae", "dcgan", "hf_style", "manual_rescale", "amp_timm", "diverging",
+]
 MARK = "CORPUS_TRAIN_SECONDS"
 STEP_MARK = "CORPUS_STEP_SECONDS"
 #: Each program's own options for a longer run (what its tests run is a few dozen updates, all
@@ -45,6 +47,7 @@ LONGER: dict[str, list[str]] = {
     "dcgan": ["--niter", "8"],
     "hf_style": ["--num_train_epochs", "8"],
     "manual_rescale": ["--epochs", "20"],
+    "amp_timm": ["--epochs", "12"],
 }
 
 

@@ -9,7 +9,7 @@ recorded. They check the promises of DESIGN.md's probe section: the pre-clip nor
 whatever already computed it (torch's clip) or from the accumulated gradients when backward ends,
 and hooks never end up in the user's saved objects.
 
-All nine programs run once per session, in parallel, as real subprocesses.
+All ten programs run once per session, in parallel, as real subprocesses.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ PROGRAMS: dict[str, Program] = {
     "manual_rescale": Program(clip="manual"),
     "diverging": Program(),
     "crash": Program(clip="none", crashes=True),
+    "amp_timm": Program(),
 }
 TORCH_CLIP = [n for n, p in PROGRAMS.items() if p.clip == "torch"]
 MEASURED = [n for n, p in PROGRAMS.items() if p.clip in ("manual", "value", "none") and not p.crashes]
@@ -342,6 +343,16 @@ def test_diverging_run_is_reported_exploding(corpus: dict[str, Outcome]) -> None
     assert "exploding_gradients" in kinds or '"exploding_gradients"' in events, (
         f"no exploding_gradients finding; findings: {sorted(k for k in kinds if k)}"
     )
+
+
+def test_amp_scaler_is_found_without_being_passed(corpus: dict[str, Outcome]) -> None:
+    """timm's NativeScaler keeps the GradScaler to itself; the README's two lines do not pass it.
+    nnwatch finds it at its first scale() call: the loss scale is on every step's record."""
+    o = corpus["amp_timm"]
+    run = o.run()
+    assert np.isfinite(run["amp_scale"]).all() and (run["amp_scale"] >= 1.0).all()
+    assert "GradScaler that was not passed to watch()" in o.output
+    assert "clipping_misuse" not in {f.get("kind") for f in run.findings}  # it unscales first
 
 
 @pytest.mark.parametrize(("name", "micro"), [("gpt_accum", 4), ("hf_style", 2), ("mnist_cnn", 1)])
