@@ -102,7 +102,7 @@ class ModelEmaV2(nn.Module):
 
     @torch.no_grad()
     def update(self, model):
-        for ema_v, model_v in zip(self.module.state_dict().values(), model.state_dict().values()):
+        for ema_v, model_v in zip(self.module.state_dict().values(), model.state_dict().values(), strict=True):
             if ema_v.dtype.is_floating_point:
                 ema_v.mul_(self.decay).add_(model_v, alpha=1. - self.decay)
             else:
