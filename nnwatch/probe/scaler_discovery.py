@@ -34,6 +34,13 @@ def _scaler_class() -> Any:
     return getattr(amp, "GradScaler", None)
 
 
+def _enabled(scaler: Any) -> bool:
+    try:
+        return bool(scaler.is_enabled())
+    except Exception:  # noqa: BLE001 - a subclass of another make
+        return False
+
+
 def _tell(scaler: Any) -> None:
     with _lock:
         adopters = list(_waiting)
@@ -55,8 +62,8 @@ def _install() -> None:
 
     def scale(self: Any, outputs: Any) -> Any:
         result = original(self, outputs)
-        if _waiting and not compiling():
-            _tell(self)
+        if _waiting and not compiling() and _enabled(self):
+            _tell(self)  # a disabled scaler (GradScaler(enabled=False)) scales nothing: not it
         return result
 
     scale.__wrapped__ = original  # type: ignore[attr-defined]

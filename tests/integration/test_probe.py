@@ -224,6 +224,22 @@ def test_amp_norms_are_unscaled_whether_or_not_the_scaler_was_passed(
     assert not hasattr(torch.amp.GradScaler.scale, "__wrapped__")
 
 
+def test_a_disabled_scaler_is_not_taken_up(caplog: pytest.LogCaptureFixture) -> None:
+    """``GradScaler(enabled=args.amp)`` with AMP off scales nothing: nothing to say or unscale."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with caplog.at_level(logging.WARNING, "nnwatch"), nnwatch.watch(model, opt, name="amp-off") as w:
+        for _ in range(3):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(4, 12)).pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            w.step()
+        assert w.scaler is None and scaler_discovery.installed()  # still waiting for a real one
+    assert "GradScaler" not in caplog.text and not scaler_discovery.installed()
+
+
 def test_close_leaves_the_model_as_it_was_and_it_can_be_watched_again() -> None:
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
