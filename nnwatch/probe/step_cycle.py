@@ -306,7 +306,8 @@ class StepCycle:
                 f"w.step() ran {self.without_update} of the first {CHECK_UPDATES} times with no "
                 "optimizer.step() since the previous call: call it once per optimizer update, "
                 "after optimizer.step() (with gradient accumulation, once per update, not per "
-                "micro-batch); nnwatch counts a step per w.step() call",
+                "micro-batch); nnwatch counts a step per w.step() call. If the loop builds a new "
+                "optimizer after watch(), the one watch() was given never steps: pass None",
             )
 
     def publish(self, record: memoryview) -> None:
