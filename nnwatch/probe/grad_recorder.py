@@ -72,6 +72,9 @@ class GradientRecorder:
         self.on_nonfinite = on_nonfinite  # the guard, for loops without an optimizer
         #: told when torch's norm is taken before ``scaler.unscale_()`` (see ``_still_scaled``)
         self.on_scaled_norm: Callable[[], None] | None = None
+        #: torch norms still to check for that: the mistake is in the loop's code, so it shows
+        #: on the first ones or never
+        self.scaled_checks = SCALED_CHECKS
         self.override: float | None = None  # a threshold set from a monitor
         self.threshold = math.nan  # the clip threshold of this step, NaN when none was applied
         self.measure = True  # this step is one the cost budget measures in full
@@ -199,6 +202,12 @@ class GradientRecorder:
         self._at_backward_end = True
         self._remember_sentinel()
 
+    def _check_scaled(self) -> None:
+        self.scaled_checks -= 1
+        if self.on_scaled_norm is not None and _still_scaled(self.scaler):
+            self.scaled_checks = 0
+            self.on_scaled_norm()  # torch's norm of gradients the AMP loss scale still multiplies
+
     # -- torch's clip (clip_intercept listener) --------------------------------------------------
     def on_total_norm(self, grads: list[torch.Tensor], norm_type: float, total: torch.Tensor) -> None:
         if self.from_torch:
@@ -206,8 +215,8 @@ class GradientRecorder:
         cover, ids = self._coverage(grads)
         if cover == "none":
             return
-        if self.scaler is not None and self.on_scaled_norm is not None and _still_scaled(self.scaler):
-            self.on_scaled_norm()  # torch's norm of gradients the AMP loss scale still multiplies
+        if self.scaler is not None and self.scaled_checks > 0:
+            self._check_scaled()
         if norm_type != 2.0:
             if cover == "all":
                 self._other_norm = total  # its clip is recorded against it, see on_clip
@@ -455,6 +464,9 @@ class GradientRecorder:
             self._parts = ClipParts()
         self.threshold = math.nan
         self.measure = measure_next
+
+
+SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)
 
 
 def _still_scaled(scaler: Any) -> bool:

@@ -22,6 +22,7 @@ from nnwatch.store.schema import HOST_FIELDS
 N_HOST = len(HOST_FIELDS)
 _NO_CUDA = (math.nan, math.nan, math.nan)
 _LOSS = DEV_INDEX["loss"]
+_AMP_SCALE, _AMP_SKIPPED = DEV_INDEX["amp_scale"], DEV_INDEX["amp_skipped"]
 assert HOST_FIELDS[5:12] == (
     "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
 ), "StepRecord.write_host writes the host block in this order"
@@ -85,6 +86,7 @@ class StepRecord:
         self._memory_at = -math.inf  # when the CUDA memory gauges were last read
         self._memory = _NO_CUDA
         self._prev_scale: torch.Tensor | None = None  # the AMP scale of the previous step
+        self._prev_value: float | None = None  # the same, on the CPU path
         #: packs the host block and the LRs: one call, the record's whole host side
         self._pack = struct.Struct(f"<{N_HOST + (num_lr if optimizer is not None else 0)}d").pack_into
 
@@ -127,6 +129,18 @@ class StepRecord:
         if not isinstance(scale, torch.Tensor):
             return
         b = self.buf
+        host = b.dev_np
+        if host is not None and scale.is_cpu and scale.numel() == 1:
+            # the CPU case: the scale is read (no sync there) and written as numbers, where the
+            # tensor path below costs five torch calls a step
+            value = scale.item()
+            prev_value = self._prev_value
+            if prev_value is None:
+                prev_value = float(getattr(sc, "_init_scale", math.inf) or math.inf)
+            host[_AMP_SCALE] = value
+            host[_AMP_SKIPPED] = 1.0 if value < prev_value else 0.0
+            self._prev_value = value
+            return
         s = scale.detach().reshape(()).to(b.dev.device, torch.float32)
         b.slot("amp_scale").copy_(s)
         prev = self._prev_scale
