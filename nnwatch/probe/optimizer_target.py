@@ -83,8 +83,8 @@ def resolve(optimizer: Any) -> OptimizerTarget:
         source = optimizer if _has_param_groups(optimizer) else inner
         return OptimizerTarget(
             inner, source,
-            f"the optimizer passed ({kind}) wraps a {type(inner).__name__}: gradients are read "
-            f"right before that one's step()",
+            f"the optimizer passed ({kind}) wraps {type(inner).__name__}: gradients are read "
+            f"right before the {type(inner).__name__}'s step()",
         )
     source = optimizer if _has_param_groups(optimizer) else None
     return OptimizerTarget(

@@ -137,7 +137,7 @@ def test_the_torch_optimizer_inside_marks_the_update(wrap: str, caplog: pytest.L
     if wrap == "subclass":
         assert "optimizer passed" not in said
     else:
-        assert f"({type(opt).__name__}) wraps a Lion" in said
+        assert f"({type(opt).__name__}) wraps Lion: gradients are read right before the Lion's step()" in said
 
 
 def test_an_optimizer_of_its_own_gives_w_step_the_update(caplog: pytest.LogCaptureFixture) -> None:
