@@ -32,7 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus"
 PROGRAMS = [
-    "gpt_accum", "rnn_lm", "mnist_cnn", "vae", "dcgan", "hf_style", "manual_rescale", "amp_timm", "diverging",
+    "gpt_accum", "rnn_lm", "mnist_cnn", "vae", "dcgan", "hf_style", "manual_rescale", "amp_timm",
+    "accelerate_glue", "diverging",
 ]
 MARK = "CORPUS_TRAIN_SECONDS"
 STEP_MARK = "CORPUS_STEP_SECONDS"
@@ -48,6 +49,7 @@ LONGER: dict[str, list[str]] = {
     "hf_style": ["--num_train_epochs", "8"],
     "manual_rescale": ["--epochs", "20"],
     "amp_timm": ["--epochs", "12"],
+    "accelerate_glue": ["--num_train_epochs", "10"],
 }
 
 

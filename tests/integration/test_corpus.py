@@ -9,7 +9,7 @@ recorded. They check the promises of DESIGN.md's probe section: the pre-clip nor
 whatever already computed it (torch's clip) or from the accumulated gradients when backward ends,
 and hooks never end up in the user's saved objects.
 
-All ten programs run once per session, in parallel, as real subprocesses.
+All eleven programs run once per session, in parallel, as real subprocesses.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ PROGRAMS: dict[str, Program] = {
     "diverging": Program(),
     "crash": Program(clip="none", crashes=True),
     "amp_timm": Program(),
+    "accelerate_glue": Program(),
 }
 TORCH_CLIP = [n for n, p in PROGRAMS.items() if p.clip == "torch"]
 MEASURED = [n for n, p in PROGRAMS.items() if p.clip in ("manual", "value", "none") and not p.crashes]
@@ -355,7 +356,9 @@ def test_amp_scaler_is_found_without_being_passed(corpus: dict[str, Outcome]) ->
     assert "clipping_misuse" not in {f.get("kind") for f in run.findings}  # it unscales first
 
 
-@pytest.mark.parametrize(("name", "micro"), [("gpt_accum", 4), ("hf_style", 2), ("mnist_cnn", 1)])
+@pytest.mark.parametrize(
+    ("name", "micro"), [("gpt_accum", 4), ("hf_style", 2), ("accelerate_glue", 2), ("mnist_cnn", 1)]
+)
 def test_accumulation_is_known_to_the_initial_loss_check(
     corpus: dict[str, Outcome], name: str, micro: int
 ) -> None:
