@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from nnwatch.integrations import _probe
+from nnwatch.probe.optimizer_target import resolve as resolve_optimizer
 from nnwatch.probe.watch import watch
 
 log = logging.getLogger("nnwatch")
@@ -176,11 +177,6 @@ class NNWatchCallback(_callback_base()):  # type: ignore[misc]
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
-    """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (or the optimizer itself)."""
-    seen = 0
-    while optimizer is not None and seen < 4:
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
-            break
-        optimizer, seen = inner, seen + 1
-    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
+    """The torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (or the optimizer itself),
+    found as ``watch()`` finds it, so that it needs no note about the wrapper."""
+    return resolve_optimizer(optimizer).hook

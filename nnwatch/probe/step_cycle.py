@@ -182,27 +182,23 @@ class StepCycle:
         t0 = _clock()
         sched = self.schedule
         self.updated = True
-        if not self.step_open and not self.backward_seen and self.has_params:
-            # optimizer.step(closure) (LBFGS): forward and backward run inside the step, after
-            # this hook; the gradients here are the previous step's. w.step() measures instead.
-            self.closure_step = True
-            snaps = self.snapshots
-            if snaps.armed and snaps.pre_state is None:
-                snaps.pre_state = snaps.capture_state()
-            sched.own += _clock() - t0
-            return
         try:
-            rec = self.grads
-            rec.measure = sched.measure
-            total = rec.at_update()
-            guard_on = self.guard_on
-            if total is None and guard_on and not self.guard.sentinels_finite():
-                total = rec.measure_now()  # a bad step: look at every gradient after all
             snaps = self.snapshots
             if snaps.armed and snaps.pre_state is None:
-                snaps.pre_state = snaps.capture_state()
-            if guard_on and total is not None and not rec.finite(total):
-                self.guard.hit()
+                snaps.pre_state = snaps.capture_state()  # the weights before the update
+            if not self.step_open and not self.backward_seen and self.has_params:
+                # optimizer.step(closure) (LBFGS): forward and backward run inside the step,
+                # after this hook; the gradients here are the previous step's: w.step() measures
+                self.closure_step = True
+            else:
+                rec = self.grads
+                rec.measure = sched.measure
+                total = rec.at_update()
+                guard_on = self.guard_on
+                if total is None and guard_on and not self.guard.sentinels_finite():
+                    total = rec.measure_now()  # a bad step: look at every gradient after all
+                if guard_on and total is not None and not rec.finite(total):
+                    self.guard.hit()
         except Exception as exc:  # noqa: BLE001
             self.owner.disable(f"internal error before optimizer.step(): {exc!r}")
         sched.own += _clock() - t0

@@ -124,16 +124,16 @@ class Watch:
         #: when it has param groups of its own)
         self.optimizer_source: Any = target.source
         self.model, self.scaler = model, scaler
-        optimizer = target.source
+        source = target.source
         self.num_classes = num_classes
         #: the optimizer already holds state (a resumed run, or a second watch of one loop): the
         #: model has trained, so "the first loss should be ln K" does not apply
-        self.resumed = optimizer_has_state(optimizer)
+        self.resumed = optimizer_has_state(source)
         self.name = name or type(model).__name__
         self.findings: list[Any] = []
         #: the first step's number: 0, or where a resumed run left off (``start_step``, else the
         #: step count of an optimizer that already holds state), so that the step numbers go on
-        first_step = int(start_step) if start_step is not None else optimizer_step(optimizer)
+        first_step = int(start_step) if start_step is not None else optimizer_step(source)
         self.stat_cap = int(stat_cap)
         self.disabled: str | None = None
         self.closed = False
@@ -151,13 +151,13 @@ class Watch:
         self.plan: LayerPlan = plan_layers(model)
         device = _param_device(self.plan, model)
         self.guard = (device.type == "cpu") if guard is None else bool(guard)
-        num_lr = len(optimizer.param_groups) if optimizer is not None else 0
+        num_lr = len(source.param_groups) if source is not None else 0
         self.schema = RunSchema(
             self.plan.stat_names, self.plan.stat_kinds, self.plan.param_layer_names, num_lr
         )
         self.buffers = StepBuffers(self.schema, device)
         self.layers = LayerHooks(model, self.plan, self.schedule, self, self.buffers.dev.device, stat_cap)
-        self.snapshots = SnapshotTaker(model, optimizer, scaler, self)
+        self.snapshots = SnapshotTaker(model, source, scaler, self)
         self.nan_guard = Guard(
             model, self.plan, self.buffers, self.schedule, self.layers, self.snapshots, self, skip_nonfinite
         )
@@ -172,7 +172,7 @@ class Watch:
         self.attachment = Attachment(self.layers, self.grads)
         self.attachment.on_materialized = self.nan_guard.choose_sentinels
         self.sysmon = SystemSampler()
-        self.record = StepRecord(self.buffers, self.sysmon, optimizer, scaler, num_lr, self.warn_once)
+        self.record = StepRecord(self.buffers, self.sysmon, source, scaler, num_lr, self.warn_once)
         self.cycle = StepCycle(
             self, plan=self.plan, optimizer=self.optimizer, scaler=scaler, schedule=self.schedule,
             buffers=self.buffers, layers=self.layers, grads=self.grads, guard=self.nan_guard,
