@@ -1,7 +1,8 @@
 """The ``nnwatch`` command. Each subcommand is its own module in this package.
 
 A subcommand module defines ``COMMAND`` (its name), ``HELP`` (one line), ``add_arguments(parser)``
-and ``run(args) -> int``. Modules are found by name, so adding a command touches no shared file.
+and ``run(args) -> int``; ``HIDDEN = True`` leaves out of the top-level help a command that
+nnwatch runs on another host over ssh (``pack``, ``ranks``). Modules are found by name, so adding a command touches no shared file.
 UI libraries are imported inside ``run`` only, so ``nnwatch ls`` stays fast and headless.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from types import ModuleType
@@ -40,9 +42,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in sorted(mods):
         mod = mods[name]
-        p = sub.add_parser(
-            name, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", "")
-        )
+        about = str(getattr(mod, "HELP", ""))
+        if getattr(mod, "HIDDEN", False):  # no help=: argparse leaves it out of the list
+            p = sub.add_parser(name, description=about)
+        else:
+            p = sub.add_parser(name, help=about, description=about)
         mod.add_arguments(p)
     return parser, mods
 
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     elif argv[0] not in mods and not argv[0].startswith("-") and _looks_like_host(argv[0]):
         argv = [DEFAULT_COMMAND, "--host", argv[0].rstrip(":"), *argv[1:]]  # `nnwatch HOST`
     args = parser.parse_args(argv)
+    root = getattr(args, "root", None)
+    if root is not None:  # --root: every lookup, and the commands this one starts, look there
+        os.environ["NNWATCH_RUN_DIR"] = str(root)
     if not args.command:
         parser.print_help()
         return 2

@@ -41,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         help="run or job name, NAME:RANK, pid or run directory; HOST:RUN for a run over ssh",
     )
-    parser.add_argument("--connect", metavar="SOCKET", help="follow the run through this socket")
+    from nnwatch.cli._options import add_connect_argument, add_root_argument
+
+    add_connect_argument(parser, "follow the run")
+    add_root_argument(parser)
     add_ssh_arguments(parser, "for HOST:RUN, ")
     add_monitor_arguments(parser)
     from nnwatch.cli._job_attach import add_job_arguments

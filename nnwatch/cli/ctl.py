@@ -43,23 +43,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "words", nargs="+", metavar="RUN COMMAND [ARG]", help="which run, what to do, its argument"
     )
+    from nnwatch.cli._options import SECONDS, add_connect_argument, add_root_argument
+
+    add_connect_argument(parser, "send the command")
+    add_root_argument(parser)
     parser.add_argument(
-        "--connect", metavar="PATH", help="talk to this socket instead of a registered RUN"
+        "--rank", type=int, default=None, metavar="N", help="the rank, when RUN has several"
     )
-    parser.add_argument("--rank", type=int, default=None, help="the rank, when RUN has several")
     parser.add_argument(
         "--all-ranks", action="store_true", help="send the command to every rank of RUN"
     )
     parser.add_argument("--json", action="store_true", help="print the replies as JSON")
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default 10)"
-    )
+        "--timeout", type=float, default=10.0, metavar=SECONDS,
+        help="how long to wait for a reply (default 10)",
+    )  # fmt: skip
     parser.add_argument(
         "--for",
         dest="hold",
         type=float,
         default=None,
-        metavar="SECONDS",
+        metavar=SECONDS,
         help="pause: resume after this long instead of waiting for Ctrl-C",
     )
 

@@ -20,9 +20,9 @@ HELP = "clean up runs whose process is gone: registry entries, sockets, rings (l
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     parser.add_argument("--json", action="store_true", help="print the removed runs as JSON")
-    parser.add_argument(
-        "--root", type=Path, default=None, help="run directory root (default: $NNWATCH_RUN_DIR)"
-    )
+    from nnwatch.cli._options import add_root_argument
+
+    add_root_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

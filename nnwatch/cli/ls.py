@@ -33,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all", action="store_true", help="also list finished and crashed runs still on disk"
     )
-    parser.add_argument(
-        "--root", type=Path, default=None, help="run directory root (default: $NNWATCH_RUN_DIR)"
-    )
+    from nnwatch.cli._options import add_root_argument
+
+    add_root_argument(parser)
     parser.add_argument(
         "--hung-after",
         type=float,
@@ -67,7 +67,7 @@ def _row(info: Any, indent: str = "", status: str | None = None) -> tuple[str, .
         f"{info.rank}/{info.world_size}",
         "-" if info.step is None else str(info.step),
         rate,
-        status or info.state,
+        status or info.status,
         format_age(info.age),
     )
 

@@ -17,13 +17,13 @@ HELP = "open a finished or crashed run from its log, with a step cursor to scrub
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nnwatch.cli._options import RUN, add_root_argument
     from nnwatch.tui.launch import add_monitor_arguments
 
     parser.add_argument(
-        "run_dir",
-        metavar="RUN_DIR",
-        help="the run directory (or a run name from `nnwatch ls --all`)",
+        "run_dir", metavar=RUN, help="a run directory, or a run name from `nnwatch ls --all`"
     )
+    add_root_argument(parser)
     add_monitor_arguments(parser)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 COMMAND = "pack"
+HIDDEN = True  # run on the far host by `pull` over ssh
 HELP = (
     "write a run's snapshot (or the whole run) to stdout as a checked stream (nnwatch pull runs it)"
 )
@@ -44,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run name (or its start), pid or run directory; '' for the only run",
     )
     add_choice_arguments(parser)
-    parser.add_argument(
-        "--root", type=Path, default=None, help="run directory root (default: $NNWATCH_RUN_DIR)"
-    )
+    from nnwatch.cli._options import add_root_argument
+
+    add_root_argument(parser)
 
 
 def add_choice_arguments(parser: argparse.ArgumentParser) -> None:

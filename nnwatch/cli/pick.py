@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", metavar="HOST", help="list the runs on HOST over ssh (`nnwatch HOST` for short)"
     )
     add_ssh_arguments(parser, "with --host, ")
+    from nnwatch.cli._options import add_root_argument
+
+    add_root_argument(parser)
     add_monitor_arguments(parser)
 
 

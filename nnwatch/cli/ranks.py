@@ -19,15 +19,20 @@ import time
 from typing import Any
 
 COMMAND = "ranks"
+HIDDEN = True  # run on each host by `attach --job` over ssh
 HELP = "this machine's ranks of a distributed job (what `attach --job` reads over ssh)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from nnwatch.cli._options import SECONDS, add_root_argument
+
     parser.add_argument("job", nargs="?", default="", metavar="JOB",
                         help="job name or torchrun run id (or their start); default: every job")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON line per poll")
     parser.add_argument("--follow", action="store_true", help="keep printing, once per --interval")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S")
+    parser.add_argument("--interval", type=float, default=1.0, metavar=SECONDS,
+                        help="with --follow: how often to look at the ranks (default 1)")  # fmt: skip
+    add_root_argument(parser)
 
 
 def matches(job: Any, spec: str) -> bool:

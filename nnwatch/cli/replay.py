@@ -18,17 +18,14 @@ HELP = "re-run a snapshotted step (bit-for-bit check; --anomaly finds the op and
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "snapshot",
-        help="a snapshot directory (<run>/snapshots/step-N) or a run directory (its latest snapshot)",
-    )
+    from nnwatch.cli._options import FACTORY, FACTORY_HELP, SNAPSHOT_DIR, SNAPSHOT_HELP
+
+    parser.add_argument("snapshot", metavar=SNAPSHOT_DIR, help=SNAPSHOT_HELP)
     parser.add_argument(
         "--model",
         required=True,
-        metavar="MODULE:FACTORY",
-        help="function that builds the model: 'pkg.module:make' or 'path/to/train.py:make'. It returns "
-        "the model, or {'model': model, 'loss_fn': loss_fn} where loss_fn(model, batch) computes the loss "
-        "exactly as the training loop does (default: cross-entropy on (inputs, targets))",
+        metavar=FACTORY,
+        help=f"{FACTORY_HELP} (without loss_fn: cross-entropy on (inputs, targets))",
     )
     parser.add_argument(
         "--anomaly",

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run", metavar="RUN", help="a run directory, or a run name from `nnwatch ls`"
     )
+    from nnwatch.cli._options import add_root_argument
+
+    add_root_argument(parser)
     parser.add_argument(
         "--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)"
     )

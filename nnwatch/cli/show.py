@@ -27,24 +27,22 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "snapshot",
-        metavar="SNAPSHOT_DIR",
-        help="a snapshot (<run>/snapshots/step-N) or a run directory (its newest snapshot)",
-    )
+    from nnwatch.cli._options import FACTORY, FUNCTION, SNAPSHOT_DIR, SNAPSHOT_HELP
+
+    parser.add_argument("snapshot", metavar=SNAPSHOT_DIR, help=SNAPSHOT_HELP)
     parser.add_argument("--json", action="store_true", help="the whole report as JSON")
     parser.add_argument(
         "--all", action="store_true", help="print every sample, not only flagged ones"
     )
     parser.add_argument(
         "--decode",
-        metavar="MODULE:FUNC",
+        metavar=FUNCTION,
         default=None,
         help="a function that turns a list of token ids into text (module:function or file.py:function)",
     )
     parser.add_argument(
         "--model",
-        metavar="MODULE:FUNC",
+        metavar=FACTORY,
         default=None,
         help="the model factory (as for `nnwatch replay`), to recompute each sample's loss",
     )
