@@ -88,7 +88,8 @@ class Row:
         n = len(rows)
         cols = {f: rows[f].astype(np.float64).tolist() for f in _SCALARS if f in names}
         nan = [math.nan] * n
-        lr = rows["lr"].reshape(n, -1) if "lr" in names else np.zeros((n, 0))
+        # the width from the dtype, not -1: a log of 0 readable rows must give 0 rows, not fail
+        lr = rows["lr"].reshape(n, int(np.prod(rows.dtype["lr"].shape))) if "lr" in names else np.zeros((n, 0))
         sampled = [v == 1.0 for v in cols.get("layer_stats", nan)]
         per_layer = {f: rows[f] for f in _LAYER if f in names}
         measured = sums_measured(rows)

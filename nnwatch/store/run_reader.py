@@ -134,7 +134,9 @@ class Run:
         return [e for e in self.events if e.get("type", "finding") == "finding" and "kind" in e]
 
 
-def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np.ndarray:
+def _map_rows(
+    path: Path, dtype: np.dtype, kind: int, warnings: list[str], *, ended: bool = True
+) -> np.ndarray:
     """The rows of one log file, memory-mapped; rows whose checksum fails are left out (one
     warning names their steps), and a partial last row (a killed writer) is ignored."""
     try:
@@ -165,7 +167,7 @@ def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np
             return np.zeros(0, dtype=dtype)
         rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
     if magic == MAGIC:
-        bad = _failed_checksums(path, rows, warnings)
+        bad = _failed_checksums(path, rows, warnings, ended=ended)
         if bad is not None:
             steps = np.asarray(rows["step"][bad], dtype=np.float64)
             span = f"steps {steps.min():.0f}-{steps.max():.0f}" if np.isfinite(steps).all() else "rows"
@@ -177,8 +179,15 @@ def _map_rows(path: Path, dtype: np.dtype, kind: int, warnings: list[str]) -> np
     return rows
 
 
-def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.ndarray | None:
-    """A mask of the rows whose block checksum fails, or None when every checked block is good."""
+def _failed_checksums(
+    path: Path, rows: np.ndarray, warnings: list[str], *, ended: bool = True
+) -> np.ndarray | None:
+    """A mask of the rows whose block checksum fails, or None when every checked block is good.
+
+    Rows that no checksum entry covers are kept but named (``ended``: the run will write no
+    more): an empty or short ``.crc`` is what a disk that filled between the rows and their
+    checksums leaves, and saying nothing would load damaged bytes as if they were verified.
+    """
     try:
         table = read_small_file(crc_path(path), limit=1 << 31)
     except FileNotFoundError:
@@ -192,11 +201,13 @@ def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.n
     n = len(rows)
     bad: np.ndarray | None = None
     expected = 0
+    inconsistent = False
     for first, count, crc in CRC_ENTRY.iter_unpack(table[: len(table) - len(table) % CRC_ENTRY.size]):
         if first != expected or count == 0 or first + count > n:
             if first + count > n and first == expected:
                 break  # the rows of the last block were cut short (a killed writer)
             warnings.append(f"{crc_path(path).name} is inconsistent with {path.name}; later rows not verified")
+            inconsistent = True
             break
         chunk = raw[first * row_size : (first + count) * row_size]
         if zlib.crc32(chunk.data) != crc:  # the mapped bytes, not a copy
@@ -204,6 +215,17 @@ def _failed_checksums(path: Path, rows: np.ndarray, warnings: list[str]) -> np.n
                 bad = np.zeros(n, dtype=bool)
             bad[first : first + count] = True
         expected = first + count
+    if ended and not inconsistent and expected < n:
+        stray = len(table) % CRC_ENTRY.size
+        what = (
+            "is empty" if len(table) < CRC_ENTRY.size
+            else f"covers only the first {expected} row(s)" + (f" (and {stray} stray byte(s))" if stray else "")
+        )  # fmt: skip
+        warnings.append(
+            f"{crc_path(path).name} {what}: {n - expected} of the {n} row(s) in {path.name} "
+            f"(from row {expected}) are not verified (a disk that filled up, or a writer killed "
+            "between its rows and their checksum)"
+        )
     return bad
 
 
@@ -256,9 +278,6 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         raise RunLogError(f"{meta_path} is corrupt ({exc}); the run cannot be decoded") from exc
     warnings: list[str] = []
     schema = meta.schema
-    scalars = _map_rows(run_dir / SCALARS_FILE, schema.scalar_dtype(), KIND_SCALARS, warnings)
-    layers = _map_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype(), KIND_LAYERS, warnings)
-    events = list(iter_events(run_dir / EVENTS_FILE, warnings))
     end: dict[str, Any] = {}
     end_path = run_dir / END_FILE
     if os.path.lexists(end_path):
@@ -276,6 +295,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         status = "running"
     else:  # no end.json: a full disk at the end may have stopped it; the ring may still tell
         status = _ring_status(run_dir, meta) or "crashed"
+    ended = status != "running"  # a live writer's newest rows may not have their checksum yet
+    scalars = _map_rows(run_dir / SCALARS_FILE, schema.scalar_dtype(), KIND_SCALARS, warnings, ended=ended)
+    layers = _map_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype(), KIND_LAYERS, warnings, ended=ended)
+    events = list(iter_events(run_dir / EVENTS_FILE, warnings))
     if status != "running":
         scalars, layers = _merge_ring_tail(run_dir, meta, scalars, layers, warnings)
     return Run(run_dir, meta, scalars, layers, events, status, end, warnings)

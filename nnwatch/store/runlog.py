@@ -110,13 +110,32 @@ class RowAppender:
             raise
 
     def append(self, data: bytes) -> None:
+        """Append whole rows and their checksum entry. On a write error (a full disk) the
+        exception carries, as ``rows_landed``, how many of these rows are whole in the file: a
+        disk can fill in the middle of a block, or between the rows and their checksum, and the
+        run's ``lost_records`` must count only the rows that are really missing."""
         n = len(data) // self.row_size
         if not n:
             return
-        _write_all(self.fd, data)
-        first, self.rows = self.rows, self.rows + n
+        first = self.rows
+        try:
+            _write_all(self.fd, data)
+        except OSError as exc:
+            try:
+                size = os.fstat(self.fd).st_size
+                whole = max(0, (size - HEADER_SIZE) // self.row_size - first)
+            except OSError:
+                whole = 0
+            self.rows = first + min(n, whole)
+            exc.rows_landed = min(n, whole)  # type: ignore[attr-defined]
+            raise
+        self.rows = first + n
         if self.crc_fd >= 0:
-            _write_all(self.crc_fd, CRC_ENTRY.pack(first, n, zlib.crc32(data)))
+            try:
+                _write_all(self.crc_fd, CRC_ENTRY.pack(first, n, zlib.crc32(data)))
+            except OSError as exc:
+                exc.rows_landed = n  # type: ignore[attr-defined]  # the rows are in, unchecked
+                raise
 
     def close(self) -> None:
         for fd in (self.fd, self.crc_fd):
@@ -321,13 +340,20 @@ class RunLogWriter:
             self.lost += len(rows)
             return
         scalars, layer_rows = split_records(rows, self.meta.schema)
+        landed = 0
         try:
             self._scalars.append(scalars.tobytes())
+            landed = len(rows)
             if len(layer_rows):
                 self._layers.append(layer_rows.tobytes())
             self.written += len(rows)
         except OSError as exc:
-            self.lost += len(rows)
+            # a record is lost when its step row is not in scalars.bin; rows that landed before
+            # the disk filled (or whose layer row or checksum did not fit) are in the log
+            if not landed:
+                landed = int(getattr(exc, "rows_landed", 0))
+            self.written += landed
+            self.lost += len(rows) - landed
             self._fail(
                 f"cannot append to the run log in {self.run_dir}: "
                 f"{describe_os_error(exc, self.run_dir)}"
