@@ -6,9 +6,11 @@ the user's own factory, ``module:function`` or ``path/to/file.py:function``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ import numpy as np
 
 from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.float_bits import from_bits, json_float
+from nnwatch.store.paths import open_regular
 from nnwatch.store.run_reader import load_run
 
 
@@ -129,7 +132,50 @@ def load_snapshot(path: str | Path) -> Snapshot:
         raise ReplayError(str(exc)) from exc
     if int(manifest.get("version", 0)) > snap.SNAPSHOT_VERSION:
         raise ReplayError(f"{p} was written by a newer nnwatch; upgrade nnwatch to replay it")
+    verify_files(p, manifest)
     return Snapshot(p, manifest)
+
+
+def verify_files(path: Path, manifest: dict[str, Any]) -> None:
+    """Check every file the manifest lists against its sha256, before anything is loaded from it.
+
+    A flipped byte in ``batch.pt`` or ``state.pt`` still loads as tensors (a feature of -6.6e27,
+    weights that no longer reproduce the step), so without this check ``show`` and ``replay``
+    would report on damaged data as if it were the run's. A listed file that is missing is left
+    to the loader, which names it when (and only if) it is needed.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return
+    for name, expected in sorted(files.items()):
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise ReplayError(f"{path / snap.MANIFEST} is corrupt: it lists a file named {name!r}")
+        if not isinstance(expected, str) or len(expected) != 64:
+            raise ReplayError(
+                f"{path / snap.MANIFEST} is corrupt: the sha256 of {name} is {expected!r}"
+            )
+        try:
+            found = file_sha256(path / name)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ReplayError(f"{path / name} cannot be read: {exc.strerror or exc}") from exc
+        if found != expected.lower():
+            raise ReplayError(
+                f"{path / name} does not match the sha256 in {snap.MANIFEST} (recorded "
+                f"{expected[:12]}..., now {found[:12]}...): the file was damaged after the "
+                "snapshot was written, so nothing is shown or replayed from it"
+            )
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a regular file (never through a symlink, never blocking on a FIFO)."""
+    h = hashlib.sha256()
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def load_factory(spec: str) -> Callable[[], Any]:

@@ -41,6 +41,17 @@ def _replay_cli(snapshot: Path, model: str, *extra: str, env: dict[str, str] | N
     )
 
 
+def _reseal(snapshot: Path, name: str) -> None:
+    """Record a deliberately changed file's sha256 in the manifest, as if it had been written so:
+    the tests below are about what replay does with such a file, not about the damage check."""
+    import hashlib
+    import json
+
+    man = json.loads((snapshot / "manifest.json").read_text())
+    man["files"][name] = hashlib.sha256((snapshot / name).read_bytes()).hexdigest()
+    (snapshot / "manifest.json").write_text(json.dumps(man))
+
+
 def _replay_main(capsys, snapshot: Path, model: str, *extra: str) -> tuple[int, str, str]:
     """The same CLI entry point in this process (no interpreter start-up per call)."""
     from nnwatch.cli import main
@@ -143,6 +154,7 @@ def test_python_api_and_a_detected_mismatch(dropout_run, tmp_path, capsys):
         x, y = torch.load(bad / "batch.pt", weights_only=True)
         x[0, 0] += 1e-3
         torch.save((x, y), bad / "batch.pt")
+        _reseal(bad, "batch.pt")
         (bad / "record.json").write_text((snap / "record.json").read_text())
         changed = replay(bad, replay_net.make)
         assert not changed.reproduced and changed.loss_matches is False
@@ -177,6 +189,7 @@ def test_pickled_code_in_a_snapshot_is_refused(nan_snapshot, tmp_path, capsys):
     shutil.copytree(nan_snapshot, evil)
     with open(evil / "state.pt", "wb") as fh:
         pickle.dump({"model": Payload()}, fh, protocol=2)
+    _reseal(evil, "state.pt")
     rc, out, err = _replay_main(capsys, evil, f"{NAN_LOG}:make")
     assert rc == 2 and "weights_only=True" in err
     assert "pickled code ran" not in out + err
