@@ -6,15 +6,27 @@ uncaught exception (the ``OverflowError`` in the user's loop, a failed ``torch.s
 ``sys.exit`` sees the status a framework exits with (Hydra catches a job's exception, prints it and
 calls ``sys.exit(1)``, so no exception reaches the interpreter). Both call what was there before.
 
+SIGTERM (a scheduler's time limit, preemption, torchrun tearing a job down) is told apart from a
+SIGKILL or the OOM killer, which leave no word at all: a handler notes it and then does what was
+there before, so the program's own semantics stay. The user's own Python handler is called; the
+default action (termination) is taken again once the open runs wrote ``end.json`` ("interrupted",
+with ``"signal": "SIGTERM"``); an ignored SIGTERM stays ignored (nothing is installed). A main
+thread blocked in C (a collective, a data loader) would run a Python handler late, so a thread
+woken by the signal's wakeup fd does the same at once.
+
 Not seen: ``raise SystemExit(N)`` written out by hand (the interpreter handles it without any
-hook), ``os._exit`` and signals (no ``atexit`` runs at all: readers then find the process gone
-without an ``end.json`` and report the run as crashed).
+hook), ``os._exit`` and SIGKILL (no ``atexit`` runs at all: readers then find the process gone
+without an ``end.json`` and report the run as crashed, without a word from it).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from types import TracebackType
@@ -30,11 +42,14 @@ class Ending:
     exception: str | None = None  # the exception's type name
     message: str | None = None
     exit_code: int | None = None
+    signal: str | None = None  # "SIGTERM": ended by that signal
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
         if self.reason:
             out["reason"] = self.reason
+        if self.signal is not None:
+            out["signal"] = self.signal
         if self.exception is not None:
             out["exception"] = {"type": self.exception, "message": self.message or ""}
         if self.exit_code is not None:
@@ -43,6 +58,13 @@ class Ending:
 
 
 FINISHED = Ending("finished")
+#: How a SIGTERM ends a run: from outside, not by the program's own failure.
+SIGTERM_ENDING = Ending(
+    "interrupted",
+    "SIGTERM (signal 15): terminated from outside (a scheduler's limit or preemption, the "
+    "launcher, or kill)",
+    signal="SIGTERM",
+)
 
 
 def from_exception(exc_type: type[BaseException] | None, exc: BaseException | None) -> Ending:
@@ -78,12 +100,26 @@ class ExitObserver:
         self._prev_exit: Any = None
         self._hook: Any = None
         self._exit: Any = None
+        #: weak references to the closing methods of the open watches (closed before a SIGTERM's
+        #: default action ends the process, which runs no ``atexit``)
+        self._closers: list[Any] = []
+        self._prev_sigterm: Any = None
+        self._term_lock = threading.Lock()
+        self._terminating = False
+
+    def at_exit(self, ref: Any) -> None:
+        """Close a watch (``ref``: a weak reference to its closing method) when the process
+        ends: at interpreter exit, and before a SIGTERM's default action."""
+        atexit.register(close_at_exit, ref)
+        with self._lock:
+            self._closers = [r for r in self._closers if r() is not None] + [ref]
 
     def install(self) -> None:
         with self._lock:
             if self._installed:
                 return
             self._installed = True
+            self._install_sigterm()
             self._prev_excepthook = sys.excepthook
             self._prev_exit = sys.exit
             observer = self
@@ -106,6 +142,69 @@ class ExitObserver:
             self._hook, self._exit = excepthook, exit
             sys.excepthook = excepthook
             sys.exit = exit
+
+    def _install_sigterm(self) -> None:
+        """Chain a SIGTERM handler in front of what is there; never where it cannot be chained
+        (not the main thread, an ignored signal, a handler installed outside Python)."""
+        try:
+            if threading.current_thread() is not threading.main_thread():
+                return
+            prev = signal.getsignal(signal.SIGTERM)
+            if prev is None or prev == signal.SIG_IGN:
+                return
+            self._prev_sigterm = prev
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            if prev == signal.SIG_DFL:
+                self._watch_wakeup_fd()
+        except (ValueError, OSError, RuntimeError):  # an embedded interpreter, a closed fd...
+            pass
+
+    def _watch_wakeup_fd(self) -> None:
+        """A thread that learns of SIGTERM at once, even while the main thread is blocked in C
+        (only when no one else uses the wakeup fd: asyncio's loop does)."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        if old != -1:
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+
+        def wait() -> None:
+            while True:
+                try:
+                    got = os.read(r, 64)
+                except OSError:
+                    return
+                if not got:
+                    return
+                if signal.SIGTERM in got and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                    self._terminate(signal.SIGTERM)
+
+        threading.Thread(target=wait, name="nnwatch-sigterm", daemon=True).start()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        prev = self._prev_sigterm
+        if callable(prev):  # the program's own handler decides what SIGTERM does
+            self.note(Ending(
+                "interrupted", SIGTERM_ENDING.reason + "; the program's own handler ran",
+                signal="SIGTERM",
+            ))  # fmt: skip
+            prev(signum, frame)
+            return
+        self._terminate(signum)
+
+    def _terminate(self, signum: int) -> None:
+        """The default action of SIGTERM, after the open runs wrote how they ended."""
+        with self._term_lock:
+            if self._terminating:
+                return
+            self._terminating = True
+        self.note(SIGTERM_ENDING)
+        for ref in list(self._closers):
+            close_at_exit(ref)
+        _default_action(signum)
 
     def note(self, ending: Ending) -> None:
         """Keep the first ending seen: the exception that started it, not the exit after it."""
@@ -136,6 +235,23 @@ def taken_over(seen_at_start: object) -> Ending:
     if isinstance(last, KeyboardInterrupt) and last is not seen_at_start:
         return Ending("interrupted", "KeyboardInterrupt (Ctrl-C) stopped the cell that trained")
     return Ending("finished", "a new watch of the same model took over")
+
+
+def _default_action(signum: int) -> None:
+    """Die of ``signum`` as if no handler had been there (the parent sees the same signal), from
+    any thread: the disposition is reset in libc, then the signal sent again."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signum, None)  # SIG_DFL is 0
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # delivery is asynchronous; the process ends here
+    except Exception:  # noqa: BLE001
+        pass
+    os._exit(128 + signum)
 
 
 def close_at_exit(ref: Any) -> None:

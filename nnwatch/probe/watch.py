@@ -23,7 +23,6 @@ users, monitors and neighbours ask; each concern belongs to one part:
 
 from __future__ import annotations
 
-import atexit
 import logging
 import math
 import os
@@ -46,7 +45,6 @@ from nnwatch.probe.consistency import ConsistencyCheck
 from nnwatch.probe.exit_status import (
     OBSERVER,
     Ending,
-    close_at_exit,
     from_exception,
     last_exception,
     taken_over,
@@ -204,7 +202,7 @@ class Watch:
         self.sysmon.start()
         _LIVE[model] = self
         self._atexit = weakref.WeakMethod(self._close_at_exit)
-        atexit.register(close_at_exit, self._atexit)
+        OBSERVER.at_exit(self._atexit)  # at exit, and before a SIGTERM ends the process
         print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ HEARTBEAT_STALE = 5.0
 HUNG_FACTOR = 20.0
 HUNG_MIN = 10.0
 END_FILE = "end.json"
+EVENTS_FILE = "events.jsonl"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Health:
     heartbeat_age: float | None
     last_step_age: float | None
     step_interval: float | None  # usual seconds per step (moving average), None until known
+    #: how an ended run ended, in the one word every reader shows (see :func:`ended_as`)
+    ended_as: str = ""
 
     @property
     def ended(self) -> bool:
@@ -55,14 +59,69 @@ class Health:
 
 
 def read_end(run_dir: Path | None) -> dict | None:
-    """The run's ``end.json`` (written at a clean close), or None."""
+    """The run's ``end.json`` (written at close), or None when there is none.
+
+    One that exists but cannot be read (empty, cut short, not JSON, not an object) still says the
+    run reached its close: it reads as ended, with the status its ``run_ended`` event gives (a run
+    that ended otherwise than cleanly logs one before ``end.json``), else "finished", and
+    ``"damaged"`` says why. ``ls``, ``open`` and ``load_run`` all read it here, so they agree.
+    """
     if run_dir is None:
         return None
+    path = Path(run_dir) / END_FILE
     try:
-        end = json.loads(read_small_file(Path(run_dir) / END_FILE))
-    except (OSError, ValueError, RecursionError):
+        raw = read_small_file(path, limit=1 << 20)
+    except FileNotFoundError:
         return None
-    return clean_end(end)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            return None
+        return _damaged_end(Path(run_dir), f"cannot be read ({exc.strerror or exc})")
+    try:
+        end = clean_end(json.loads(raw))
+    except (ValueError, RecursionError):
+        end = None
+    if end is None:
+        return _damaged_end(Path(run_dir), "is empty" if not raw.strip() else "is not a JSON object")
+    return end
+
+
+def _damaged_end(run_dir: Path, why: str) -> dict:
+    status = "finished"
+    for ev in tail_events(run_dir / EVENTS_FILE):
+        if ev.get("type") == "run_ended" and ev.get("status") in ("crashed", "interrupted", "stopped"):
+            status = str(ev["status"])
+    return {"status": status, "damaged": f"{END_FILE} {why}"}
+
+
+def tail_events(path: Path, limit: int = 1 << 16) -> list[dict]:
+    """The events in the last ``limit`` bytes of ``events.jsonl`` (unreadable lines skipped)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - limit))
+            data = fh.read(limit)
+    except OSError:
+        return []
+    out = []
+    for line in data.splitlines():
+        try:
+            ev = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def ended_as(status: object) -> str:
+    """The one word for how an ended run ended, everywhere (``ls``, ``open``, ``load_run``):
+    "crashed", "interrupted" (Ctrl-C or SIGTERM; the ring says "stopped") or "finished"."""
+    if status == "crashed":
+        return "crashed"
+    if status in ("interrupted", "stopped"):
+        return "interrupted"
+    return "finished"
 
 
 def clean_end(end: object) -> dict | None:
@@ -102,15 +161,15 @@ def judge(
     step_age = state.last_step_age(now)
     interval = state.step_interval or None
 
-    def health(name: str, message: str) -> Health:
-        return Health(name, message, hb_age, step_age, interval)
+    def health(name: str, message: str, how: str = "") -> Health:
+        return Health(name, message, hb_age, step_age, interval, how)
 
     if state.status in ENDED or end is not None:
         said = state.status if state.status in ENDED else str((end or {}).get("status", "finished"))
         name = "crashed" if said == "crashed" else "finished"
-        return health(name, "the run ended" + ("" if said == name else f" ({said})"))
+        return health(name, end_message(end, said), ended_as(said))
     if writer_alive is False:
-        return health("crashed", f"trainer pid {state.pid} is gone and the run never finished")
+        return health("crashed", gone_message(state.pid), "crashed")
     if writer_alive is None and hb_age > max(heartbeat_stale, 3 * hung_min):
         return health("crashed", f"no heartbeat for {hb_age:.0f} s from a trainer on another host")
     if hb_age > heartbeat_stale:
@@ -128,6 +187,29 @@ def judge(
         usual = f"usual {interval:.3g} s" if interval else "no usual step time yet"
         return health("hung", f"no step for {step_age:.0f} s ({usual})")
     return health(state.status if state.status != "starting" else "running", logged)
+
+
+def gone_message(pid: int) -> str:
+    """A writer that vanished without ``end.json``: no handler ran, so no SIGTERM or Ctrl-C."""
+    return (
+        f"trainer pid {pid} is gone and the run never finished, without a word from it (SIGKILL, "
+        "the OOM killer, os._exit or a segfault)"
+    )
+
+
+def end_message(end: dict | None, said: str = "") -> str:
+    """ "the run ended (interrupted: SIGTERM ...)", from ``end.json`` (or the ring's word)."""
+    end = end or {}
+    how = ended_as(end.get("status", said or "finished"))
+    if end.get("damaged"):
+        return f"the run ended ({how}; its {end['damaged']})"
+    why = end.get("signal") or ""
+    if how == "interrupted" and not why:
+        reason = str(end.get("reason") or "")
+        why = "Ctrl-C" if "KeyboardInterrupt" in reason else reason[:80]
+    if how == "finished":
+        return "the run ended"
+    return f"the run ended ({how}" + (f": {why})" if why else ")")
 
 
 def writer_alive(state: RingState, host: str | None) -> bool | None:

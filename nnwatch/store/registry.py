@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from nnwatch._version import __version__
-from nnwatch.store.health import HEARTBEAT_STALE, Health, Liveness, read_end
+from nnwatch.store.health import (
+    HEARTBEAT_STALE,
+    Health,
+    Liveness,
+    end_message,
+    ended_as,
+    gone_message,
+    read_end,
+)
 from nnwatch.store.identity import (
     START_TIME_TOLERANCE,
     own_start_time,
@@ -194,6 +202,14 @@ class RunInfo:
     #: When a reader saw this rank stopped while every other rank of its job still lived
     #: (``first_stop.json``, see :func:`note_first_stop`): it stopped first, for certain.
     seen_first_at: float | None = None
+    #: how an ended run ended: "finished", "interrupted" (Ctrl-C, SIGTERM) or "crashed"
+    ended_as: str = ""
+
+    @property
+    def status(self) -> str:
+        """The word a STATUS column shows: the state, and for an ended run how it ended (a
+        Ctrl-C reads "interrupted" here as in ``end.json`` and ``load_run``)."""
+        return (self.ended_as or self.state) if self.ended else self.state
 
     @property
     def ended_at(self) -> float | None:
@@ -219,6 +235,7 @@ class RunInfo:
         d = asdict(self)
         d["live"] = self.live
         d["ended"] = self.ended
+        d["status"] = self.status
         return d
 
 
@@ -322,11 +339,11 @@ def inspect(
         alive = same_process(pid, start_time) if host == this_host() else None
         if end is not None:
             state_name = "crashed" if end.get("status") == "crashed" else "finished"
-            health = Health(state_name, "the run ended", None, None, None)
-        elif alive is False:
             health = Health(
-                "crashed", f"trainer pid {pid} is gone and the run never finished", None, None, None
+                state_name, end_message(end), None, None, None, ended_as(end.get("status"))
             )
+        elif alive is False:
+            health = Health("crashed", gone_message(pid), None, None, None, "crashed")
         elif alive is None:
             health = Health(
                 "hung", "on another host, and its ring is unreadable from here", None, None, None
@@ -349,7 +366,7 @@ def inspect(
         cwd=str(entry.get("cwd", "")), cuda_devices=[str(x) for x in entry.get("cuda_devices") or []],
         layers=len(entry.get("layer_names") or []), nnwatch_version=str(entry.get("nnwatch_version", "")),
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
-        ending=ending, alive=alive, seen_first_at=_seen_first(run_dir),
+        ending=ending, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=health.ended_as,
     )  # fmt: skip
 
 
@@ -545,15 +562,16 @@ def inspect_dir(
             ring_state = reader.state()
             health = Liveness(host=meta.host, run_dir=run_dir, **kwargs).judge(ring_state, now)
             heartbeat_at, last_step_at, interval = _ring_times(ring_state)
-        state, message = health.state, health.message
+        state, message, how = health.state, health.message, health.ended_as
     except (RingError, OSError, ValueError):
+        how = ""
         if end is not None:
             state = "crashed" if end.get("status") == "crashed" else "finished"
-            message = f"ended ({end.get('status', 'finished')})"
+            message, how = end_message(end), ended_as(end.get("status"))
         else:
             alive_now = run_process_alive(meta.pid, meta.started) if meta.host == this_host() else None
             if alive_now is False:
-                state, message = "crashed", "no end.json and its process is gone"
+                state, message, how = "crashed", gone_message(meta.pid), "crashed"
             elif alive_now is None:
                 state, message = "hung", "on another host, and its ring is unreadable from here"
             else:
@@ -576,7 +594,7 @@ def inspect_dir(
         socket=None, entry_path="", local_rank=meta.local_rank, started=meta.started,
         layers=meta.schema.num_layers, nnwatch_version=meta.nnwatch_version,
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
-        ending=end, alive=alive, seen_first_at=_seen_first(run_dir),
+        ending=end, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=how,
     )  # fmt: skip
 
 

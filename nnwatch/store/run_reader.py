@@ -22,7 +22,6 @@ from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
     CRC_ENTRY,
-    END_FILE,
     EVENTS_FILE,
     FILE_HEADER,
     HEADER_SIZE,
@@ -278,19 +277,13 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         raise RunLogError(f"{meta_path} is corrupt ({exc}); the run cannot be decoded") from exc
     warnings: list[str] = []
     schema = meta.schema
-    end: dict[str, Any] = {}
-    end_path = run_dir / END_FILE
-    if os.path.lexists(end_path):
-        from nnwatch.store.health import clean_end  # lazy: pulls psutil into nnwatch ls start-up
+    from nnwatch.store.health import ended_as, read_end  # lazy: pulls psutil into ls start-up
 
-        try:
-            cleaned = clean_end(json.loads(read_small_file(end_path, limit=1 << 20)))
-        except (OSError, ValueError, RecursionError):
-            cleaned = None
-        if cleaned is None:
-            warnings.append(f"{END_FILE} is corrupt; the run is taken as ended")
-        end = cleaned or {}
-        status = str(end.get("status", "finished"))
+    end: dict[str, Any] = read_end(run_dir) or {}
+    if end:
+        if end.get("damaged"):
+            warnings.append(f"{end['damaged']}; the run is taken as ended ({end['status']})")
+        status = ended_as(end.get("status"))
     elif _pid_alive(meta.pid, meta.started):
         status = "running"
     else:  # no end.json: a full disk at the end may have stopped it; the ring may still tell
