@@ -157,8 +157,11 @@ def _validate(made: Any, target: str) -> dict[str, Any]:
 
 
 def diagnose_recorded(path: str, as_json: bool) -> int:
-    """Run every detector over a recorded run's log and print the findings."""
+    """Run every detector over a recorded run's log, put the log beside ``end.json`` and
+    ``events.jsonl``, and print the findings and what the log is missing. Exit 1 on an
+    error-level finding or on any gap or damage that cannot be ruled out."""
     from nnwatch.diagnosis import diagnose_run
+    from nnwatch.store.completeness import audit
     from nnwatch.store.run_reader import load_run
 
     try:
@@ -170,23 +173,46 @@ def diagnose_recorded(path: str, as_json: bool) -> int:
             file=sys.stderr,
         )
         return 2
-    findings = diagnose_run(run)
+    gaps = audit(run)
+    findings = diagnose_run(run) if len(run.scalars) else []
+    found = {(f.kind, f.step) for f in findings}
+    recorded = [e for e in gaps.recorded_findings if (e.get("kind"), e.get("step")) not in found]
     bad = [f for f in findings if f.severity in ("error", "critical")]
+    errors = len(bad) + len(recorded) + len(gaps.problems)
     if as_json:
         report = {
             "run": str(path),
             "steps": len(run.scalars),
+            "steps_expected": gaps.steps_expected,
+            "missing_steps": gaps.missing_steps,
             "findings": [f.to_dict() for f in findings],
-            "errors": len(bad),
+            "recorded_findings": recorded,
+            "problems": gaps.problems,
+            "notes": gaps.notes,
+            "errors": errors,
         }
-        print(json.dumps(report, allow_nan=False))
-    elif not findings:
-        print(f"{path}: {len(run.scalars)} steps, no problem found")
+        print(json.dumps(report, allow_nan=False, default=str))
+        return 1 if errors else 0
+    total = (
+        f"{len(run.scalars)} steps" if gaps.steps_expected is None
+        else f"{len(run.scalars)} of {gaps.steps_expected} steps in the log"
+    )  # fmt: skip
+    if not findings and not recorded and not gaps.problems:
+        print(f"{path}: {total}, no problem found")
     else:
-        print(f"{path}: {len(run.scalars)} steps, {len(findings)} finding(s)")
-        for f in findings:
-            print(f"[{f.severity}] {f.message}")
-    return 1 if bad else 0
+        print(f"{path}: {total}, {len(findings) + len(recorded)} finding(s), "
+              f"{len(gaps.problems)} problem(s) with the record")  # fmt: skip
+    for f in findings:
+        print(f"[{f.severity}] {f.message}")
+    for e in recorded:
+        step = e.get("step")
+        text = e.get("summary") or e.get("message") or e.get("kind") or "a finding"
+        print(f"[{e.get('severity')}] step {step}: {text} (recorded during the run)")
+    for line in gaps.problems:
+        print(f"[record] {line}")
+    for line in gaps.notes:
+        print(f"note: {line}")
+    return 1 if errors else 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -200,10 +200,11 @@ def _failed_checksums(
     n = len(rows)
     bad: np.ndarray | None = None
     expected = 0
-    inconsistent = False
+    inconsistent = cut = False
     for first, count, crc in CRC_ENTRY.iter_unpack(table[: len(table) - len(table) % CRC_ENTRY.size]):
         if first != expected or count == 0 or first + count > n:
             if first + count > n and first == expected:
+                cut = True
                 break  # the rows of the last block were cut short (a killed writer)
             warnings.append(f"{crc_path(path).name} is inconsistent with {path.name}; later rows not verified")
             inconsistent = True
@@ -215,15 +216,16 @@ def _failed_checksums(
             bad[first : first + count] = True
         expected = first + count
     if ended and not inconsistent and expected < n:
-        stray = len(table) % CRC_ENTRY.size
-        what = (
-            "is empty" if len(table) < CRC_ENTRY.size
-            else f"covers only the first {expected} row(s)" + (f" (and {stray} stray byte(s))" if stray else "")
+        why = (
+            "it is empty" if not table
+            else "their block's rows are cut short" if cut
+            else "it ends mid-entry" if len(table) % CRC_ENTRY.size
+            else "its entries stop before them"
         )  # fmt: skip
         warnings.append(
-            f"{crc_path(path).name} {what}: {n - expected} of the {n} row(s) in {path.name} "
-            f"(from row {expected}) are not verified (a disk that filled up, or a writer killed "
-            "between its rows and their checksum)"
+            f"{n - expected} of the {n} row(s) in {path.name} (from row {expected}) have no "
+            f"checksum in {crc_path(path).name} ({why}) and are not verified: a disk that filled "
+            "up, or a writer killed between its rows and their checksum"
         )
     return bad
 
