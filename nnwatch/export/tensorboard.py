@@ -318,7 +318,7 @@ class LiveExport:
 
     def __init__(self, w: Watch, options: TensorBoard) -> None:
         self.meta = w.meta
-        self.out_dir = target_dir(options.log_dir, w.run_dir)
+        self.out_dir = target_dir(options.log_dir, w.files.dir)  # a live run has its directory
         _clear_previous(self.out_dir, overwrite=False)
         self.writer = TensorBoardWriter(
             self.out_dir,
@@ -326,7 +326,7 @@ class LiveExport:
             histogram_every=options.histogram_every,
             per_layer=options.per_layer,
         )
-        self._events = EventTail(Path(w.run_dir) / "events.jsonl")
+        self._events = EventTail(Path(w.files.dir) / "events.jsonl")
         self.error: str | None = None
 
     def observe(self, rows: np.ndarray) -> None:

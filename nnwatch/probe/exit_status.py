@@ -224,8 +224,9 @@ def last_exception() -> object:
     return getattr(sys, "last_value", None)
 
 
-def taken_over(seen_at_start: object) -> Ending:
-    """How an earlier, still open watch of a model ends when a new watch of it takes over.
+def taken_over(seen_at_start: object, same_model: bool = True) -> Ending:
+    """How an earlier, still open watch of a model (or under the same name) ends when a new
+    watch takes over.
 
     "interrupted" when Ctrl-C stopped its cell: the shell's last exception is a
     KeyboardInterrupt that was not there yet when that watch started (``seen_at_start``, from
@@ -234,7 +235,8 @@ def taken_over(seen_at_start: object) -> Ending:
     last = last_exception()
     if isinstance(last, KeyboardInterrupt) and last is not seen_at_start:
         return Ending("interrupted", "KeyboardInterrupt (Ctrl-C) stopped the cell that trained")
-    return Ending("finished", "a new watch of the same model took over")
+    what = "of the same model" if same_model else "under the same name"
+    return Ending("finished", f"a new watch {what} took over")
 
 
 def _default_action(signum: int) -> None:

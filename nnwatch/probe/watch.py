@@ -107,7 +107,7 @@ class Watch:
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"watch() needs a torch.nn.Module, got {type(model).__name__}")
-        earlier = _take_over(model, resume)
+        earlier = _take_over(model, resume, name)
         if earlier is not None:  # resume=True: go on in the same run, with its name and count
             name = name or earlier.name
             start_step = earlier.step if start_step is None else start_step
@@ -185,6 +185,7 @@ class Watch:
             self.disabled = "NNWATCH_DISABLE is set"  # an inert watch: no hooks, no files
             log.info("nnwatch: NNWATCH_DISABLE is set; %s is not watched", self.name)
             return
+        self._has_dir = False  # run_dir is None until the run has a directory of its own
         try:
             self.files.dir = choose_run_dir(
                 run_dir, self.name, self._started, self.rank, self.warn_once, append=self._append
@@ -192,6 +193,7 @@ class Watch:
         except (OSError, RunDirError) as exc:
             self.disable(f"cannot use the run directory ({exc}); monitoring is off for this run")
             return
+        self._has_dir = True
         cycle = self.cycle
         self.attachment.attach(
             model, self.plan, self.optimizer, cycle.on_forward_start, cycle.on_backward,
@@ -201,6 +203,8 @@ class Watch:
             scaler_discovery.wait_for(self._adopt_scaler)
         self.sysmon.start()
         _LIVE[model] = self
+        if name is not None:
+            _BY_NAME[(self.name, self.rank.rank)] = weakref.ref(self)
         self._atexit = weakref.WeakMethod(self._close_at_exit)
         OBSERVER.at_exit(self._atexit)  # at exit, and before a SIGTERM ends the process
         print(f"nnwatch: watching {self.name} -> {self.run_dir}", file=sys.stderr)
@@ -281,8 +285,10 @@ class Watch:
     # ------------------------------------------------------------------------------------------
     # what the parts and neighbours read, and what monitors steer
     @property
-    def run_dir(self) -> Path:
-        return self.files.dir
+    def run_dir(self) -> Path | None:
+        """The run's directory; None when monitoring is off and none was made (never ``.``: a
+        user's ``shutil.rmtree(w.run_dir)`` must not take the working directory)."""
+        return self.files.dir if getattr(self, "_has_dir", False) else None
 
     @property
     def diagnosis(self) -> Any:
@@ -484,19 +490,34 @@ class _Continued(NamedTuple):
     run_dir: Path
 
 
-def _take_over(model: nn.Module, resume: bool = False) -> _Continued | None:
-    """Close the earlier, still open watch of ``model``, saying so; with ``resume`` return it, so
-    that the new watch goes on in its run."""
+#: The open watch of each name given to ``watch(name=...)``, per rank of this process: a notebook
+#: cell that builds a new model and watches it under the same name again ends the earlier watch
+#: (its ring, threads and registry entry) instead of leaving one more open run per re-run.
+_BY_NAME: dict[tuple[str, int], weakref.ref[Watch]] = {}
+
+
+def _take_over(model: nn.Module, resume: bool = False, name: str | None = None) -> _Continued | None:
+    """Close the earlier, still open watch of ``model`` (or, for a new model, the one open under
+    the same explicit ``name`` in this process and rank), saying so once; with ``resume`` return
+    it, so that the new watch goes on in its run."""
     earlier = _LIVE.get(model)
+    same_model = earlier is not None and not earlier.closed
+    if not same_model and name is not None:
+        ref = _BY_NAME.get((name, RankInfo.detect().rank))
+        earlier = ref() if ref is not None else None
     if earlier is None or earlier.closed:
         return None
     if resume and not earlier.disabled:
         ending = Ending("finished", "continued by a new watch of the same model (resume=True)")
     else:
-        ending = taken_over(earlier.shell_exception_at_start)
+        ending = taken_over(earlier.shell_exception_at_start, same_model)
+    what = (
+        f"{model.__class__.__name__} was already watched"
+        if same_model
+        else f"a watch named {name!r} was already open in this process"
+    )
     print(
-        f"nnwatch: {model.__class__.__name__} was already watched ({earlier.name} -> "
-        f"{earlier.run_dir}); "
+        f"nnwatch: {what} ({earlier.name} -> {earlier.run_dir}); "
         + ("the new watch goes on in that run" if resume else
            f"that run ends as {ending.status}, the new watch takes over"),
         file=sys.stderr,
@@ -504,7 +525,7 @@ def _take_over(model: nn.Module, resume: bool = False) -> _Continued | None:
     earlier.close(ending)
     if not resume or earlier.disabled:
         return None
-    return _Continued(str(earlier.name), int(earlier.step_index), Path(earlier.run_dir))
+    return _Continued(str(earlier.name), int(earlier.step_index), Path(earlier.files.dir))
 
 
 def watch(
