@@ -74,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    from nnwatch.cli._config import ConfigError
+
     try:
         return int(mods[args.command].run(args) or 0)
+    except ConfigError as exc:
+        print(f"nnwatch: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

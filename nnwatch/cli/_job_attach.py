@@ -32,7 +32,7 @@ def run_job(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1
-    fanout = JobFanout(args.job, hosts, ssh=args.ssh, ssh_args=list(args.ssh_args),
+    fanout = JobFanout(args.job, hosts, ssh=args.ssh or "ssh", ssh_args=list(args.ssh_args),
                        remote_nnwatch=args.remote_nnwatch)  # fmt: skip
     try:
         from nnwatch.tui.job_app import JobApp
@@ -60,7 +60,7 @@ def _open_rank(fanout: object, rank: int, args: argparse.Namespace) -> int:
         return 0
     ssh_args = [*args.ssh_args, "-S", str(link.control), "-o", "ControlMaster=no"]
     try:
-        source = RemoteSource(host, run_dir, ssh=args.ssh, ssh_args=ssh_args,
+        source = RemoteSource(host, run_dir, ssh=args.ssh or "ssh", ssh_args=ssh_args,
                               remote_nnwatch=args.remote_nnwatch)  # fmt: skip
     except SourceError as exc:
         print(f"nnwatch attach: rank {rank}: {exc}", file=sys.stderr)

@@ -108,11 +108,12 @@ def _describe(job: Job) -> str:
 def add_ssh_arguments(parser: argparse.ArgumentParser, when: str = "") -> None:
     """How nnwatch reaches another host: the user's ssh, its arguments, nnwatch's name there."""
     parser.add_argument(
-        "--remote-nnwatch", default="nnwatch", metavar="CMD",
-        help=f"{when}the command that runs nnwatch on HOST (default: nnwatch)",
+        "--remote-nnwatch", default=None, metavar="CMD",
+        help=f"{when}the command that runs nnwatch on HOST (default: the Python that runs the "
+        "runs there, named in their registry entries; else nnwatch on its PATH)",
     )  # fmt: skip
     parser.add_argument(
-        "--ssh", default="ssh", metavar="PROGRAM", help=f"{when}the ssh program to run"
+        "--ssh", default=None, metavar="PROGRAM", help=f"{when}the ssh program to run (default: ssh)"
     )
     parser.add_argument(
         "--ssh-arg", action="append", default=[], metavar="ARG", dest="ssh_args",
@@ -120,9 +121,17 @@ def add_ssh_arguments(parser: argparse.ArgumentParser, when: str = "") -> None:
     )  # fmt: skip
 
 
-def ssh_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``RemoteSource`` and ``remote_runs`` from the parsed options."""
+def ssh_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """What the command line says about reaching other hosts (None where it says nothing)."""
     return {"ssh": args.ssh, "ssh_args": list(args.ssh_args), "remote_nnwatch": args.remote_nnwatch}
+
+
+def ssh_options(args: argparse.Namespace, host: str) -> dict[str, Any]:
+    """The keyword arguments of ``RemoteSource``, ``remote_runs`` and ``PullRequest`` for
+    ``host``: the flags over the config file's table for it (``nnwatch.cli._config``)."""
+    from nnwatch.cli._config import ssh_options as configured
+
+    return configured(host, **ssh_flags(args))
 
 
 def _remote_spec(spec: str) -> tuple[str, str] | None:
@@ -158,7 +167,9 @@ def open_live(
         from nnwatch.sources.remote import RemoteSource
 
         host, run_spec = remote
-        opts = remote_options or {}
+        from nnwatch.cli._config import ssh_options as configured
+
+        opts = configured(host, **(remote_options or {}))  # the flags over the config file's
         return RemoteSource(host, run_spec, **opts), [], None
     if info is None:
         return LiveSource(spec), [], None
@@ -182,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        source, uuids, job = open_live(args.run, args.connect, ssh_options(args))
+        source, uuids, job = open_live(args.run, args.connect, ssh_flags(args))
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1

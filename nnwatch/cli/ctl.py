@@ -1,7 +1,9 @@
 """``nnwatch ctl RUN COMMAND [ARG]``: steer a run from a shell or a script.
 
-RUN is what ``nnwatch ls`` shows (a run name or its start, a pid, a run directory), or give
-``--connect PATH`` for a socket forwarded with ``ssh -L``. Each command is applied by the training
+RUN is what ``nnwatch ls`` shows (a run name or its start, a pid, a run directory); ``HOST:RUN``
+steers a run on another machine through the user's own ssh (its socket forwarded for as long as
+the command runs, as ``attach HOST:RUN`` does), or give ``--connect SOCKET`` for a socket
+forwarded by hand with ``ssh -L``. Each command is applied by the training
 thread at its next step boundary; the answer says at which step. ``pause`` holds the run until
 this command exits (Ctrl-C) or ``--for SECONDS`` passes: a pause always lifts itself when the
 connection that asked for it closes, so a lost shell cannot leave training paused.
@@ -41,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
-        "words", nargs="+", metavar="RUN COMMAND [ARG]", help="which run, what to do, its argument"
-    )
+        "words", nargs="+", metavar="RUN COMMAND [ARG]",
+        help="which run (HOST:RUN for one on another host), what to do, its argument",
+    )  # fmt: skip
     from nnwatch.cli._options import SECONDS, add_connect_argument, add_root_argument
 
     add_connect_argument(parser, "send the command")
@@ -66,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar=SECONDS,
         help="pause: resume after this long instead of waiting for Ctrl-C",
     )
+    from nnwatch.cli.attach import add_ssh_arguments
+
+    add_ssh_arguments(parser, "for HOST:RUN, ")
 
 
 def _parse_arg(command: str, text: str | None) -> dict[str, Any]:
@@ -113,9 +119,40 @@ def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path
     return out
 
 
+def _remote_target(args: argparse.Namespace, spec: str) -> tuple[str, Path, Any] | None:
+    """``HOST:RUN`` when no run here matches it: (label, a private local socket forwarded to
+    the run's socket there, the tunnel to close); None when ``spec`` names no host."""
+    from nnwatch.cli.attach import _remote_spec, ssh_options
+    from nnwatch.sources.remote import SshTunnel, pick_run, remote_runs
+    from nnwatch.store.registry import find_runs
+
+    remote = _remote_spec(spec)
+    if remote is None or find_runs(spec):
+        return None
+    if args.all_ranks:
+        raise LookupError("--all-ranks works on this machine's runs; name one rank of HOST:RUN")
+    host, run_spec = remote
+    opts = ssh_options(args, host)
+    rows = remote_runs(
+        host, ssh=opts["ssh"], ssh_args=opts["ssh_args"], remote_nnwatch=opts["remote_nnwatch"],
+        remote_root=opts["remote_root"],
+    )  # fmt: skip
+    if args.rank is not None:
+        run_spec = f"{run_spec}:{args.rank}"
+    info = pick_run(rows, run_spec, host)
+    tunnel = SshTunnel(host, str(info["socket"]), ssh=opts["ssh"], ssh_args=opts["ssh_args"])
+    try:
+        tunnel.start()
+    except BaseException:
+        tunnel.close()
+        raise
+    label = f"{host}:{Path(str(info.get('run_dir') or '')).name} rank {info.get('rank', 0)}"
+    return label, tunnel.local, tunnel
+
+
 def run(args: argparse.Namespace) -> int:
-    from nnwatch.channel.client import ChannelClient, ChannelError
-    from nnwatch.channel.commands import PAUSE, CommandError, validate
+    from nnwatch.channel.commands import CommandError, validate
+    from nnwatch.sources.base import SourceError
 
     words = list(args.words)
     need = 1 if args.connect else 2
@@ -128,13 +165,27 @@ def run(args: argparse.Namespace) -> int:
     try:
         cmd_args = _parse_arg(command, words[1] if len(words) > 1 else None)
         validate(command, cmd_args)  # the server's own rules, checked before connecting
-        targets = _targets(args, spec)
+        far = None if spec is None else _remote_target(args, spec)
+        targets = [far[:2]] if far is not None else _targets(args, spec)
     except CommandError as exc:
         print(f"nnwatch ctl: {exc.message}", file=sys.stderr)
         return 2
-    except LookupError as exc:
+    except (LookupError, SourceError) as exc:
         print(f"nnwatch ctl: {exc.args[0]}", file=sys.stderr)
         return 1
+    try:
+        return _send(args, command, cmd_args, targets)
+    finally:
+        if far is not None:
+            far[2].close()  # the forwarded socket goes; a pause it held lifts
+
+
+def _send(
+    args: argparse.Namespace, command: str, cmd_args: dict[str, Any], targets: list[Any]
+) -> int:
+    """Send ``command`` to every target, report the replies, hold a pause while asked to."""
+    from nnwatch.channel.client import ChannelClient, ChannelError
+    from nnwatch.channel.commands import PAUSE
 
     clients: list[tuple[str, ChannelClient]] = []
     status = 0

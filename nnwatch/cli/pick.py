@@ -73,7 +73,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     from nnwatch.sources.base import SourceError
     from nnwatch.sources.remote import RemoteRun, RemoteSource, remote_runs
 
-    host, opts = args.host, ssh_options(args)
+    host, opts = args.host, ssh_options(args, args.host)
 
     def lister() -> list[RemoteRun]:
         rows = remote_runs(host, finished=True, **opts)
@@ -83,7 +83,7 @@ def _run_remote(args: argparse.Namespace) -> int:
         try:
             runs = lister()
         except SourceError as exc:
-            print(f"nnwatch: {exc} (`nnwatch --help` lists the commands)", file=sys.stderr)
+            print(f"nnwatch: {exc}", file=sys.stderr)
             return 1
         for line in remote_table(runs, host):
             print(line)
@@ -132,7 +132,10 @@ def _open_a_copy(picked: Any, host: str, opts: dict[str, Any], args: argparse.Na
 
     print(f"nnwatch: {picked.name} on {host} has {picked.state}; copying its files here…")
     try:
-        got = pull(PullRequest(host, run=picked.run_dir, whole=True, **opts))
+        got = pull(PullRequest(
+            host, run=picked.run_dir, whole=True, ssh=opts["ssh"], ssh_args=tuple(opts["ssh_args"]),
+            remote_nnwatch=opts["remote_nnwatch"], root=opts["remote_root"],
+        ))  # fmt: skip
     except PullError as exc:
         print(
             f"nnwatch: {exc}; its files stay in {host}:{picked.run_dir}",

@@ -57,10 +57,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     host, run_spec = remote
+    from nnwatch.cli.attach import ssh_options
+
+    opts = ssh_options(args, host)  # the flags over the config file's table for the host
     req = PullRequest(
         host=host, run=run_spec, step=args.step, nearest=args.nearest, whole=args.whole,
-        into=args.into, force=args.force, ssh=args.ssh, ssh_args=tuple(args.ssh_args),
-        remote_nnwatch=args.remote_nnwatch,
+        into=args.into, force=args.force, ssh=opts["ssh"], ssh_args=tuple(opts["ssh_args"]),
+        remote_nnwatch=opts["remote_nnwatch"], root=opts["remote_root"],
     )  # fmt: skip
     try:
         got = pull(req)

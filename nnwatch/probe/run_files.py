@@ -148,6 +148,7 @@ def build_meta(
         torch_version=torch.__version__,
         extra={
             "argv": list(sys.argv),
+            "executable": sys.executable,  # how `nnwatch HOST` finds nnwatch there over ssh
             "cwd": os.getcwd(),
             **extra,
             "gpu_uuids": gpu_uuids(device),

@@ -34,6 +34,7 @@ from nnwatch.sources.base import SourceError
 from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
+from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import stop_process
 from nnwatch.store.job_health import judge_job
 from nnwatch.store.jobs import Job
@@ -93,7 +94,7 @@ class HostLink:
     """One host: its ControlMaster, and ``nnwatch ranks --json --follow`` through it."""
 
     def __init__(self, host: str, index: int, workdir: Path, job: str, *, ssh: str = "ssh",
-                 ssh_args: Sequence[str] = (), remote_nnwatch: str = "nnwatch") -> None:  # fmt: skip
+                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None) -> None:  # fmt: skip
         self.host = host
         self.job = job
         self.base = [*shlex.split(ssh), *ssh_args]
@@ -146,7 +147,7 @@ class HostLink:
 
     def _follow(self) -> None:
         cmd = self.ssh_command(
-            f"{self.remote_nnwatch} ranks {shlex.quote(self.job)} --json --follow"
+            remote_command(["ranks", self.job, "--json", "--follow"], remote_nnwatch=self.remote_nnwatch)
         )
         self.follow = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
@@ -161,9 +162,7 @@ class HostLink:
         err = (self.follow.stderr.read() if self.follow.stderr else "").strip().splitlines()
         code = self.follow.wait()
         if not self.closed:
-            why = err[-1] if err else f"exit status {code}"
-            if code == 127 or "not found" in why:
-                why += "; is nnwatch installed there? (--remote-nnwatch names the command)"
+            why = explain_failure(self.host, code, "\n".join(err), self.remote_nnwatch)
             raise SourceError(f"`nnwatch ranks` on {self.host} ended: {why}")
 
     def close(self) -> None:
@@ -177,7 +176,7 @@ class JobFanout:
     """Follows one job on every host; :meth:`poll` merges what each host last said."""
 
     def __init__(self, job: str, hosts: Sequence[str], *, ssh: str = "ssh",
-                 ssh_args: Sequence[str] = (), remote_nnwatch: str = "nnwatch") -> None:  # fmt: skip
+                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None) -> None:  # fmt: skip
         self.spec = job
         self.dir = Path(tempfile.mkdtemp(prefix="nnwj-", dir="/tmp"))  # short: socket paths
         os.chmod(self.dir, 0o700)
@@ -234,6 +233,8 @@ class JobFanout:
             d = {k: v for k, v in r.items() if k in _FIELDS}
             for k in ("loss", "grad_norm", "step_time", "memory"):
                 d[k] = float("nan") if d.get(k) is None else float(d[k])
+            if "host" in _FIELDS:  # the name the user reached it by: every node may be `vm`
+                d["host"] = link.host
             d["reachable"] = link.host not in stale_hosts
             if not d["reachable"]:
                 d["status"], d["note"] = "unreachable", f"as last seen over ssh ({link.host})"

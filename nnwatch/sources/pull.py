@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nnwatch.export.bundle import BundleError, Received, list_files, receive_bundle
+from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import ssh_base, stop_process
 from nnwatch.store.paths import SNAPSHOTS_DIR, describe_os_error
 
@@ -57,18 +58,21 @@ class PullRequest:
     force: bool = False
     ssh: str = "ssh"
     ssh_args: Sequence[str] = ()
-    remote_nnwatch: str = "nnwatch"
+    #: The command that runs nnwatch there; None: found from the host's runs (``remote_command``).
+    remote_nnwatch: str | None = None
+    #: The run root there, when it is not the default.
+    root: str | None = None
 
     def remote_command(self) -> str:
         """What ssh runs on the host: ``nnwatch pack`` with RUN and STEP quoted for its shell."""
-        words = [self.remote_nnwatch, "pack", shlex.quote(self.run)]
+        words = ["pack", self.run]
         if self.step is not None:
             words.append(str(int(self.step)))
         if self.nearest:
             words.append("--nearest")
         if self.whole:
             words.append("--run")
-        return " ".join(words)
+        return remote_command(words, remote_nnwatch=self.remote_nnwatch, root=self.root)
 
 
 def split_host_run(spec: str) -> tuple[str, str] | None:
@@ -144,7 +148,7 @@ def _ended(proc: subprocess.Popen[bytes], wait: float) -> int | None:
         return None
 
 
-def _refused(host: str, rc: int, why: str, remote_nnwatch: str) -> PullError:
+def _refused(host: str, rc: int, why: str, remote_nnwatch: str | None) -> PullError:
     """Why an ssh that ended without sending a bundle sent nothing."""
     prefix = "nnwatch pack: "
     if rc in (EXIT_NO_RUN, EXIT_NO_SNAPSHOT) and why.startswith(prefix):
@@ -154,11 +158,7 @@ def _refused(host: str, rc: int, why: str, remote_nnwatch: str) -> PullError:
             f"cannot reach {host} with ssh: {why or 'ssh gave no reason'}", EXIT_UNREACHABLE
         )
     if rc == 127 or "not found" in why:
-        return PullError(
-            f"`{remote_nnwatch}` cannot be run on {host} ({why or f'exit status {rc}'}); is "
-            "nnwatch installed there? (--remote-nnwatch names the command to run)",
-            EXIT_UNREACHABLE,
-        )
+        return PullError(explain_failure(host, rc, why, remote_nnwatch), EXIT_UNREACHABLE)
     if "invalid choice: 'pack'" in why:
         return PullError(
             f"the nnwatch on {host} is older than `nnwatch pack`; upgrade it there to pull",

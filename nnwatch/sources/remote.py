@@ -24,6 +24,7 @@ from typing import Any
 
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.pull import PullError, PullRequest, pull, pulled_run_dir
+from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import ssh_base, stop_process
 from nnwatch.sources.summarised import SummarisedSource
 from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
@@ -37,16 +38,19 @@ def remote_runs(
     *,
     ssh: str = "ssh",
     ssh_args: Sequence[str] = (),
-    remote_nnwatch: str = "nnwatch",
+    remote_nnwatch: str | None = None,
+    remote_root: str | None = None,
     timeout: float = CONNECT_TIMEOUT,
     finished: bool = False,
 ) -> list[dict[str, Any]]:
     """The runs ``nnwatch ls --json`` lists on ``host``, as its JSON rows (``finished``: also
-    the finished and crashed runs still on disk there, as ``--all``)."""
+    the finished and crashed runs still on disk there, as ``--all``). ``remote_nnwatch`` None:
+    the host's own runs say which Python runs nnwatch there (``remote_command``)."""
+    words = ["ls", "--json", *(["--all"] if finished else [])]
     cmd = [
         *ssh_base(ssh, ssh_args),
         host,
-        f"{remote_nnwatch} ls --json" + (" --all" if finished else ""),
+        remote_command(words, remote_nnwatch=remote_nnwatch, root=remote_root),
     ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -55,23 +59,17 @@ def remote_runs(
     except subprocess.TimeoutExpired:
         raise SourceError(f"ssh {host} did not answer within {timeout:g} s") from None
     if done.returncode != 0:
-        err = done.stderr.strip().splitlines()
-        why = err[-1] if err else f"exit status {done.returncode}"
-        hint = (
-            "; is nnwatch installed there? (--remote-nnwatch names the command to run)"
-            if done.returncode == 127 or "not found" in why
-            else ""
-        )
-        raise SourceError(f"`nnwatch ls --json` on {host} failed: {why}{hint}")
+        why = explain_failure(host, done.returncode, done.stderr, remote_nnwatch)
+        raise SourceError(f"`nnwatch ls --json` on {host} failed: {why}")
     try:
         rows = json.loads(done.stdout)
     except ValueError:
         raise SourceError(
-            f"`{remote_nnwatch} ls --json` on {host} printed something that is not JSON "
+            f"`nnwatch ls --json` on {host} printed something that is not JSON "
             "(a login banner on stdout?)"
         ) from None
     if not isinstance(rows, list):
-        raise SourceError(f"`{remote_nnwatch} ls --json` on {host} did not print a list")
+        raise SourceError(f"`nnwatch ls --json` on {host} did not print a list")
     return [r for r in rows if isinstance(r, dict)]
 
 
@@ -118,7 +116,9 @@ def pick_run(rows: list[dict[str, Any]], spec: str, host: str) -> dict[str, Any]
 @dataclass(frozen=True)
 class RemoteRun:
     """One run as ``nnwatch ls --json`` on another host described it: what a run list shows.
-    ``live`` is the far host's own judgement (its pids and heartbeats mean nothing here)."""
+    ``live`` is the far host's own judgement (its pids and heartbeats mean nothing here).
+    ``host`` is the name the user reached it by (the ssh alias: every node of a cluster may call
+    itself ``vm``), ``machine`` the hostname the run recorded there."""
 
     name: str
     state: str
@@ -131,6 +131,7 @@ class RemoteRun:
     age: float
     run_dir: str
     live: bool
+    machine: str = ""
 
     @classmethod
     def from_row(cls, row: dict[str, Any], host: str) -> RemoteRun:
@@ -142,7 +143,7 @@ class RemoteRun:
         return cls(
             name=str(row.get("name", "?")), state=str(row.get("state", "?")),
             step=int(step) if step is not None else None, steps_per_s=num("steps_per_s"),
-            pid=int(num("pid") or 0), host=f"{host}:{row.get('host', '')}".rstrip(":"),
+            pid=int(num("pid") or 0), host=host, machine=str(row.get("host") or ""),
             rank=int(num("rank") or 0), world_size=int(num("world_size") or 1),
             age=num("age") or 0.0, run_dir=str(row.get("run_dir", "")),
             live=bool(row.get("live")) and bool(row.get("socket")) and not row.get("ended"),
@@ -231,13 +232,17 @@ class RemoteSource(SummarisedSource):
         *,
         ssh: str = "ssh",
         ssh_args: Sequence[str] = (),
-        remote_nnwatch: str = "nnwatch",
+        remote_nnwatch: str | None = None,
+        remote_root: str | None = None,
         timeout: float = 10.0,
         max_hz: float = 20.0,
     ) -> None:
         self.host = host
         self._ssh, self._ssh_args, self._remote_nnwatch = ssh, tuple(ssh_args), remote_nnwatch
-        rows = remote_runs(host, ssh=ssh, ssh_args=ssh_args, remote_nnwatch=remote_nnwatch)
+        self._remote_root = remote_root
+        rows = remote_runs(
+            host, ssh=ssh, ssh_args=ssh_args, remote_nnwatch=remote_nnwatch, remote_root=remote_root
+        )
         self.info = pick_run(rows, spec, host)
         self.tunnel = SshTunnel(host, str(self.info["socket"]), ssh=ssh, ssh_args=ssh_args)
         try:
@@ -268,7 +273,7 @@ class RemoteSource(SummarisedSource):
         into = self._pulled_dir()
         req = PullRequest(
             self.host, run=run_dir, step=int(step), into=into, ssh=self._ssh,
-            ssh_args=self._ssh_args, remote_nnwatch=self._remote_nnwatch,
+            ssh_args=self._ssh_args, remote_nnwatch=self._remote_nnwatch, root=self._remote_root,
         )  # fmt: skip
         try:
             return pull(req).path

@@ -44,7 +44,8 @@ def _free_port() -> int:
 class Tunnel:
     """sshd on a free local port, and ``ssh -N -L local:remote`` through it."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra: str = "") -> None:
+        """``extra``: more sshd_config lines (``SetEnv PATH=...``: the host's own environment)."""
         self.dir = workdir
         self.port = _free_port()
         for key in ("host_key", "user_key"):
@@ -59,7 +60,7 @@ class Tunnel:
             f"PidFile {workdir}/sshd.pid\nAuthorizedKeysFile {workdir}/authorized_keys\n"
             "PubkeyAuthentication yes\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
-            "StrictModes no\nUsePAM no\nAllowStreamLocalForwarding yes\nLogLevel ERROR\n"
+            "StrictModes no\nUsePAM no\nAllowStreamLocalForwarding yes\nLogLevel ERROR\n" + extra
         )
         if os.getuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation dir

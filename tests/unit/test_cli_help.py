@@ -81,7 +81,9 @@ def test_one_word_for_each_thing() -> None:
 def test_runs_are_looked_up_under_root_wherever_they_are_looked_up() -> None:
     subs = _subparsers()
     lacking = [
-        c for c in sorted(LOOK_UP_RUNS) if not any("--root" in a.option_strings for a in _options_of(subs[c]))
+        c
+        for c in sorted(LOOK_UP_RUNS)
+        if not any("--root" in a.option_strings for a in _options_of(subs[c]))
     ]
     assert not lacking, f"no --root on: {lacking}"
 
