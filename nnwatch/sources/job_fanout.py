@@ -35,7 +35,7 @@ from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
-from nnwatch.sources.ssh_child import stop_process
+from nnwatch.sources.ssh_child import spawn_tied, stop_process
 from nnwatch.store.job_health import judge_job
 from nnwatch.store.jobs import Job
 
@@ -120,8 +120,8 @@ class HostLink:
                "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3", self.host]  # fmt: skip
         with open(self.err, "wb") as errf:
             try:
-                self.master = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                               stdout=subprocess.DEVNULL, stderr=errf)  # fmt: skip
+                self.master = spawn_tied(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=errf)  # fmt: skip
             except FileNotFoundError:
                 raise SourceError(f"cannot run {cmd[0]!r}: is OpenSSH installed here?") from None
         deadline = time.monotonic() + CONNECT_TIMEOUT
@@ -149,8 +149,8 @@ class HostLink:
         cmd = self.ssh_command(
             remote_command(["ranks", self.job, "--json", "--follow"], remote_nnwatch=self.remote_nnwatch)
         )
-        self.follow = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
+        self.follow = spawn_tied(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
         assert self.follow.stdout is not None
         for line in self.follow.stdout:
             try:
