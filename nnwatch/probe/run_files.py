@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from nnwatch._version import __version__
+from nnwatch.store.identity import pid_namespace
 from nnwatch.store.jobs import job_extra
 from nnwatch.store.overview import OverviewWriter
 from nnwatch.store.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
@@ -153,6 +154,7 @@ def build_meta(
             **extra,
             "gpu_uuids": gpu_uuids(device),
             **job_extra(),
+            "pid_ns": pid_namespace(),  # the pid above is only checked from the same namespace
         },
     )
 

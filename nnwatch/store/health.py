@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nnwatch.store.identity import same_process, this_host
+from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import ENDED
 from nnwatch.store.ring_reader import RingReader, RingState
@@ -171,7 +171,11 @@ def judge(
     if writer_alive is False:
         return health("crashed", gone_message(state.pid), "crashed")
     if writer_alive is None and hb_age > max(heartbeat_stale, 3 * hung_min):
-        return health("crashed", f"no heartbeat for {hb_age:.0f} s from a trainer on another host")
+        return health(
+            "crashed",
+            f"no heartbeat for {hb_age:.0f} s from a trainer on another host or in another PID "
+            "namespace (its pid cannot be checked from here)",
+        )
     if hb_age > heartbeat_stale:
         return health(
             "hung",
@@ -213,8 +217,9 @@ def end_message(end: dict | None, said: str = "") -> str:
 
 
 def writer_alive(state: RingState, host: str | None) -> bool | None:
-    """Whether the ring's writer still lives; None when it runs on another host."""
-    if host is not None and host != this_host():
+    """Whether the ring's writer still lives; None when it runs on another host or in another
+    PID namespace (a container sharing /dev/shm), where its pid names some other process."""
+    if not pid_checkable(host, state.pid_ns):
         return None
     return same_process(state.pid, state.start_time)
 

@@ -5,6 +5,12 @@ A pid alone is not an identity: the kernel hands pids out again, and a monitor t
 would show a long-dead run as live because some unrelated process now has its number. The start
 time of the process (from psutil, which reads ``/proc``) tells the two apart. A zombie (a killed
 trainer its parent has not yet waited for) counts as gone: it will never step again.
+
+A pid is also only meaningful inside its PID namespace: a trainer in a container that shares the
+host's ``/dev/shm`` (and its host name) registers a pid such as 1 or 7, which on the host belongs
+to another process or to none. Writers record their namespace (the inode of
+``/proc/self/ns/pid``); a reader in another namespace does not check such a pid at all and judges
+the run by its ring heartbeat instead.
 """
 
 from __future__ import annotations
@@ -46,6 +52,26 @@ def same_process(pid: int, start_time: float) -> bool:
     if start_time <= 0:  # the writer could not read its own start time; trust the pid alone
         return True
     return abs(now_start - start_time) <= START_TIME_TOLERANCE
+
+
+def pid_namespace() -> int:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``); 0 when it cannot be
+    read (not Linux, or /proc not mounted), which readers take as "the same as mine"."""
+    try:
+        return int(os.stat("/proc/self/ns/pid").st_ino)
+    except (OSError, ValueError):
+        return 0
+
+
+def pid_checkable(host: str | None, pid_ns: object = 0) -> bool:
+    """Whether a writer's pid can be checked from here: same host, and the same PID namespace
+    when the writer recorded one (``pid_ns``, 0 or None: an older writer, taken as the same)."""
+    if host is not None and host != this_host():
+        return False
+    if isinstance(pid_ns, bool) or not isinstance(pid_ns, int) or pid_ns <= 0:
+        return True
+    mine = pid_namespace()
+    return mine == 0 or mine == pid_ns
 
 
 def this_host() -> str:

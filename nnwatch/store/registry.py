@@ -37,6 +37,8 @@ from nnwatch.store.health import (
 from nnwatch.store.identity import (
     START_TIME_TOLERANCE,
     own_start_time,
+    pid_checkable,
+    pid_namespace,
     process_start_time,
     same_process,
     this_host,
@@ -47,7 +49,7 @@ from nnwatch.store.paths import (
     read_small_file,
     write_private_file,
 )
-from nnwatch.store.ring_layout import RingError, ring_path
+from nnwatch.store.ring_layout import ENDED, RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log
 from nnwatch.store.runlog import RunLogError
@@ -58,6 +60,9 @@ SOCKET_DIR = "s"
 ENTRY_VERSION = 1
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+#: A run in another PID namespace (a container) cannot be checked by its pid; gc takes it as gone
+#: only after its ring heartbeat has been silent this long (ls calls it crashed much sooner).
+FOREIGN_GONE_AFTER = 600.0
 
 
 def registry_dir(root: Path | None = None) -> Path:
@@ -121,6 +126,7 @@ def build_entry(
         "entry_version": ENTRY_VERSION,
         "name": meta.name,
         "pid": os.getpid(),
+        "pid_ns": pid_namespace(),
         "start_time": own_start_time(),
         "started": meta.started,
         "host": this_host(),
@@ -202,6 +208,8 @@ class RunInfo:
     #: When a reader saw this rank stopped while every other rank of its job still lived
     #: (``first_stop.json``, see :func:`note_first_stop`): it stopped first, for certain.
     seen_first_at: float | None = None
+    #: The writer's PID namespace (0: not recorded); its pid is only checked from the same one.
+    pid_ns: int = 0
     #: how an ended run ended: "finished", "interrupted" (Ctrl-C, SIGTERM) or "crashed"
     ended_as: str = ""
 
@@ -249,7 +257,7 @@ _ENTRY_FIELDS: tuple[tuple[str, tuple[type, ...]], ...] = (
     ("rank", (int,)), ("local_rank", (int,)), ("world_size", (int,)), ("run_dir", (str,)),
     ("ring", (str,)), ("socket", (str, type(None))), ("cwd", (str,)), ("cmdline", (list,)),
     ("cuda_devices", (list,)), ("layer_names", (list,)), ("nnwatch_version", (str,)),
-    ("instance", (int,)),
+    ("instance", (int,)), ("pid_ns", (int,)),
 )  # fmt: skip
 
 
@@ -314,6 +322,8 @@ def inspect(
     start_time = float(entry.get("start_time") or 0.0)
     run_dir = Path(str(entry.get("run_dir", "")))
     ring = str(entry.get("ring", ""))
+    pid_ns = int(entry.get("pid_ns") or 0)
+    checkable = pid_checkable(host, pid_ns)
     step: int | None = None
     rate: float | None = None
     kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
@@ -336,7 +346,7 @@ def inspect(
     except (RingError, OSError, ValueError, KeyError, OverflowError):
         step = None
         end = read_end(run_dir)
-        alive = same_process(pid, start_time) if host == this_host() else None
+        alive = same_process(pid, start_time) if checkable else None
         if end is not None:
             state_name = "crashed" if end.get("status") == "crashed" else "finished"
             health = Health(
@@ -345,8 +355,9 @@ def inspect(
         elif alive is False:
             health = Health("crashed", gone_message(pid), None, None, None, "crashed")
         elif alive is None:
+            where = "on another host" if host != this_host() else "in another PID namespace"
             health = Health(
-                "hung", "on another host, and its ring is unreadable from here", None, None, None
+                "hung", f"{where}, and its ring is unreadable from here", None, None, None
             )
         else:
             health = Health("starting", "no ring yet (before the first step)", None, None, None)
@@ -354,7 +365,7 @@ def inspect(
             step = int(end["steps"]) - 1
     started = float(entry.get("started") or start_time or now)
     ending = read_end(run_dir)
-    alive = same_process(pid, start_time) if host == this_host() else None
+    alive = same_process(pid, start_time) if checkable else None
     return RunInfo(
         name=str(entry.get("name", "?")), pid=pid, host=host, rank=int(entry.get("rank", 0)),
         world_size=int(entry.get("world_size", 1)), state=health.state, message=health.message,
@@ -367,6 +378,7 @@ def inspect(
         layers=len(entry.get("layer_names") or []), nnwatch_version=str(entry.get("nnwatch_version", "")),
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
         ending=ending, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=health.ended_as,
+        pid_ns=pid_ns,
     )  # fmt: skip
 
 
@@ -445,26 +457,87 @@ def gc(
 ) -> list[RunInfo]:
     """Remove the entries (and sockets) of runs whose process is gone; return what was removed.
 
-    Only entries from this host are judged: a pid means nothing on another machine. Entries that
-    cannot be read are left alone and named in ``problems``.
+    Only entries from this host are judged: a pid means nothing on another machine, nor in another
+    PID namespace (a container sharing /dev/shm), where the ring's heartbeat must have been
+    silent for ``FOREIGN_GONE_AFTER`` seconds. An entry's socket is removed only when it lies in
+    nnwatch's own socket directory and carries that entry's pid: an entry may name any path.
+    Entries that cannot be read are left alone and named in ``problems``.
     """
     removed = []
+    sockets = _socket_dirs(root)
     for info in list_runs(root, problems=problems):
         if info.host != this_host():
             continue
-        if same_process(info.pid, info.start_time):
+        if not pid_checkable(info.host, info.pid_ns):
+            if info.ending is None and (
+                info.heartbeat_age is None or info.heartbeat_age <= FOREIGN_GONE_AFTER
+            ):
+                if info.heartbeat_age is None and problems is not None:
+                    problems.append(
+                        f"kept {Path(info.entry_path).name}: its trainer runs in another PID "
+                        "namespace and its ring cannot be read, so whether it lives cannot be told"
+                    )
+                continue
+        elif same_process(info.pid, info.start_time):
             continue
         removed.append(info)
         if dry_run:
             continue
         unregister(Path(info.entry_path))
         if info.socket:
-            try:
-                if stat.S_ISSOCK(os.lstat(info.socket).st_mode):
+            why = _not_its_socket(info, sockets)
+            if why is None:
+                try:
                     os.unlink(info.socket)
-            except OSError:
-                pass
+                except OSError:
+                    pass
+            elif why and problems is not None:
+                problems.append(f"left the socket {info.socket} that {Path(info.entry_path).name} named: {why}")
     return removed
+
+
+def _socket_dirs(root: Path | None) -> set[str]:
+    """The directories nnwatch makes its command sockets in (see :func:`socket_path`)."""
+    base = Path(root) if root is not None else default_root()
+    return {
+        os.path.realpath(base / SOCKET_DIR),
+        os.path.realpath(Path("/tmp") / f"nnwatch-{os.getuid()}-s"),
+    }
+
+
+def _not_its_socket(info: RunInfo, dirs: set[str]) -> str | None:
+    """None when ``info.socket`` is the dead run's own socket file, else why it is left alone
+    ("" when it is simply gone already)."""
+    path = Path(str(info.socket))
+    if os.path.realpath(path.parent) not in dirs:
+        return "it is not in nnwatch's socket directory"
+    if not re.fullmatch(rf"{info.pid}-r{info.rank}(-w[0-9]+)?\.sock", path.name):
+        return "it is not named for that run's process"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        return "it is not a socket of yours"
+    return None
+
+
+def ring_writer_lives(ring: str | Path) -> bool | None:
+    """Whether the process that writes ``ring`` (as its own header names it) still runs: a dead
+    entry may point at a live run's directory. None when the ring cannot be read."""
+    try:
+        with RingReader(Path(ring)) as reader:
+            state = reader.state()
+            host = reader.meta.host if reader.meta is not None else None
+    except (RingError, OSError, ValueError):
+        return None
+    if state.status in ENDED:
+        return False
+    if pid_checkable(host, state.pid_ns):
+        return same_process(state.pid, state.start_time)
+    return state.heartbeat_age() <= FOREIGN_GONE_AFTER
 
 
 def fold_dead_rings(
@@ -482,8 +555,12 @@ def fold_dead_rings(
         seen.add(key)
         if not os.path.lexists(info.ring) or Path(info.ring).parent != Path(info.run_dir):
             continue
+        writer = ring_writer_lives(info.ring)
+        if writer:
+            continue  # the ring's own writer runs: a dead entry pointed at a live run
         if dry_run:
-            done.append((info.run_dir, 0, "would move the ring's steps into the log"))
+            done.append((info.run_dir, 0, "would move the ring's steps into the log" if writer is False
+                         else "would keep the ring: it cannot be read"))  # fmt: skip
             continue
         try:
             n, what = fold_ring_into_log(info.run_dir)
@@ -569,7 +646,7 @@ def inspect_dir(
             state = "crashed" if end.get("status") == "crashed" else "finished"
             message, how = end_message(end), ended_as(end.get("status"))
         else:
-            alive_now = run_process_alive(meta.pid, meta.started) if meta.host == this_host() else None
+            alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
             if alive_now is False:
                 state, message, how = "crashed", gone_message(meta.pid), "crashed"
             elif alive_now is None:
@@ -582,7 +659,7 @@ def inspect_dir(
             steps = max(0, (size - 64) // meta.schema.scalar_size)
         except OSError:
             steps = None
-    alive = run_process_alive(meta.pid, meta.started) if meta.host == this_host() else None
+    alive = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
     return RunInfo(
         name=meta.name, pid=meta.pid, host=meta.host, rank=meta.rank,
         world_size=meta.world_size, state=state, message=message,
@@ -596,6 +673,11 @@ def inspect_dir(
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
         ending=end, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=how,
     )  # fmt: skip
+
+
+def _checkable(meta: RunMeta) -> bool:
+    """Whether the pid in ``meta.json`` can be checked from here (same host and PID namespace)."""
+    return pid_checkable(meta.host, (meta.extra or {}).get("pid_ns"))
 
 
 def run_process_alive(pid: int, started: float) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nnwatch.store.identity import own_start_time
+from nnwatch.store.identity import own_start_time, pid_namespace
 from nnwatch.store.paths import describe_os_error
 from nnwatch.store.ring_layout import (
     CONST_OFF,
@@ -38,6 +38,7 @@ from nnwatch.store.ring_layout import (
     W_INTERVAL,
     W_LAST_PUBLISH,
     W_LOG_ERROR,
+    W_PID_NS,
     W_STATUS,
     W_STATUS_TIME,
     W_WRITE_SEQ,
@@ -173,6 +174,7 @@ class RingWriter:
         self._slot_q = self._mv[self.slots_offset :].cast("Q")
         self._slot_i = self._mv[self.slots_offset :].cast("I")
         self._hdr_d[W_HEARTBEAT] = now
+        self._hdr_q[W_PID_NS] = pid_namespace()
         self._hdr_q[W_STATUS] = STATUS_CODES["running"]
         self._hdr_d[W_STATUS_TIME] = now
         self._mm[0:8] = MAGIC  # last: a reader that sees the magic sees a complete header

@@ -46,6 +46,10 @@ CONST_OFF = 8
 W_WRITE_SEQ, W_HEARTBEAT, W_LAST_PUBLISH, W_INTERVAL = 8, 9, 10, 11  # u64, f64, f64, f64
 W_STATUS, W_STATUS_TIME, W_ERRORS = 12, 13, 14  # u64, f64, u64
 W_LOG_ERROR = 15  # u64: why the run log stopped (LOG_ERRORS), 0 while it works
+#: u64: the writer's PID namespace (inode of /proc/self/ns/pid), 0 when unknown (older writers
+#: left the word zero): a reader in another namespace judges the run by its heartbeat alone.
+W_PID_NS = 16
+PID_NS_OFF = 8 * W_PID_NS
 #: The reader's views of those words: write_seq, heartbeat, last publish, interval; ...
 PUBLISH = struct.Struct("<Qddd")
 PUBLISH_OFF = 8 * W_WRITE_SEQ

@@ -34,6 +34,7 @@ from nnwatch.store.ring_layout import (
     MAGIC,
     MAX_SEQ,
     META_OFFSET,
+    PID_NS_OFF,
     PUBLISH,
     PUBLISH_OFF,
     SLOT_ALIGN,
@@ -66,6 +67,8 @@ class RingState:
     record_size: int
     #: Why the run log stopped ("the disk is full", ...), "" while it works.
     log_error: str = ""
+    #: The writer's PID namespace (0: not recorded); see ``identity.pid_checkable``.
+    pid_ns: int = 0
 
     def heartbeat_age(self, now: float | None = None) -> float:
         return max(0.0, (time.time() if now is None else now) - self.heartbeat)
@@ -202,6 +205,7 @@ class RingReader:
         code, status_time = STATUS.unpack_from(self._mm, STATUS_OFF)
         (errors,) = ERRORS.unpack_from(self._mm, ERRORS_OFF)
         (log_code,) = U64.unpack_from(self._mm, LOG_ERROR_OFF)
+        (pid_ns,) = U64.unpack_from(self._mm, PID_NS_OFF)
         if (
             ws > MAX_SEQ or code not in STATUS_NAMES
             or not all(math.isfinite(x) and x >= 0 for x in (hb, last, interval, status_time))
@@ -216,6 +220,7 @@ class RingReader:
             heartbeat=hb, last_publish=last, step_interval=interval, errors=int(errors),
             slots=self.slots, record_size=self.record_size,
             log_error=LOG_ERRORS.get(int(log_code), "a write error") if log_code else "",
+            pid_ns=int(pid_ns) if pid_ns < 1 << 63 else 0,
         )  # fmt: skip
 
     @property

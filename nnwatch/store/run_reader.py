@@ -261,6 +261,25 @@ def _pid_alive(pid: int, started: float) -> bool:
         return False
 
 
+def _writer_alive(run_dir: Path, meta: RunMeta) -> bool:
+    """Whether the run's process still runs: by its pid when that can be checked from here, else
+    (a trainer in another PID namespace) by a fresh heartbeat in its ring."""
+    from nnwatch.store.identity import pid_checkable  # lazy: pulls psutil into ls start-up
+
+    if pid_checkable(None, (meta.extra or {}).get("pid_ns")):
+        return _pid_alive(meta.pid, meta.started)
+    try:
+        from nnwatch.store.health import HEARTBEAT_STALE  # lazy: as above
+        from nnwatch.store.ring_layout import ENDED, RingError  # lazy: guarded, optional
+        from nnwatch.store.ring_reader import RingReader  # lazy: guarded, optional
+
+        with RingReader(ring_path(run_dir, meta.rank), start="latest") as reader:
+            state = reader.state()
+    except (ImportError, RingError, OSError, ValueError):
+        return False
+    return state.status not in ENDED and state.heartbeat_age() <= HEARTBEAT_STALE
+
+
 def load_run(run_dir: str | os.PathLike[str]) -> Run:
     """Load a run directory, finished, crashed or still running, as numpy arrays (memory-mapped)."""
     run_dir = Path(run_dir).expanduser()
@@ -286,7 +305,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         if end.get("damaged"):
             warnings.append(f"{end['damaged']}; the run is taken as ended ({end['status']})")
         status = ended_as(end.get("status"))
-    elif _pid_alive(meta.pid, meta.started):
+    elif _writer_alive(run_dir, meta):
         status = "running"
     else:  # no end.json: a full disk at the end may have stopped it; the ring may still tell
         status = _ring_status(run_dir, meta) or "crashed"
@@ -297,6 +316,22 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     if status != "running":
         scalars, layers = _merge_ring_tail(run_dir, meta, scalars, layers, warnings)
     return Run(run_dir, meta, scalars, layers, events, status, end, warnings)
+
+
+def _ring_unreadable(path: Path, meta: RunMeta) -> str:
+    """Why the ring at ``path`` cannot be folded into the log ("" when it can): a newer format,
+    a damaged header, records of another layout."""
+    from nnwatch.store.ring_layout import RingError  # lazy: guarded, optional
+    from nnwatch.store.ring_reader import RingReader  # lazy: guarded, optional
+
+    try:
+        with RingReader(path, start="oldest") as reader:
+            reader.state()
+            if reader.dtype != meta.schema.record_dtype():
+                return "its records do not have the layout meta.json describes"
+    except (RingError, OSError, ValueError) as exc:
+        return f"it cannot be read ({exc})"
+    return ""
 
 
 def _ring_status(run_dir: Path, meta: RunMeta) -> str | None:
@@ -364,6 +399,9 @@ def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
     path = ring_path(run_dir, run.meta.rank)
     if not os.path.lexists(path):
         return 0, "no ring file"
+    unreadable = _ring_unreadable(path, run.meta)
+    if unreadable:  # its steps may be the only copy: never remove what could not be read
+        return 0, f"kept the ring: {unreadable}; no step was moved"
     on_disk = len(_map_rows(run_dir / SCALARS_FILE, run.meta.schema.scalar_dtype(), KIND_SCALARS, []))
     extra = run.scalars[on_disk:] if len(run.scalars) > on_disk else run.scalars[:0]
     extra_l = np.zeros(0, run.layers.dtype)
