@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nnwatch.diagnosis.observed import Observations
+
 if TYPE_CHECKING:
     from nnwatch.diagnosis.row import Row
 
@@ -214,8 +216,12 @@ class RunHistory:
         self._last5: list[float] = []
         self.best_loss = math.inf
         """Lowest median of 5 consecutive losses so far: how far the run ever got."""
+        self.obs = Observations()
+        """Causes the records show outright (LR, cleared gradients, a loss independent of the
+        weights, the clip), shared by every detector."""
 
     def push(self, row: Row) -> None:
+        self.obs.push(row)
         loss = row.loss
         g = row.grad_norm
         self.rows += 1

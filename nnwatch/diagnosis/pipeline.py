@@ -18,11 +18,27 @@ from nnwatch.diagnosis.detectors import (
     LossDivergingDetector,
     NanOrInfDetector,
 )
+from nnwatch.diagnosis.episode import Episode, EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding
 
 log = logging.getLogger("nnwatch")
+
+#: Findings about the level of the loss, which mean nothing for one side of an adversarial game.
+GAME_LOSS_KINDS = frozenset(
+    {"loss_diverging", "loss_stalled", "oscillating_loss", "loss_spike", "bad_initial_loss", "clipping_misuse"}
+)
+
+
+def _open(det: Detector) -> bool:
+    """Whether a detector's episode is open now (its finding still stands)."""
+    active = getattr(det, "active", None)
+    if isinstance(active, bool):
+        return active
+    return any(
+        bool(np.any(v.active)) for v in vars(det).values() if isinstance(v, (Episode, EpisodeArray))
+    )
 
 
 class Pipeline:
@@ -53,11 +69,16 @@ class Pipeline:
             if f is not None and not self._outranked(f):
                 out.append(f)
         self.history.push(row)
+        self.history.obs.active = {d.kind for d in self.detectors if _open(d)} | {f.kind for f in out}
         self.last_step = row.step
         return out
 
     def _outranked(self, f: Finding) -> bool:
-        """A loss that swings while it diverges is diverging: no oscillation finding on top."""
+        """A loss that swings while it diverges is diverging: no oscillation finding on top. One
+        side of a game (a GAN's generator or discriminator) has a loss that rises, stalls and
+        swings by design: its loss-level findings are left to the game's own checks."""
+        if self.history.obs.adversarial and f.kind in GAME_LOSS_KINDS:
+            return True
         if f.kind != "oscillating_loss":
             return False
         return any(isinstance(d, LossDivergingDetector) and d.active for d in self.detectors)

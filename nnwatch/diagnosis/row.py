@@ -26,8 +26,9 @@ _SCALARS = (
     "layer_stats",
     "samples_per_sec",
     "step_time",
+    "grads_kept",
 )
-_LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite")
+_LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite", "act_dead")
 
 
 class Row:
@@ -51,8 +52,10 @@ class Row:
         "act_zero",
         "act_maxabs",
         "act_nonfinite",
+        "act_dead",
         "grad_layer",
         "batch_size",
+        "grads_kept",
     )
     step: int
     loss: float
@@ -71,8 +74,12 @@ class Row:
     act_zero: np.ndarray | None
     act_maxabs: np.ndarray | None
     act_nonfinite: np.ndarray | None
+    act_dead: np.ndarray | None
+    """Rectifier layers: the fraction of units zero for every input of the batch (NaN others)."""
     grad_layer: np.ndarray
     batch_size: float
+    grads_kept: float
+    """1.0: this step's backward added to the last update's gradients (no zero_grad between)."""
 
     def __init__(self, rec: Any, act_known: bool = True) -> None:
         """One row from a single structured record (see :meth:`batch` for many at once)."""
@@ -118,9 +125,12 @@ class Row:
                 r.act_zero = per_layer["act_zero"][i]
                 r.act_maxabs = per_layer["act_maxabs"][i]
                 r.act_nonfinite = per_layer["act_nonfinite"][i]
+                r.act_dead = per_layer["act_dead"][i] if "act_dead" in per_layer else None
             else:
                 r.act_mean = r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
+                r.act_dead = None
             r.grad_layer = grad[i]
+            r.grads_kept = cols.get("grads_kept", nan)[i]
             out.append(r)
         return out
 

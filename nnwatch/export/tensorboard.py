@@ -46,7 +46,7 @@ from nnwatch.export.event_file import EventFile
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError, split_records
-from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta
+from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta, fields_of
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
@@ -143,7 +143,8 @@ class TensorBoardWriter:
             else [f"train/lr/group{i}" for i in range(schema.num_lr)]
         )
         self._layer_tags = [
-            (f, [f"{f}/{name}" for name in schema.layer_names]) for f in LAYER_FIELDS_ACT
+            (f, [f"{f}/{name}" for name in schema.layer_names])
+            for f in fields_of(LAYER_FIELDS_ACT, schema.version)
         ] + [(GRAD_LAYER_FIELD, [f"{GRAD_LAYER_FIELD}/{n}" for n in schema.param_layer_names])]
         self._next_histogram = 0
         self._writer = EventFile(self.out_dir)

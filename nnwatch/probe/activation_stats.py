@@ -60,6 +60,8 @@ class StatBlock:
         self.nonfinite: list[Any] = [0.0] * num_layers
         # GPU: (sum, sum of squares, min, max, non-zeros) per slot, stacked in finish()
         self.moments: list[tuple[torch.Tensor, ...] | None] = [None] * num_layers
+        #: rectifier layers: (units that fired at least once, units), see ``add_dead``
+        self.dead: list[tuple[torch.Tensor, int] | None] = [None] * num_layers
         self._const: dict[tuple[float, ...], torch.Tensor] = {}
         if self._on_cpu:
             # per slot: sum of squares, sum, non-zeros, min, max (the raw columns, in that order)
@@ -74,6 +76,41 @@ class StatBlock:
         for i in range(len(self.moments)):
             self.moments[i] = None
             self.nonfinite[i] = 0.0
+            self.dead[i] = None
+
+    def add_dead(self, x: torch.Tensor, slot: int, unit_dim: int) -> None:
+        """Count the units of a rectifier's output that are zero for every input of the batch.
+
+        A unit is one feature (the last dimension of ``(B, F)`` or ``(B, T, F)``, the channel of
+        a convolution's ``(B, C, ...)``). Its largest output over the batch is zero only when it
+        never fired: one ``amax`` and one count, over a prefix of the batch within the cap.
+        A share of exact zeros in the output says nothing of this (a healthy sparse layer is
+        80% zeros with a few units dead).
+        """
+        if x.dim() < 2 or x.numel() == 0:
+            return
+        rows = max(1, self.cap // max(1, x[0].numel()))
+        if unit_dim != 0 and x.shape[0] > rows:
+            x = x[:rows]
+        dims = tuple(d for d in range(x.dim()) if d != unit_dim)
+        peak = x.amax(dim=dims)
+        self.dead[slot] = (torch.count_nonzero(peak), peak.numel())
+
+    def finish_dead(self, out: torch.Tensor) -> None:
+        """The dead-unit fraction of each rectifier layer into ``out`` (L,); others stay NaN."""
+        present = [i for i, d in enumerate(self.dead) if d is not None]
+        if not present:
+            return
+        if self._on_cpu:
+            values = out.numpy()
+            for i in present:
+                alive, units = self.dead[i]  # type: ignore[misc]
+                values[i] = 1.0 - float(alive) / units
+            return
+        alive = torch.stack([self.dead[i][0] for i in present]).to(torch.float32)  # type: ignore[index]
+        units = self._constant(tuple(float(self.dead[i][1]) for i in present))  # type: ignore[index]
+        idx = self._constant(tuple(float(i) for i in present)).long()
+        out[idx] = (1.0 - alive / units).to(out.device)
 
     def add(self, x: torch.Tensor, slot: int, total: torch.Tensor | None = None) -> None:
         """Reduce one layer output (its first ``cap`` elements); a second call replaces the first.
@@ -139,11 +176,14 @@ class StatBlock:
             v = self._views[n] = (self._work[0, :n], self._work[1, :n])
         return v
 
-    def finish(self, out: torch.Tensor) -> bool:
-        """Write mean, std, zero fraction, non-finite count and max |x| into ``out`` (5, L).
+    def finish(self, out: torch.Tensor, dead: torch.Tensor | None = None) -> bool:
+        """Write mean, std, zero fraction, non-finite count and max |x| into ``out`` (5, L), and
+        the rectifiers' dead-unit fractions into ``dead`` (L,).
 
         Returns whether any layer had statistics this step.
         """
+        if dead is not None:
+            self.finish_dead(dead)
         count = self.count
         every = not np.isnan(count).any()
         present = np.arange(len(count)) if every else np.flatnonzero(~np.isnan(count))

@@ -61,10 +61,13 @@ class StepBuffers:
         self.scalars = self.dev[:nd]
         self.act_sum = self.dev[nd : nd + L]
         self.act_stats = self.dev[nd + L : nd + 6 * L].view(5, L)
-        self.grad_layer = self.dev[nd + 6 * L : nd + 6 * L + P]
+        #: per-unit dead fraction of rectifier layers (schema 3), right after the five stats
+        self.act_dead = self.dev[nd + 6 * L : nd + 7 * L]
+        g0 = nd + 7 * L
+        self.grad_layer = self.dev[g0 : g0 + P]
         self.loss = self.scalars[DEV_INDEX["loss"]]
         if self.dev_np is not None:
-            self.grad_layer_np = self.dev_np[nd + 6 * L : nd + 6 * L + P]
+            self.grad_layer_np = self.dev_np[g0 : g0 + P]
         # every value starts absent (NaN), layer sums included: a step the cost budget leaves
         # unmeasured publishes them as NaN without touching them
         self.template = torch.full((n,), math.nan, dtype=torch.float32, device=device)
@@ -85,6 +88,7 @@ class StepBuffers:
         idx = torch.tensor(order, dtype=torch.long, device=self.dev.device)
         self.act_sum.copy_(self.act_sum[idx])
         self.act_stats.copy_(self.act_stats[:, idx])
+        self.act_dead.copy_(self.act_dead[idx])
 
     # -- per step --------------------------------------------------------------------------------
     def commit(self, publish: Callable[[memoryview], None], reset: bool = True) -> None:

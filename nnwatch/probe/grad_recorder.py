@@ -30,6 +30,7 @@ Everything stays on the device; the only host reads are of CPU tensors.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 
 from nnwatch import grad as gradmath
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
-from nnwatch.tensors.grad_norms import LayerReducer, squared_norms, total_norm
+from nnwatch.tensors.grad_norms import LayerReducer, float32_of, squared_norms, total_norm
 from nnwatch.tensors.layers import LayerPlan
 
 _GRAD_NORM = DEV_INDEX["grad_norm"]
@@ -89,6 +90,12 @@ class GradientRecorder:
         self._sentinel: tuple[torch.Tensor, torch.Tensor | float] | None = None
         self._other_norm: torch.Tensor | None = None  # torch's non-L2 norm of this model's grads
         self._parts = ClipParts()  # this step's clips of parts of the model
+        #: 1.0/0.0: this step's first backward found the last update's gradients untouched /
+        #: cleared (``grads_kept``); NaN: not observed
+        self.kept = math.nan
+        self.layers_done = False  # this step's per-layer gradient norms are in the record
+        #: the gradient one small parameter had at the last update, and its version counter then
+        self._after_update: tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -142,16 +149,23 @@ class GradientRecorder:
         host = b.dev_np
         if host is not None:
             value = float(total)  # a CPU tensor or a float: no sync
-            host[_GRAD_NORM] = value
-            host[_NONFINITE_GRADS] = 0.0 if math.isfinite(value) else 1.0
+            finite = math.isfinite(value)
+            # a float64 norm beyond float32's range is recorded at its largest value, not as Inf
+            host[_GRAD_NORM] = value if not finite or abs(value) < _F32_MAX else _F32_MAX
+            host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
         else:
-            t = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
-            b.slot("grad_norm").copy_(t)
+            t = torch.as_tensor(total).detach()
             b.slot("nonfinite_grads").copy_(~torch.isfinite(t))
+            b.slot("grad_norm").copy_(float32_of(t).to(b.dev.device))
 
     # -- measuring -------------------------------------------------------------------------------
-    def measure_now(self, unscale: bool = False) -> torch.Tensor | float | None:
-        """Global and per-layer norms of the gradients as they are now."""
+    def measure_now(self, unscale: bool = False, layers: bool = True) -> torch.Tensor | float | None:
+        """Global (and with ``layers``, per-layer) norms of the gradients as they are now.
+
+        The global norm is taken on every step, measured or not: a spike between two measured
+        steps is the very thing a monitor exists to see. Per-layer norms cost an index-add and
+        stay on the steps the budget measures.
+        """
         present, grads = self.grads()
         self.done = True
         if not grads:
@@ -160,13 +174,15 @@ class GradientRecorder:
         sq = squared_norms(grads, b.dev.device)
         scale = self._scale() if unscale else None
         if scale is not None:
-            sq = sq / scale.to(sq.device, torch.float32).square()
+            sq = sq / scale.to(sq.device, sq.dtype).square()
         total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
-        host_layers = b.grad_layer_np
-        if b.dev_np is not None and host_layers is not None:
-            self.reducer.write_host(sq.numpy(), present, host_layers)
-        else:
-            self.reducer.write(sq, present, b.grad_layer, squared=True)
+        self.layers_done = layers
+        if layers:
+            host_layers = b.grad_layer_np
+            if b.dev_np is not None and host_layers is not None:
+                self.reducer.write_host(sq.numpy(), present, host_layers)
+            else:
+                self.reducer.write(sq, present, b.grad_layer, squared=True)
         self._write_total(total)
         self.total = total
         return total
@@ -195,12 +211,46 @@ class GradientRecorder:
     def on_backward_end(self) -> None:
         """The autograd engine finished a backward pass that reached the model's parameters."""
         self.backwards += 1
-        if not self.measure or self.torch_clips > 0 or self.backwards < self.micro:
+        if self.backwards == 1 and self._after_update is not None:
+            self._see_cleared()
+        if self.torch_clips > 0 or self.backwards < self.micro:
+            return
+        if not self.measure:
+            self.measure_now(unscale=True, layers=False)  # the global norm, every step
+            self.from_torch = False
             return
         self.measure_now(unscale=True)
         self.from_torch = False
         self._at_backward_end = True
         self._remember_sentinel()
+
+    def _see_cleared(self) -> None:
+        """Were the last update's gradients cleared before this backward added to them?
+
+        Read from the version counter of one small parameter's gradient (host metadata: no
+        sync). ``zero_grad()`` either drops the gradient (a new tensor comes) or zeroes it in
+        place (one more version); a backward that adds to uncleared gradients bumps the version
+        exactly once.
+        """
+        param, ref, version = self._after_update  # type: ignore[misc]
+        self._after_update = None
+        g = param.grad
+        old = ref()
+        if g is None:
+            return
+        self.kept = 1.0 if (g is old and g._version == version + 1) else 0.0
+
+    def after_update(self) -> None:
+        """The update is done (``w.step()``): remember one small gradient to see if it is cleared."""
+        self._after_update = None
+        for p in reversed(self.plan.params):
+            g = p.grad
+            if g is not None and g.numel() <= 65536:
+                try:
+                    self._after_update = (p, weakref.ref(g), g._version)
+                except TypeError:  # a tensor subclass without weak references: not observed
+                    pass
+                return
 
     def _check_scaled(self) -> None:
         self.scaled_checks -= 1
@@ -256,6 +306,7 @@ class GradientRecorder:
 
     def _layer_norms(self, only: set[int] | None) -> None:
         """Per-layer norms of this model's gradients as they are now."""
+        self.layers_done = True
         present, sq = self._layer_sq(only)
         if sq is not None:
             self._write_layers(present, sq)
@@ -403,6 +454,8 @@ class GradientRecorder:
         """Right before the update: fill in what is missing. Returns the pre-clip norm, if known."""
         if not self.done and (self.measure or self.override is not None):
             self.measure_now()
+        elif not self.done:
+            self.measure_now(layers=False)  # the global norm, every step
         elif self._at_backward_end and not self.clip_seen and self._scale() is None:
             self._check_changed()
         if self.override is not None and not self.clip_seen:
@@ -464,8 +517,11 @@ class GradientRecorder:
             self._parts = ClipParts()
         self.threshold = math.nan
         self.measure = measure_next
+        self.kept = math.nan
+        self.layers_done = False
 
 
+_F32_MAX = float(torch.finfo(torch.float32).max)
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)
 
 

@@ -68,6 +68,8 @@ class LayerHooks:
         self.sums: list[torch.Tensor | None] = [None] * len(self.slots)  # this step's, by slot
         self.sums_stored = False  # this step's sums are in the record
         self.stats = StatBlock(len(self.slots), device, self.cap)
+        #: per layer: None, or for a rectifier whether its input comes channels-first (a conv)
+        self.rectifier = _rectifier_layouts(plan.stat_modules)
 
     def refresh(self, device: torch.device) -> None:
         """Rebuild the statistics block (slots reordered, or the buffers moved device)."""
@@ -107,6 +109,10 @@ class LayerHooks:
                         self.sums[slot] = total if earlier is None else earlier + total
                     if sched.sampled:
                         self.stats.add(x, slot, total)
+                        conv = self.rectifier[i]
+                        if conv is not None:
+                            nd = x.dim()
+                            self.stats.add_dead(x, slot, 1 if nd >= 4 or (nd == 3 and conv) else nd - 1)
             except Exception as exc:  # noqa: BLE001 - never raise into the forward pass
                 self.failed(i, exc)
             sched.own += time.perf_counter() - t0
@@ -173,3 +179,21 @@ class LayerHooks:
         self.owner.warn_once(f"layer-{i}", f"stopped watching layer {name!r} after an error: {exc!r}")
         self.off.add(i)
         self.sums[self.slots[i]] = None
+
+
+#: Rectifiers whose output is zero exactly where a unit is off (and never negative).
+_RECTIFIERS = ("ReLU", "ReLU6")
+_CHANNELS_FIRST = ("Conv", "BatchNorm", "InstanceNorm", "GroupNorm", "MaxPool", "AvgPool", "Dropout2d")
+
+
+def _rectifier_layouts(modules: tuple[nn.Module, ...]) -> list[bool | None]:
+    """For each watched layer: None unless it is a rectifier; then whether a ``(B, C, L)`` output
+    has its units on dim 1 (after a convolution) rather than last (after a Linear in a sequence)."""
+    out: list[bool | None] = []
+    prev = ""
+    for m in modules:
+        kind = type(m).__name__
+        out.append(prev.startswith(_CHANNELS_FIRST) if kind in _RECTIFIERS else None)
+        if kind not in _RECTIFIERS:
+            prev = kind
+    return out

@@ -198,6 +198,8 @@ class StepCycle:
                 if total is None and guard_on and not self.guard.sentinels_finite():
                     total = rec.measure_now()  # a bad step: look at every gradient after all
                 if guard_on and total is not None and not rec.finite(total):
+                    if not rec.layers_done:
+                        rec.measure_now()  # a bad step: every layer's gradient, for the origin
                     self.guard.hit()
         except Exception as exc:  # noqa: BLE001
             self.owner.disable(f"internal error before optimizer.step(): {exc!r}")
@@ -230,9 +232,9 @@ class StepCycle:
                 rec.measure_now(unscale=True)  # the closure's last evaluation
         elif self.optimizer is None and self.backward_seen:
             rec.at_update()  # without an optimizer, w.step() is the update boundary
-        elif measure and not rec.done:
+        elif not rec.done and (measure or self.backward_seen):
             if self.backward_seen or not self.has_params:
-                rec.measure_now()
+                rec.measure_now(layers=measure)  # the global norm on every step
             else:
                 self.owner.warn_once(
                     "no-backward",
@@ -252,8 +254,8 @@ class StepCycle:
                 layers.store(self.buffers.act_sum)
                 measured = layers.sums_stored  # a step whose forward ran no watched layer is not
             if sched.sampled:
-                sampled = layers.stats.finish(self.buffers.act_stats)
-        record.write_host(self.step_index, now, dt, bs, rec.threshold, sampled, measured)
+                sampled = layers.stats.finish(self.buffers.act_stats, self.buffers.act_dead)
+        record.write_host(self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept)
         if not self.layers.finalized:
             self.owner.start_run()
         snaps = self.snapshots
@@ -278,6 +280,7 @@ class StepCycle:
         snaps.armed = False
         hooks = sched.advance(index, snaps.reason is not None)
         self.grads.end_step(sched.measure)
+        self.grads.after_update()
         if hooks != bool(layers.handles) and self.has_layers and not self.owner.disabled:
             layers.arm(hooks)
         sched.charge(t0, step_time, measured, sampled, first)  # hook attaching included

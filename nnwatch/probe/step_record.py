@@ -18,17 +18,27 @@ import torch
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import HOST_FIELDS
+from nnwatch.tensors.grad_norms import F32_MAX, float32_of
 
 N_HOST = len(HOST_FIELDS)
 _NO_CUDA = (math.nan, math.nan, math.nan)
 _LOSS = DEV_INDEX["loss"]
 _AMP_SCALE, _AMP_SKIPPED = DEV_INDEX["amp_scale"], DEV_INDEX["amp_skipped"]
-assert HOST_FIELDS[5:12] == (
-    "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss", "layer_sums"
+assert HOST_FIELDS[5:13] == (
+    "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss",
+    "layer_sums", "grads_kept",
 ), "StepRecord.write_host writes the host block in this order"
 _NO_LRS: list[float] = []
 _Tensor = torch.Tensor
 MEMORY_EVERY = 0.2  # seconds between two reads of the CUDA allocator's statistics
+
+
+def _f32(value: float) -> float:
+    """A loss read as a Python float, saturated at float32's largest value when it is finite but
+    beyond float32's range (a float64 model): never an overflow to Inf, never a numpy warning."""
+    if -F32_MAX <= value <= F32_MAX or value != value:
+        return value
+    return value if math.isinf(value) else math.copysign(F32_MAX, value)
 
 
 def batch_size_of(batch: Any, seq_first: bool = False) -> int | None:
@@ -93,7 +103,7 @@ class StepRecord:
     def loss(self, loss: Any) -> None:
         host = self.buf.dev_np
         if type(loss) is _Tensor and host is not None and loss.is_cpu and loss.dim() == 0:
-            host[_LOSS] = loss.item()  # the usual CPU case: a scalar, no sync, no torch copy
+            host[_LOSS] = _f32(loss.item())  # the usual CPU case: a scalar, no sync, no torch copy
             return
         slot = self.buf.loss
         if loss is None:
@@ -102,9 +112,9 @@ class StepRecord:
         if isinstance(loss, torch.Tensor):
             if loss.dim() == 0:
                 if host is not None and loss.is_cpu:
-                    host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
+                    host[_LOSS] = _f32(loss.item())  # a CPU scalar: no sync, cheaper than copy_
                 else:
-                    slot.copy_(loss.detach())  # the usual case on a GPU, in two calls
+                    slot.copy_(float32_of(loss.detach()))  # the usual case on a GPU
                 return
             value = loss.detach()
             if value.numel() != 1:
@@ -114,10 +124,10 @@ class StepRecord:
                     "nnwatch records its mean (pass loss.mean() to silence this)",
                 )
                 value = value.float().mean()
-            slot.copy_(value.reshape(()))
+            slot.copy_(float32_of(value.reshape(())))
         else:
             try:
-                slot.fill_(float(loss))
+                slot.fill_(_f32(float(loss)))
             except (TypeError, ValueError):
                 self.warn("loss-type", f"w.step() got a loss of type {type(loss).__name__}; pass the loss tensor")
 
@@ -151,7 +161,15 @@ class StepRecord:
         prev.copy_(s)
 
     def write_host(
-        self, step: int, now: float, dt: float, bs: int | None, threshold: float, sampled: bool, measured: bool
+        self,
+        step: int,
+        now: float,
+        dt: float,
+        bs: int | None,
+        threshold: float,
+        sampled: bool,
+        measured: bool,
+        kept: float = math.nan,
     ) -> None:
         """The host block in schema order and the optimizer's LRs after it, in one call."""
         b = self.buf
@@ -172,6 +190,7 @@ class StepRecord:
             sysmon.cpu_percent,
             sysmon.rss,
             1.0 if measured else 0.0,
+            kept,
             *lrs,
         )
 

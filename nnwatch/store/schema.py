@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # 2 added "layer_sums"
+SCHEMA_VERSION = 3  # 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"
 
 HOST_FIELDS: tuple[str, ...] = (
     "step",  # 0-based index of the optimizer step this record describes
@@ -36,6 +36,9 @@ HOST_FIELDS: tuple[str, ...] = (
     "rss",  # process resident memory in bytes, sampled at ~1 Hz
     "layer_sums",  # 1.0 when layer output sums and gradient norms were measured, 0.0 when the
     # step was left out to keep nnwatch within its cost budget (NaN in older runs: measured)
+    "grads_kept",  # 1.0 when this step's first backward found the previous update's gradients
+    # still there, untouched (no zero_grad() between two updates), 0.0 when they were cleared,
+    # NaN when not observed (the first step, a closure optimizer)
 )
 DEV_FIELDS: tuple[str, ...] = (
     "loss",  # the loss passed to w.step()
@@ -52,7 +55,16 @@ LAYER_FIELDS_ACT: tuple[str, ...] = (
     "act_zero",  # fraction of outputs exactly zero (dead-ReLU sparsity)
     "act_nonfinite",  # count of NaN/Inf outputs
     "act_maxabs",
+    "act_dead",  # rectifier layers: fraction of units that are zero for every input of the batch
 )
+#: Fields that a schema version added, so that older runs keep their own layout.
+_ADDED_IN = {"layer_sums": 2, "grads_kept": 3, "act_dead": 3}
+
+
+def fields_of(fields: tuple[str, ...], version: int) -> tuple[str, ...]:
+    """``fields`` as a run of schema ``version`` has them."""
+    return tuple(f for f in fields if _ADDED_IN.get(f, 1) <= version)
+
 #: On measured steps (``layer_sums`` is not 0): the float32 sum of each layer's output. A
 #: non-finite sum means the output held a NaN or Inf, which is how the first bad layer is found on
 #: steps whose full stats were not sampled. NaN on steps that were not measured.
@@ -82,7 +94,7 @@ class RunSchema:
         return len(self.param_layer_names)
 
     def host_dtype(self) -> np.dtype:
-        names = HOST_FIELDS if self.version >= 2 else HOST_FIELDS[: HOST_FIELDS.index("layer_sums")]
+        names = fields_of(HOST_FIELDS, self.version)
         fields: list[tuple[Any, ...]] = [(n, "<f8") for n in names]
         fields.append(("lr", "<f8", (self.num_lr,)))
         return np.dtype(fields)
@@ -93,7 +105,7 @@ class RunSchema:
     def layer_dtype(self) -> np.dtype:
         L, P = self.num_layers, self.num_param_layers
         fields: list[tuple[Any, ...]] = [(ACT_SUM_FIELD, "<f4", (L,))]
-        fields += [(n, "<f4", (L,)) for n in LAYER_FIELDS_ACT]
+        fields += [(n, "<f4", (L,)) for n in fields_of(LAYER_FIELDS_ACT, self.version)]
         fields.append((GRAD_LAYER_FIELD, "<f4", (P,)))
         return np.dtype(fields)
 

@@ -14,9 +14,12 @@ import numpy as np
 import torch
 from torch.nn.parameter import UninitializedParameter
 
+F32_MAX = float(torch.finfo(torch.float32).max)
+
 
 def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Float32 squared L2 norm of each gradient, stacked on ``device``."""
+    """Squared L2 norm of each gradient, stacked on ``device``: float32, or float64 when a
+    gradient is float64 (its norm, and more so its square, can be beyond float32's range)."""
     if device.type == "cpu" and all(g.dtype == torch.float32 and g.device.type == "cpu" for g in grads):
         flats = [g.reshape(-1) for g in grads]
         return torch.stack([torch.dot(f, f) for f in flats])
@@ -25,7 +28,17 @@ def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tens
         norms = torch._foreach_norm(grads, 2.0)
     except (RuntimeError, TypeError):
         norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]
-    return torch.stack([n.to(device=device, dtype=torch.float32) for n in norms]).square_()
+    wide = any(g.dtype == torch.float64 for g in grads)
+    dtype = torch.float64 if wide else torch.float32
+    return torch.stack([n.to(device=device, dtype=dtype) for n in norms]).square_()
+
+
+def float32_of(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as float32, a finite value beyond float32's range saturated at its largest value
+    rather than turned into Inf (a finite float64 loss of 1e40 is not a non-finite one)."""
+    if t.dtype != torch.float64:
+        return t.to(torch.float32)
+    return torch.where(torch.isfinite(t), t.clamp(-F32_MAX, F32_MAX), t).to(torch.float32)
 
 
 def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
@@ -36,7 +49,8 @@ def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
     function, so that a reproduced step matches the record bit for bit.
     """
     if sq.device.type == "cpu":
-        return math.sqrt(float(sq.numpy().sum(dtype=np.float64)))
+        with np.errstate(over="ignore"):
+            return math.sqrt(float(sq.numpy().sum(dtype=np.float64)))
     return sq.sum().sqrt()
 
 
@@ -84,6 +98,9 @@ class LayerReducer:
                 np.bincount(self._host_index, weights=per_param, minlength=self._num_layers)
             )
         layer[np.isnan(layer)] = math.inf
+        if per_param.dtype == np.float64:  # a float64 model: saturate, never overflow to Inf
+            big = np.isfinite(layer) & (layer > F32_MAX)
+            layer[big] = F32_MAX
         layer[self._host_absent] = math.nan
         out[:] = layer
 
@@ -103,8 +120,9 @@ class LayerReducer:
         if self._num_layers == 0 or not present:
             return
         index, absent = self._prepare(present, out.device)
-        per_param = per_param.to(device=out.device, dtype=torch.float32)
-        acc = torch.zeros(self._num_layers, dtype=torch.float32, device=out.device)
+        dtype = torch.float64 if per_param.dtype == torch.float64 else torch.float32
+        per_param = per_param.to(device=out.device, dtype=dtype)
+        acc = torch.zeros(self._num_layers, dtype=dtype, device=out.device)
         if math.isinf(norm_type):
             acc.index_reduce_(0, index, per_param, "amax", include_self=False)
             layer = acc
@@ -114,7 +132,8 @@ class LayerReducer:
         else:
             acc.index_add_(0, index, per_param.pow(norm_type))
             layer = acc.pow_(1.0 / norm_type)
-        out.copy_(layer.nan_to_num_(nan=math.inf).masked_fill_(absent, math.nan))
+        layer = float32_of(layer.nan_to_num_(nan=math.inf))
+        out.copy_(layer.masked_fill_(absent, math.nan))
 
 
 def sentinel_params(

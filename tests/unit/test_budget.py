@@ -161,10 +161,11 @@ def test_measured_steps_are_exact_and_light_steps_are_absent_not_zero() -> None:
     assert measured[late].sum() <= late.sum() // 4 + 1 + sampled_late  # every 4th, + sampled
     gaps = np.diff(np.flatnonzero(measured))
     assert gaps.max() <= 4  # never more than max_interval apart
-    # measured steps: the same bits torch computes; light steps: NaN, never 0
-    assert np.allclose(run["grad_norm"][measured], norms[measured], rtol=1e-6)
-    assert np.isnan(run["grad_norm"][~measured]).all()
-    assert np.isnan(run["nonfinite_grads"][~measured]).all()
+    # the global norm on every step, measured or not (issue: spikes fell between measurements);
+    # the per-layer norms on measured steps only, NaN elsewhere, never 0
+    assert np.allclose(run["grad_norm"], norms, rtol=1e-6)
+    assert (run["nonfinite_grads"] == 0.0).all()
+    assert np.isnan(run.layers["grad_layer"][~measured[run.layers["step"]]]).all()
     assert np.isnan(run["loss"]).sum() == 0  # the loss, LR and timings are recorded every step
     assert np.isfinite(run["step_time"][1:]).all()
     # full statistics only on sampled steps, which are always measured ones
@@ -209,8 +210,10 @@ def test_detailed_mode_takes_statistics_every_step_and_measures_on_the_budget() 
     late = np.arange(n) >= WARMUP_STEPS + 2 * UPDATE_EVERY
     assert 0 < measured[late].sum() <= late.sum() // 4 + 1
     assert np.diff(np.flatnonzero(measured)).max() <= 4
-    assert np.allclose(run["grad_norm"][measured], norms[measured], rtol=1e-6)
-    assert np.isnan(run["grad_norm"][~measured]).all()
+    # the global norm is taken on every step (a spike between measured steps is the point of a
+    # monitor); the per-layer norms and sums only on measured ones
+    assert np.allclose(run["grad_norm"], norms, rtol=1e-6)
+    assert np.isnan(run.layers["grad_layer"][~measured]).all()
     assert np.isnan(run.layers["act_sum"][~measured]).all()  # absent, not zero
     assert np.isfinite(run.layers["act_sum"][measured]).all()
     # a ReLU's zero fraction on an unmeasured step is the real one, not a stale copy

@@ -14,11 +14,13 @@ from nnwatch.diagnosis.detectors.loss_stalled import LossStalledDetector
 from nnwatch.diagnosis.detectors.nan_or_inf import NanOrInfDetector
 from nnwatch.diagnosis.detectors.oscillating_loss import OscillatingLossDetector
 from nnwatch.diagnosis.detectors.saturated_activation import SaturatedActivationDetector
+from nnwatch.diagnosis.detectors.setup_fault import SetupFaultDetector
 from nnwatch.diagnosis.detectors.vanishing_gradients import VanishingGradientsDetector
 from nnwatch.diagnosis.detectors.zero_gradient_layer import ZeroGradientLayerDetector
 
 ALL_DETECTORS: tuple[type[Detector], ...] = (
     NanOrInfDetector,
+    SetupFaultDetector,
     BadInitialLossDetector,
     ClippingMisuseDetector,
     ExplodingGradientsDetector,
@@ -47,6 +49,7 @@ __all__ = [
     "NanOrInfDetector",
     "OscillatingLossDetector",
     "SaturatedActivationDetector",
+    "SetupFaultDetector",
     "VanishingGradientsDetector",
     "ZeroGradientLayerDetector",
 ]

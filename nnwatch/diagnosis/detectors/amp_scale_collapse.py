@@ -1,11 +1,15 @@
-"""AMP scale collapse: the GradScaler keeps halving its scale because gradients keep overflowing.
+"""AMP scale collapse: the GradScaler's scale keeps falling because gradients keep overflowing.
 
-A GradScaler starts high (2^16), skips the first steps whose scaled gradients overflow fp16 and
-halves its scale each time: a few skips at the start are calibration, not a problem. After the
+A GradScaler starts high (2^16 by default, 2^24 or 2^32 in some trainers) and halves its scale on
+every step whose scaled gradients overflow fp16, skipping that step: a run of halvings at the
+start is calibration, however long, and says nothing while the scale is still large. After the
 first successful step, a healthy run skips rarely and alone (each time the scale has just grown).
-Collapse means persistent Inf/NaN in the fp16 graph: the scale falls below 1 (textbook: "down to
-1.0 or 1e-4"), or after calibration 4 skips in a row or 8 of the last 16 steps skipped, or 12 skips
-in a row from the start.
+Collapse is a scale that keeps falling once calibration is over, or that falls below a floor:
+
+* the scale below 1 at any time (the loss is then scaled *down*: the seed's "down to 1.0 or
+  1e-4" rule);
+* after calibration, 4 skips in a row that take the scale more than 16x below where calibration
+  left it, or 8 of the last 16 steps skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from nnwatch.store.finding import Finding, fmt
 
 MIN_SCALE = 1.0
 CONSECUTIVE = 4
-CONSECUTIVE_AT_START = 12
+BELOW_SETTLED = 16.0  # after calibration, a fall this far below the settled scale
 WINDOW, WINDOW_SKIPS = 16, 8
 RELEASE = 50
 
@@ -38,6 +42,7 @@ class AmpScaleCollapseDetector(Detector):
         self.recent: deque[int] = deque(maxlen=WINDOW)
         self.peak = 0.0
         self.first_skip_step = -1
+        self.settled = math.nan  # the scale at the first successful step
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         s = row.amp_scale
@@ -53,13 +58,16 @@ class AmpScaleCollapseDetector(Detector):
             self.run = 0
             if not self.calibrated:
                 self.calibrated = True
+                self.settled = s
                 self.recent.clear()  # calibration skips are not held against the run
         self.peak = max(self.peak, s)
         window_skips = int(sum(self.recent))
-        hit = (
-            s < MIN_SCALE
-            or (self.calibrated and (self.run >= CONSECUTIVE or window_skips >= WINDOW_SKIPS))
-            or (not self.calibrated and self.run >= CONSECUTIVE_AT_START)
+        hit = s < MIN_SCALE or (
+            self.calibrated
+            and (
+                (self.run >= CONSECUTIVE and s * BELOW_SETTLED <= self.settled)
+                or window_skips >= WINDOW_SKIPS
+            )
         )
         if not self.episode.update(hit, row.step):
             return None

@@ -1,17 +1,20 @@
-"""Dead ReLUs: a rectifier layer whose outputs are (almost) all exactly zero, so no gradient flows.
+"""Dead ReLUs: rectifier units that output zero for every input, so no gradient reaches them.
 
-DeepDiagnosis (ICSE 2022) calls a layer dead when at least 70% of its outputs are zero. Healthy
-ReLU layers sit near 50% and some grow sparser while training, so the rule here is anchored to the
-layer's own start: at least 70% zeros *and* 20 points more than the layer had at step 0, or 90%
-outright. At 90% one sampled step is enough; the 70% rule needs two sampled steps in a row. Per-layer statistics
-are sampled every few steps, so two cheaper signals cover the steps in between:
+The quantity is the *unit*, not the output value: a healthy sparse ReLU layer is 75-85% exact
+zeros while only a few of its units are dead, and an output-zero share flags it for nothing. On
+sampled steps the probe records, per rectifier layer, the fraction of units (features, or conv
+channels) whose output is zero for every input of the batch. A layer is dead when at least 70% of
+its units are, on two sampled steps in a row, and 20 points more than it had at the start, or
+90% outright (one sampled step). Two cheaper signals cover the steps in between:
 
-* a rectifier's output sum is exactly 0.0 only when every output is zero (fully dead layer);
+* a rectifier's output sum is exactly 0.0 only when every output is zero (every unit dead);
 * a parameter-owning layer whose gradient is exactly 0.0 while others still get gradients, and
   whose output goes straight into a ReLU-family module, feeds units that are all dead; the finding
   names that ReLU. A finding of this kind only ever names a ReLU-family layer: a zero gradient
   with no rectifier after it (an LSTM, a Linear, a functional relu nnwatch cannot see) is
   ``zero_gradient_layer``'s, which names it for what it is.
+
+Runs recorded before the per-unit field (schema 2) are judged on the last two signals only.
 """
 
 from __future__ import annotations
@@ -63,11 +66,11 @@ class DeadReluDetector(Detector):
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         new_sampled = new_sum = new_grad = None
-        if row.act_zero is not None and self.any_rectifier:
-            z = row.act_zero.astype(np.float64)
+        if row.act_dead is not None and self.any_rectifier:
+            z = row.act_dead.astype(np.float64)
             seen = np.isfinite(z) & self.rectifier
             if row.act_nonfinite is not None:
-                seen &= row.act_nonfinite == 0  # NaN outputs read as 'zero' to the probe
+                seen &= row.act_nonfinite == 0  # a NaN batch says nothing of the units
             first = seen & np.isnan(self.start_zero)
             self.start_zero[first] = z[first]
             self.last_zero[seen] = z[seen]
@@ -122,8 +125,8 @@ class DeadReluDetector(Detector):
             evidence.update(
                 {
                     "layer_index": i,
-                    "zero_fraction": 1.0 if fully and not math.isfinite(zero) else zero,
-                    "zero_fraction_at_start": float(self.start_zero[i]),
+                    "dead_unit_fraction": 1.0 if fully and not math.isfinite(zero) else zero,
+                    "dead_unit_fraction_at_start": float(self.start_zero[i]),
                     "threshold": DEAD_FRACTION,
                     "all_outputs_zero": 1.0 if fully else 0.0,
                 }
@@ -133,8 +136,8 @@ class DeadReluDetector(Detector):
                 what = f"every output of {ctx.layer_label(i)} is exactly zero"
             else:
                 what = (
-                    f"{fmt(100 * zero)}% of the outputs of {ctx.layer_label(i)} are exactly zero "
-                    f"(it started at {fmt(100 * float(self.start_zero[i]))}%)"
+                    f"{fmt(100 * zero)}% of the units of {ctx.layer_label(i)} are dead (zero for "
+                    f"every input of the batch; {fmt(100 * float(self.start_zero[i]))}% at the start)"
                 )
             others = [ctx.layer_names[int(k)] for k in layers[1:4]]
             summary = what + (f"; also dead: {', '.join(others)}" if others else "") + "."

@@ -21,11 +21,13 @@ The evidence also carries AutoTrainer's (ICSE 2021) first-to-last layer gradient
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
     Ring,
@@ -34,6 +36,7 @@ from nnwatch.diagnosis.history import (
     median,
     median_sigma,
 )
+from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -50,6 +53,14 @@ DIVERGE_DECADES = math.log10(3.0)  # with the loss 10x above its start, 3x the n
 LOSS_BLOWUP = 10.0
 WORSE_THAN_START = 0.10
 HITS, OF = 2, 3  # hits needed within the last steps
+#: Without a clip, a norm 100x where the run began, twice within FAR_WITHIN steps, while the run's
+#: usual norm itself has grown 3x, is an explosion even while the loss still improves: Adam
+#: absorbs a recurrent net's blow-up into its second moment, and the loss creeps down between
+#: spikes of hundreds of times the early norm (a vanilla RNN past its stability edge).
+FAR_DECADES, FAR_USUAL_DECADES, FAR_HITS, FAR_WITHIN = 2.0, 0.5, 2, 20
+#: ... and each such step a spike: 2x the median of the last 16 norms (a norm that grows smoothly
+#: while the loss falls is a model waking up, however far it grows)
+FAR_SPIKE_DECADES, RECENT = math.log10(2.0), 16
 CLIPPED_HITS, CLIPPED_OF = 4, 5  # clipping bounds the updates: only a persistent blow-up counts
 
 
@@ -67,6 +78,10 @@ class ExplodingGradientsDetector(Detector):
         self.layer_ema = np.full(ctx.num_param_layers, np.nan)
         self.start: list[float] = []
         self._learned = 0
+        self.far_steps: list[int] = []  # recent steps at 100x the start (no clip)
+        self.recent: deque[float] = deque(maxlen=RECENT)  # the last log10 norms
+        self.far = False  # this episode was opened by the far rule (the loss may improve)
+        self._obs = Observations()  # the shared observations, set on each update
 
     def _spread(self, ref: float) -> float:
         """The baseline's spread (MAD as a sigma): only needed once the norm is well above it."""
@@ -75,6 +90,7 @@ class ExplodingGradientsDetector(Detector):
         return MAD_TO_SIGMA * median([abs(v - ref) for v in self.base.values()])
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        self._obs = hist.obs
         if row.amp_skipped == 1.0:
             return None  # the GradScaler overflowed on purpose and skipped the step
         g = row.grad_norm
@@ -83,6 +99,8 @@ class ExplodingGradientsDetector(Detector):
             return None  # not measured, or exactly zero (the vanishing detector's business)
         if finite and len(self.start) < START_STEPS:
             self.start.append(math.log10(g))
+        if finite:
+            self.recent.append(math.log10(g))
         if len(self.base) < MIN_HISTORY:
             if finite:
                 self._learn(row, math.log10(g))
@@ -103,13 +121,27 @@ class ExplodingGradientsDetector(Detector):
                     or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
                     or self._loss_blew_up(row, hist)
                 )
+                if (
+                    not hit
+                    and not self.active
+                    and from_start >= FAR_DECADES
+                    and not math.isfinite(row.clip_threshold)
+                    and ref - median(self.start) >= FAR_USUAL_DECADES
+                    and x - median(list(self.recent)) >= FAR_SPIKE_DECADES
+                ):
+                    self.far_steps = [s for s in self.far_steps if row.step - s < FAR_WITHIN]
+                    self.far_steps.append(row.step)
+                    if len(self.far_steps) >= FAR_HITS:
+                        self.active, self.calm, self.far = True, 0, True
+                        self.frozen = (ref, self._spread(ref))
+                        return self._finding(row, ref, rise, finite)
         else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
             hit = any(h for h, _ in self.recent_hits)
         if self.active:
             if rise < RELEASE_DECADES:
                 self.calm += 1
                 if self.calm >= RELEASE:
-                    self.active = False
+                    self.active = self.far = False
                     self.frozen = None
                     self.recent_hits.clear()
             else:
@@ -201,36 +233,63 @@ class ExplodingGradientsDetector(Detector):
             "above_textbook_100": 1.0 if row.grad_norm > TEXTBOOK_LIMIT else 0.0,
             "clip_threshold": row.clip_threshold,
         }
-        times = "non-finite" if not finite else f"{fmt(10**rise)}x"
-        summary = (
-            f"gradient norm {fmt(row.grad_norm)} is {times} this run's usual {fmt(usual)}"
-            + (
-                f" ({layer} grew most, {fmt(layer_growth)}x)"
-                if layer and math.isfinite(layer_growth)
-                else ""
-            )
-            + f" while the loss got worse ({fmt(row.loss)})."
+        start = 10 ** median(self.start) if self.start else math.nan
+        if not finite:
+            times = "non-finite"
+        elif rise >= HIT_DECADES or not math.isfinite(start) or start <= 0:
+            times = f"{fmt(10**rise)}x this run's usual {fmt(usual)}"
+        else:  # fired against where the run began (a slow pile-up the usual level followed up)
+            times = f"{fmt(row.grad_norm / start)}x where the run began ({fmt(start)})"
+            evidence["times_start"] = row.grad_norm / start
+        grew = (
+            f" ({layer} grew most, {fmt(layer_growth)}x)" if layer and math.isfinite(layer_growth) else ""
         )
-        if clipped:
-            remedy = (
-                f"clipping at {fmt(row.clip_threshold)} bounds each update, but the gradients keep "
-                f"growing: lower the LR{lr_now(row)} by 3-10x"
+        if self.far:
+            loss_part = (
+                f"; the usual norm itself has grown {fmt(usual / start)}x. The loss still improves "
+                "between the spikes (an adaptive optimizer absorbs them), but each spike is an update "
+                "in a direction the model cannot trust"
             )
         else:
-            remedy = (
+            loss_part = f" while the loss got worse ({fmt(row.loss)})"
+        summary = f"gradient norm {fmt(row.grad_norm)} is {times}{grew}{loss_part}."
+        obs = self._obs
+        summary += causes_sentence(obs)
+        clip_rate = obs.clip_rate
+        candidates: list[tuple[str, str]] = []
+        if clipped:
+            if math.isfinite(clip_rate) and clip_rate > 0:
+                candidates.append((
+                    "clip_bounds",
+                    f"clipping at {fmt(row.clip_threshold)} (it fired on {fmt(100 * clip_rate)}% of "
+                    f"recent steps) bounds each update, but the gradients keep growing: lower the "
+                    f"LR{lr_now(row)} by 3-10x",
+                ))  # fmt: skip
+            else:
+                candidates.append((
+                    "lower_lr",
+                    f"your clip at {fmt(row.clip_threshold)} never fired (the norm stayed below it), "
+                    f"so it bounds nothing: lower max_norm to about {fmt(clip)}, and lower the "
+                    f"LR{lr_now(row)} by 3-10x",
+                ))  # fmt: skip
+        else:
+            candidates.append((
+                "add_clip",
                 f"clip gradients at {fmt(clip)} (about 2x this run's usual norm: "
-                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)})) and lower the LR"
-                f"{lr_now(row)} by 3-10x"
-            )
+                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)}))",
+            ))  # fmt: skip
+            candidates.append(("lower_lr", f"lower the LR{lr_now(row)} by 3-10x"))
+        remedy = remedy_text(obs, candidates, numbered=False)
+        evidence.update(causes_evidence(obs))
         return Finding(
             kind=self.kind,
-            severity="error" if finite else "critical",
+            severity=("warning" if self.far else "error") if finite else "critical",
             step=row.step,
             summary=summary,
             remedy=remedy,
             layer=layer,
             evidence=evidence,
-            onset_step=min(s for h, s in self.recent_hits if h),
+            onset_step=min([s for h, s in self.recent_hits if h] + self.far_steps + [row.step]),
         )
 
 

@@ -19,8 +19,9 @@ the run against its own past, never against a fixed number:
   reached instead (the lowest median of 16 consecutive losses): the median of the last 16 at
   least one unit above it (with 3 sigma of the noise there), trending up (tau of the last 24 at
   least 0.3) or 3 units above;
-* a unit is never less than a quarter of what the run has learned (start minus base), so that a
-  converged loss that bumps up (a restart of a cosine schedule) is not a divergence;
+* a unit is never less than half of what the run has learned (start minus base), so that a
+  converged loss that bumps up (a restart of a cosine schedule, a transient instability) is not a
+  divergence;
 * in the first 12 losses there is little history, so only a ten-fold runaway counts (the last
   three losses at least 10x the first loss, or 9 units above it).
 
@@ -61,6 +62,9 @@ RELEASE = 50
 SLOW_NOISE_UNITS = 3.0  # the median of 16 is steadier than one loss
 SLOW_TREND_N = 24
 SLOW_TREND_TAU = 0.3
+#: a run that has learned diverges when it gives back at least half of what it learned (a bump
+#: of a converged loss, or a transient instability it recovers from, gives back less)
+LEARNED_SHARE = 0.5
 
 
 def noise_sigma(ref: list[float]) -> float:
@@ -75,7 +79,7 @@ def noise_sigma(ref: list[float]) -> float:
 def rise_unit(base: float, noise: float, start: float, noise_units: float = NOISE_UNITS) -> float:
     """One unit of rise above ``base``: |base|, the stretch's noise, or a quarter of the progress
     the run made from its start (a bump of a converged loss is small next to what it learned)."""
-    progress = 0.25 * (start - base) if math.isfinite(start) and start > base else 0.0
+    progress = LEARNED_SHARE * (start - base) if math.isfinite(start) and start > base else 0.0
     return max(abs(base), noise_units * noise, progress, 1e-12)
 
 

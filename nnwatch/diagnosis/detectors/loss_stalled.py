@@ -18,12 +18,25 @@ A flat loss is also what a converged run looks like, so a stall needs more than 
   a loss that is already near zero stalled, only converged (a run watched from a trained
   checkpoint): within 1e-4 of zero, or under 1% of ln(K) for a K-class model.
 
-A plateau before a drop (a saddle, common with small initial weights) is indistinguishable from a
-stall while it lasts, and a min-max loss (a GAN's D + G) that stays flat is normal, so the last,
-cause-less rule starts as a note (severity ``info``). It becomes a warning only when the loss has
-sat at a level that means "nothing learned" for a long stretch: at chance, within 10% of ln(K) for
-a K-class model, for at least 100 steps. A run of unknown K (regression, a GAN) is never warned
-about on a flat loss alone; its level has no meaning nnwatch could check.
+* the loss does not depend on the parameters: every gradient exactly 0, or the loss the same to
+  the last bit, for 5 steps from the start (a loss on detached outputs, cross_entropy over a
+  single logit, which is always 0);
+* a scheduler took the LR down 1000x or more below the run's own peak and the loss has been flat
+  over the last 40 steps (a per-epoch StepLR stepped every batch);
+* or, with no specific cause, a run that has not learned anything yet: its loss never got 10% below
+  where it started (nor rose 10% above it: that is divergence, which other detectors report), and
+  the trend fitted over the last 40 steps projects less than a 2% drop. A run that once got 10%
+  below its start and came back up has learned something: it is regressing or oscillating. Nor is
+  a loss that is already near zero stalled, only converged (a run watched from a trained
+  checkpoint): within 1e-4 of zero, or under 1% of ln(K) for a K-class model.
+
+A plateau before a drop (attention learning to count, sparse parity, small initial weights at a
+saddle) sits at the label entropy for hundreds of steps and then falls; while it lasts it looks
+exactly like a stall. So the cause-less rule is a note (severity ``info``), and it becomes a
+warning only with a cause the records show beside it: a layer that gets no gradient, vanishing
+gradients, dead units, a collapsing AMP scale, a Softmax layer whose probabilities the loss takes
+as logits; or when the evidence is conclusive on its own: at chance, within 10% of ln(K), for 1000
+steps. A run of unknown K (regression, a GAN) is never warned about on a flat loss alone.
 
 Levels are medians and trends are least-squares fits, so a noisy loss does not look like a moving one.
 """
@@ -36,6 +49,7 @@ import numpy as np
 
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.differential import causes_evidence, remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
@@ -54,7 +68,10 @@ CONVERGED_ABS = 1e-4  # a flat loss this close to zero has nothing left to learn
 CONVERGED_LN_K = 0.01  # ... nor one under 1% of chance level for a classifier
 RELEASE = 50
 CHANCE_BAND = 0.10  # within 10% of ln(K): the loss is at chance level
-PATIENCE = 100  # steps at chance before a cause-less plateau is a warning, not a note
+PATIENCE = 1000  # steps at chance before a plateau with no cause beside it is a warning
+#: Open findings that explain a loss sitting at chance (the layers do not learn)
+SUPPORTING_KINDS = ("zero_gradient_layer", "vanishing_gradients", "dead_relu", "amp_scale_collapse")
+CAUSES = ("no_grad", "zero_lr", "tiny_update", "flat", "optimizer_copy", "loss_independent", "lr_collapsed")
 
 
 class LossStalledDetector(Detector):
@@ -94,9 +111,12 @@ class LossStalledDetector(Detector):
             else:
                 self.tiny = 0
         cause = None
+        obs = hist.obs
         copy = self.ctx.optimizer_on_copy and self.steps >= COPY_STEPS
         flat_possible = len(hist.loss) >= WINDOW and not hist.learned(LEARNED)
-        if not (self.no_grad or self.zero_lr or copy or self.tiny or flat_possible):
+        independent = obs.loss_independent and not hist.learned(LEARNED)
+        collapsed = math.isfinite(obs.lr_collapse) and len(hist.loss) >= WINDOW
+        if not (self.no_grad or self.zero_lr or copy or self.tiny or flat_possible or independent or collapsed):
             # the usual step of a run that learns: no cause counting, nothing to compute
             if self.episode.active:
                 self.episode.update(False, row.step)
@@ -109,8 +129,12 @@ class LossStalledDetector(Detector):
             cause = "zero_lr"
         elif copy and unmoved:
             cause = "optimizer_copy"
+        elif independent:
+            cause = "loss_independent"
         elif self.tiny >= TINY_UPDATE_STEPS and unmoved:
             cause = "tiny_update"
+        elif collapsed and self._flat(hist) and not self._converged(hist):
+            cause = "lr_collapsed"
         elif (
             flat_possible
             and prog > -MAX_REGRESSION
@@ -123,11 +147,38 @@ class LossStalledDetector(Detector):
             self.warned = False
         if cause is None or not self.episode.active:
             return None
-        severity = "warning" if cause != "flat" or self._long_at_chance(hist) else "info"
+        support = self._support(hist) if cause == "flat" else ""
+        severity = "warning" if cause != "flat" or support or self._long_at_chance(hist) else "info"
         if opened or (severity == "warning" and not self.warned):
             self.warned = severity == "warning"
-            return self._finding(row, hist, cause, prog, severity)
+            return self._finding(row, hist, cause, prog, severity, support)
         return None
+
+    def _support(self, hist: RunHistory) -> str:
+        """A cause the records show for a loss flat at chance, in words, or nothing."""
+        k = self.ctx.num_classes
+        if not k or k < 2:
+            return ""
+        lnk = math.log(k)
+        level = median(hist.loss.values(WINDOW).tolist())
+        if abs(level - lnk) > CHANCE_BAND * lnk:
+            return ""
+        names = {
+            "zero_gradient_layer": "a layer gets no gradient at all",
+            "vanishing_gradients": "the gradients vanish before they reach the first layers",
+            "dead_relu": "most units of a ReLU layer are dead",
+            "amp_scale_collapse": "the AMP scaler skips the updates",
+        }
+        for kind in SUPPORTING_KINDS:
+            if kind in hist.obs.active:
+                return names[kind]
+        if self.ctx.layer_kinds and self.ctx.layer_kinds[-1] == "Softmax":
+            return (
+                f"the model ends in {self.ctx.layer_label(self.ctx.num_layers - 1)}: the loss gets "
+                "probabilities where it expects logits (cross_entropy applies softmax again), "
+                "which flattens its gradient"
+            )
+        return ""
 
     def _long_at_chance(self, hist: RunHistory) -> bool:
         """A cause-less plateau that means "nothing learned": at ln(K) for PATIENCE steps."""
@@ -168,7 +219,7 @@ class LossStalledDetector(Detector):
         return slope * v.size > -MIN_PROGRESS * level
 
     def _finding(
-        self, row: Row, hist: RunHistory, cause: str, prog: float, severity: str
+        self, row: Row, hist: RunHistory, cause: str, prog: float, severity: str, support: str = ""
     ) -> Finding:
         ctx = self.ctx
         start, now = hist.start_loss, hist.recent_loss(10)
@@ -213,6 +264,34 @@ class LossStalledDetector(Detector):
                 f"(healthy is around 1e-3) and the loss has not moved from {fmt(start)}{chance}."
             )
             remedy = f"raise the LR{lr_now(row)} by 100x or more, or run an LR range test"
+        elif cause == "loss_independent":
+            obs = hist.obs
+            what = (
+                "every gradient has been exactly 0" if obs.zero_grad >= obs.constant_loss
+                else "the loss has been exactly 0"
+            )
+            summary = (
+                f"the loss does not depend on the parameters: {what} for "
+                f"{max(obs.zero_grad, obs.constant_loss)} steps (loss {fmt(now)}), so no update can move it."
+            )
+            remedy = (
+                "check how the loss is computed: from outputs detached from the model (.detach(), "
+                ".item(), .data, torch.no_grad()), from a constant, or from a single logit "
+                "(cross_entropy over one class is always 0; use binary_cross_entropy_with_logits "
+                "for one output)"
+            )
+        elif cause == "lr_collapsed":
+            obs = hist.obs
+            summary = (
+                f"the loss has stopped moving ({fmt(now)}) since the LR fell from {fmt(obs.lr_peak)} "
+                f"(step {obs.lr_peak_step}) to {fmt(obs.lr)}, {fmt(1 / obs.lr_collapse)}x lower: "
+                "the updates are too small to learn."
+            )
+            remedy = (
+                "check how often the scheduler steps: a per-epoch schedule (StepLR, MultiStepLR, "
+                "ExponentialLR) stepped every batch decays far too fast; step it once per epoch or "
+                "give it a step_size in batches"
+            )
         elif severity == "info":
             summary = (
                 f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
@@ -223,16 +302,30 @@ class LossStalledDetector(Detector):
                 "wait a little longer; if the loss stays here, check that the optimizer was given "
                 "model.parameters() and that inputs and labels line up, and try to overfit one batch"
             )
+        elif support:
+            summary = (
+                f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
+                f"{fmt(100 * prog)}% progress from {fmt(start)}), and {support}."
+            )
+            remedy = (
+                "fix that first (the finding about it says how); then try to overfit one batch to "
+                "check that the model can learn at all"
+            )
+            if "Softmax" in support:
+                remedy = (
+                    "remove the Softmax layer at the end of the model and pass the raw logits to "
+                    "cross_entropy (or use LogSoftmax with nll_loss)"
+                )
         else:
             summary = (
                 f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
                 f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing."
             )
-            remedy = (
-                f"raise the LR{lr_now(row)}; check that the optimizer was given "
-                "model.parameters(), that inputs and labels line up and that the inputs are normalized; "
-                "try to overfit one batch"
-            )
+            remedy = remedy_text(hist.obs, [
+                ("raise_lr", f"raise the LR{lr_now(row)}"),
+                ("", "check that the optimizer was given model.parameters(), that inputs and labels "
+                     "line up and that the inputs are normalized; try to overfit one batch"),
+            ])  # fmt: skip
         if row.clip_threshold == 0.0:
             # the evidence says why before any other cause: the user's clip zeroes every gradient
             evidence["clip_threshold"] = 0.0
@@ -240,13 +333,8 @@ class LossStalledDetector(Detector):
                 "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
                 "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
             )
-        evidence["cause_code"] = (
-            "no_grad",
-            "zero_lr",
-            "tiny_update",
-            "flat",
-            "optimizer_copy",
-        ).index(cause)
+        evidence["cause_code"] = CAUSES.index(cause)
+        evidence.update(causes_evidence(hist.obs))
         return Finding(
             kind=self.kind,
             severity=severity,

@@ -52,6 +52,8 @@ class VanishingGradientsDetector(Detector):
             return None  # not measured, or non-finite (another detector's business)
         if row.clip_threshold == 0.0:
             return None  # the user's clip at max_norm=0 zeroes the gradients: clipping_misuse
+        if g == 0.0 or hist.obs.loss_independent:
+            return None  # no gradient at all is not a small one: the loss ignores the weights
         tiny = g < TEXTBOOK_NORM and self._not_converged(row, hist) and self._stuck(hist, g)
         fl = first_to_last(self.ctx, row.grad_layer)
         ratio = fl[2] / fl[3] if fl is not None and fl[3] > 0 else math.nan
