@@ -76,13 +76,13 @@ def read_end(run_dir: Path | None) -> dict | None:
     except OSError as exc:
         if not os.path.lexists(path):
             return None
-        return _damaged_end(Path(run_dir), f"cannot be read ({exc.strerror or exc})")
+        return _damaged_end(Path(run_dir), f"it cannot be read: {exc.strerror or exc}")
     try:
         end = clean_end(json.loads(raw))
     except (ValueError, RecursionError):
         end = None
     if end is None:
-        return _damaged_end(Path(run_dir), "is empty" if not raw.strip() else "is not a JSON object")
+        return _damaged_end(Path(run_dir), "it is empty" if not raw.strip() else "not a JSON object")
     return end
 
 
@@ -91,7 +91,7 @@ def _damaged_end(run_dir: Path, why: str) -> dict:
     for ev in tail_events(run_dir / EVENTS_FILE):
         if ev.get("type") == "run_ended" and ev.get("status") in ("crashed", "interrupted", "stopped"):
             status = str(ev["status"])
-    return {"status": status, "damaged": f"{END_FILE} {why}"}
+    return {"status": status, "damaged": f"{END_FILE} is corrupt ({why})"}
 
 
 def tail_events(path: Path, limit: int = 1 << 16) -> list[dict]:

@@ -7,6 +7,12 @@ a regular file (a FIFO planted in a run directory would otherwise block a reader
 directory nnwatch writes into is real, owned by the user and writable by nobody else. In a
 shared directory another user could otherwise pre-create a run directory full of symlinks and
 have a root trainer append its rows to any file on the machine.
+
+The whole path of a run directory is trusted, not only its last component: it is opened from
+``/`` one directory at a time (:func:`open_dir_nofollow`), and a symlink or directory that
+another user could replace (theirs, or in a directory they can write) is refused. While a run
+writes, its directory is *pinned* (:func:`pin_dir`): every file under it is opened relative to
+that one descriptor, so a directory swapped for a symlink after the first step redirects nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import secrets
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 ENV_RUN_DIR = "NNWATCH_RUN_DIR"
@@ -28,6 +35,7 @@ MAX_SMALL_FILE = 4 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 class RunDirError(OSError):
@@ -48,9 +56,44 @@ def default_root() -> Path:
         return Path(env).expanduser()
     uid = os.getuid()
     shm = Path("/dev/shm")
+    fallback = Path(tempfile.gettempdir()) / f"nnwatch-{uid}"
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"nnwatch-{uid}"
-    return Path(tempfile.gettempdir()) / f"nnwatch-{uid}"
+        root = shm / f"nnwatch-{uid}"
+        why = _taken(root)
+        if why is None:
+            return root
+        _say_once(
+            f"nnwatch: {root} {why}; runs go to {fallback} instead (NNWATCH_RUN_DIR chooses "
+            "another place)"
+        )
+    return fallback
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        import logging  # lazy: the store logs nothing else
+
+        logging.getLogger("nnwatch").warning("%s", message)
+
+
+def _taken(root: Path) -> str | None:
+    """Why a default root that is already there cannot be ours (another user made it first, in a
+    world-writable /dev/shm), or None when it is ours or not there yet."""
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to you"
+    return None
 
 
 def check_own_dir(path: Path, *, tighten: bool = True) -> os.stat_result:
@@ -58,7 +101,8 @@ def check_own_dir(path: Path, *, tighten: bool = True) -> os.stat_result:
     other user can write into. With ``tighten``, group/other permission bits of an own directory
     are removed instead of refused (a directory made under a permissive umask)."""
     path = Path(path)
-    st = os.lstat(path)
+    dir_fd, rel = pinned(path)  # a pinned run directory is judged by its descriptor
+    st = os.stat(rel, dir_fd=dir_fd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
         raise RunDirError(
             f"{path} is a symlink; nnwatch refuses it so that nobody can redirect runs"
@@ -75,8 +119,8 @@ def check_own_dir(path: Path, *, tighten: bool = True) -> os.stat_result:
             raise RunDirError(
                 f"{path} can be written by other users (mode {stat.S_IMODE(st.st_mode):o})"
             )
-        os.chmod(path, 0o700, follow_symlinks=False)
-        st = os.lstat(path)
+        os.chmod(rel, 0o700, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(rel, dir_fd=dir_fd, follow_symlinks=False)
     return st
 
 
@@ -91,6 +135,10 @@ def ensure_private_dir(path: Path) -> Path:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError as exc:
+        if os.path.islink(path):  # a symlink to a file: say what it is, not what it points to
+            raise RunDirError(
+                f"{path} is a symlink; nnwatch refuses it so that nobody can redirect runs"
+            ) from exc
         raise RunDirError(f"{path} exists and is not a directory") from exc
     check_own_dir(path)
     if not os.access(path, os.W_OK | os.X_OK):
@@ -102,27 +150,199 @@ def make_run_dir(path: str | os.PathLike[str]) -> Path:
     """Create an explicit ``run_dir`` (``watch(run_dir=...)``), or accept an existing one only when
     it is a real directory of this user that nobody else can write into.
 
-    Parents are created as ``mkdir -p`` would; only the run directory itself must be private,
-    since everything nnwatch writes goes inside it.
+    Missing parents are created as ``mkdir -p`` would (mode 0700), and the whole path is walked
+    from ``/`` without following a symlink, or entering a directory, that another user could
+    replace (see :func:`open_dir_nofollow`): a symlink of theirs in /tmp must not carry the run
+    into a directory of their choosing.
     """
-    path = Path(path).expanduser()
-    try:
-        os.lstat(path)
-        existed = True
-    except FileNotFoundError:
-        existed = False
-    if not existed:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass  # raced with someone: the checks below judge what is there now
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    os.close(open_dir_nofollow(path, create=True))
     return ensure_private_dir(path)
+
+
+def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> int:
+    """A descriptor of directory ``path``, opened from ``/`` one component at a time.
+
+    A component is entered only when nobody but this user or root could have put it there or
+    could replace it: it belongs to one of them, and so does the directory that holds it, which
+    no other user can write into (a sticky directory such as /tmp is fine: there only an entry's
+    owner can rename it). A symlink passing that test is followed (``/var/run -> /run``); any
+    other symlink, another user's directory, or one in a directory others can write, is refused
+    with a :class:`RunDirError` naming it. ``create``: missing directories are made (mode 0700).
+    The last component must be this user's own directory.
+    """
+    me = os.getuid()
+    names = [n for n in os.fspath(os.path.abspath(path)).split("/") if n]
+    fds = [os.open("/", os.O_RDONLY | _DIRECTORY | _CLOEXEC)]
+    shown: list[str] = []
+    hops = 0
+    try:
+        while names:
+            name = names.pop(0)
+            if name == ".":
+                continue
+            if name == "..":
+                if len(fds) > 1:
+                    os.close(fds.pop())
+                    shown.pop()
+                continue
+            parent = fds[-1]
+            where = "/" + "/".join([*shown, name])
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, 0o700, dir_fd=parent)
+                except FileExistsError:
+                    pass  # raced with someone: what is there now is judged below
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            why = _replaceable(st, os.fstat(parent), me)
+            if stat.S_ISLNK(st.st_mode):
+                if why:
+                    raise RunDirError(
+                        f"{where} is a symlink that {why}; nnwatch does not follow it, so that "
+                        "nobody can redirect the run's files: give the real path of a directory "
+                        "of your own"
+                    )
+                hops += 1
+                if hops > 40:
+                    raise RunDirError(f"{path} has too many levels of symlinks")
+                target = os.readlink(name, dir_fd=parent)
+                if target.startswith("/"):
+                    while len(fds) > 1:
+                        os.close(fds.pop())
+                    shown.clear()
+                names = [n for n in target.split("/") if n] + names
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise RunDirError(f"{where} exists and is not a directory")
+            if why:
+                raise RunDirError(
+                    f"{where} {why}; nnwatch will not write below it, since its contents could "
+                    "be swapped under a running trainer: choose a run_dir of your own"
+                )
+            fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=parent)
+            got = os.fstat(fd)
+            fds.append(fd)
+            shown.append(name)
+            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+                raise RunDirError(f"{where} was replaced while nnwatch opened it")
+        last = os.fstat(fds[-1])
+        if len(fds) > 1 and last.st_uid != me:
+            raise RunDirError(
+                f"{path} belongs to uid {last.st_uid}, not to you (uid {me}); nnwatch will not "
+                "write into another user's directory: choose a run_dir of your own"
+            )
+        return fds.pop()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _replaceable(st: os.stat_result, parent: os.stat_result, me: int) -> str | None:
+    """Why another user could have made or could replace the entry ``st`` of directory
+    ``parent`` (in words that follow its path), or None when only this user or root could."""
+    if st.st_uid not in (0, me):
+        return f"belongs to uid {st.st_uid}"
+    if parent.st_uid not in (0, me):
+        return f"is in a directory of uid {parent.st_uid}, who can replace it"
+    mode = stat.S_IMODE(parent.st_mode)
+    if mode & stat.S_ISVTX:
+        return None  # sticky: only the entry's owner (or the directory's) may rename it
+    if mode & 0o002:
+        return "is in a directory every user can write (no sticky bit)"
+    if mode & 0o020 and not _private_group(parent.st_gid, me):
+        return f"is in a directory that group {parent.st_gid} can write"
+    return None
+
+
+def _private_group(gid: int, me: int) -> bool:
+    """A group whose only member is this user (a user private group under umask 002)."""
+    try:
+        import grp
+        import pwd
+
+        name = pwd.getpwuid(me).pw_name
+        if any(member != name for member in grp.getgrgid(gid).gr_mem):
+            return False
+        return not any(p.pw_gid == gid and p.pw_uid != me for p in pwd.getpwall())
+    except (ImportError, KeyError):
+        return False
+
+
+# -- pinned directories: a run's files opened through one descriptor -----------------------------
+
+_PINNED: dict[str, int] = {}
+_PIN_LOCK = threading.Lock()
+
+
+def pin_dir(path: str | os.PathLike[str]) -> str:
+    """Open ``path`` once (see :func:`open_dir_nofollow`) and open every later file under it
+    through that descriptor, until :func:`unpin_dir`; returns the key to unpin with. Pinning a
+    directory twice holds the first descriptor."""
+    key = os.path.abspath(os.fspath(path))
+    fd = open_dir_nofollow(key)
+    with _PIN_LOCK:
+        if key in _PINNED:
+            os.close(fd)
+        else:
+            _PINNED[key] = fd
+    return key
+
+
+def unpin_dir(key: str) -> None:
+    """Forget a pinned directory and close its descriptor (after its last file was written)."""
+    with _PIN_LOCK:
+        fd = _PINNED.pop(key, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def pinned(path: str | os.PathLike[str]) -> tuple[int | None, str]:
+    """(directory descriptor, path relative to it) for a path under a pinned directory, else
+    (None, the path): what every opener here passes to ``os.open(..., dir_fd=...)``."""
+    text = os.path.abspath(os.fspath(path))
+    best = ""
+    for key in list(_PINNED):
+        if (text == key or text.startswith(key.rstrip("/") + "/")) and len(key) > len(best):
+            best = key
+    fd = _PINNED.get(best) if best else None
+    if fd is None:
+        return None, os.fspath(path)
+    rel = os.path.relpath(text, best)
+    return fd, rel
+
+
+def open_in_dir(path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that goes through the pinned run directory when ``path`` lies under one."""
+    fd, rel = pinned(path)
+    return os.open(rel, flags, mode, dir_fd=fd)
+
+
+def unlink_file(path: str | os.PathLike[str]) -> None:
+    """``os.unlink`` through the pinned run directory when ``path`` lies under one."""
+    fd, rel = pinned(path)
+    os.unlink(rel, dir_fd=fd)
+
+
+def rename_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """``os.replace`` through the pinned run directory (both paths under the same one)."""
+    sfd, srel = pinned(src)
+    dfd, drel = pinned(dst)
+    os.replace(srel, drel, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+
+def make_dir(path: str | os.PathLike[str], mode: int = 0o700) -> None:
+    """``os.mkdir`` through the pinned run directory when ``path`` lies under one."""
+    fd, rel = pinned(path)
+    os.mkdir(rel, mode, dir_fd=fd)
 
 
 def open_for_append(path: Path, mode: int = 0o600) -> int:
     """Open (creating if needed) a regular file of ours for appending, never through a symlink."""
-    fd = os.open(
+    fd = open_in_dir(
         path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode
     )
     try:
@@ -136,7 +356,7 @@ def open_for_append(path: Path, mode: int = 0o600) -> int:
 
 def create_exclusive(path: Path, mode: int = 0o600) -> int:
     """Create a new file that did not exist (never a symlink, never someone else's file)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    return open_in_dir(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
 
 
 def _check_own_regular(fd: int, path: Path) -> os.stat_result:
@@ -151,7 +371,7 @@ def _check_own_regular(fd: int, path: Path) -> os.stat_result:
 def open_regular(path: Path | str) -> int:
     """Open a file for reading only if it is a regular file and not a symlink. Never blocks: a
     FIFO is opened non-blocking and then refused."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -209,10 +429,10 @@ def write_private_file(path: Path, data: bytes) -> None:
                 view = view[n:]
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        rename_file(tmp, path)
     except BaseException:
         try:
-            os.unlink(tmp)
+            unlink_file(tmp)
         except OSError:
             pass
         raise

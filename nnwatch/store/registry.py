@@ -299,8 +299,11 @@ def _read_entry(path: Path, problems: list[str] | None = None) -> dict[str, Any]
     or not usable. Never follows a symlink and never blocks on a FIFO."""
     try:
         st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return None  # only our own regular files; a planted symlink is ignored
+        odd = _not_a_plain_own_file(st)
+        if odd is not None:  # only our own regular files: a planted one is named, never followed
+            if problems is not None:
+                problems.append(f"skipped the registry entry {path.name}: {odd}")
+            return None
         entry = validate_entry(json.loads(read_small_file(path, limit=1024 * 1024)))
     except FileNotFoundError:
         return None  # removed between the listing and the read (a run that closed)
@@ -310,6 +313,21 @@ def _read_entry(path: Path, problems: list[str] | None = None) -> dict[str, Any]
             problems.append(f"skipped the registry entry {path.name}: {why or 'unreadable'}")
         return None
     return entry
+
+
+def _not_a_plain_own_file(st: os.stat_result) -> str | None:
+    """What is wrong with a registry entry's file that nnwatch did not write, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink (not followed)"
+    if stat.S_ISFIFO(st.st_mode):
+        return "it is a FIFO, not a file"
+    if stat.S_ISDIR(st.st_mode):
+        return "it is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid != os.getuid():
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    return None
 
 
 def inspect(

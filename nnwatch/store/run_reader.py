@@ -155,13 +155,13 @@ def _map_rows(
         if magic not in (MAGIC, MAGIC_V1):
             raise RunLogError(f"{path} is not an nnwatch log (bad magic {magic!r}); it may be corrupt")
         if row_size != dtype.itemsize or file_kind != kind:
-            raise RunLogError(
-                f"{path} holds rows of {row_size} bytes but meta.json describes {dtype.itemsize}; "
-                "the run directory mixes files from different runs"
-            )
+            raise RunLogError(_header_mismatch(path, size, row_size, file_kind, dtype.itemsize))
         n, extra = divmod(size - HEADER_SIZE, row_size)
         if extra:
-            warnings.append(f"{path.name}: ignored a partial last row ({extra} bytes; the run was killed)")
+            warnings.append(
+                f"{path.name}: ignored a partial last row ({extra} bytes: its write was cut short, "
+                "by a writer that was killed or a disk that filled up)"
+            )
         if n == 0:
             return np.zeros(0, dtype=dtype)
         rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
@@ -176,6 +176,23 @@ def _map_rows(
             )
             rows = np.asarray(rows[~bad])
     return rows
+
+
+def _header_mismatch(path: Path, size: int, row_size: int, file_kind: int, want: int) -> str:
+    """Why a log's header does not describe the rows ``meta.json`` does, in the words that fit:
+    a header that cannot be a log's (a kind that does not exist, rows that do not divide the
+    file while the meta's rows do) is damaged; a whole other layout is another run's file."""
+    body = size - HEADER_SIZE
+    plausible = file_kind in (KIND_SCALARS, KIND_LAYERS) and 0 < row_size <= 1 << 24 and row_size % 4 == 0
+    if not plausible or (body % row_size != 0 and body % want == 0):
+        return (
+            f"{path}: its header is damaged (it says {row_size}-byte rows of kind {file_kind}; "
+            f"meta.json describes {want}-byte rows); its rows cannot be lined up safely"
+        )
+    return (
+        f"{path} holds rows of {row_size} bytes but meta.json describes {want}; "
+        "the run directory mixes files from different runs"
+    )
 
 
 def _failed_checksums(

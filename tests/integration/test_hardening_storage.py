@@ -147,11 +147,11 @@ def test_bad_registry_entries_are_skipped_with_one_line_each(run_root: Path, tmp
     runs = registry.list_runs(problems=problems)
     assert {r.name for r in runs} == {"good"} | {"good"}  # the FIFO-ring entry is judged, not hung
     assert len([r for r in runs if r.pid == 4]) == 1
-    assert len(problems) == 5 and all("skipped the registry entry" in p for p in problems)
+    assert len(problems) == 6 and all("skipped the registry entry" in p for p in problems)
     ls = cli("ls", "--all", root=run_root)
     assert ls.returncode == 0, ls.stderr
     assert "good" in ls.stdout
-    assert ls.stderr.count("skipped the registry entry") == 5
+    assert ls.stderr.count("skipped the registry entry") == 6  # the FIFO entry too
     assert "Traceback" not in ls.stderr
     gc = cli("gc", root=run_root)
     assert gc.returncode == 0 and "Traceback" not in gc.stderr, gc.stderr

@@ -55,7 +55,14 @@ def describe(ev: dict[str, Any]) -> tuple[str, str, str, str]:
         return "SKIP", "", f"step skipped ({ev.get('reason', '')})", ""
     if kind == "error":
         return "ERROR", "", f"nnwatch error in the trainer: {ev.get('error', '?')}", ""
-    return kind.upper()[:5], "", str(ev.get("message", "")), ""
+    if kind == "log_failed":
+        return "ERROR", "", f"the run log stopped: {ev.get('error', '?')}", ""
+    if kind == "run_ended":
+        why = ev.get("reason") or ev.get("signal") or ""
+        return "END", "", f"the run ended {ev.get('status', '?')}" + (f": {why}" if why else ""), ""
+    # an event of a kind this version does not know: whatever text it carries
+    text = next((str(ev[k]) for k in ("message", "error", "reason", "summary") if ev.get(k)), "")
+    return kind.upper()[:5], "", text, ""
 
 
 def label_style(label: str, pal: Palette) -> Style:
