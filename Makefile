@@ -1,5 +1,5 @@
 # The two commands a new user needs: `make demo` (the live TUI on a failing run) and `make test`.
-.PHONY: setup demo test lint bench screenshots
+.PHONY: setup demo test lint bench screenshots docs
 
 setup:
 	@bash scripts/setup.sh
@@ -26,3 +26,10 @@ bench: setup
 
 screenshots: setup
 	.venv/bin/python scripts/screenshots.py
+
+# The manual in docs/ (mkdocs-material, the API page from docstrings), built into site/; strict:
+# a broken link or a docstring that does not render fails it. The `docs` extra brings mkdocs.
+docs: setup
+	@.venv/bin/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null \
+		|| .venv/bin/python -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict

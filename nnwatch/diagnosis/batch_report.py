@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,14 +158,14 @@ def build_report(
             f"(it is a {type(batch).__name__}); pass the inputs as a tensor, a tuple "
             "(inputs, targets) or a dict with 'input_ids'/'labels'"
         )
-    x = inputs.detach().cpu()
+    x = _host(inputs)
     kind = input_kind(x)
     xs = _numpy(x)
-    ys = _numpy(targets.detach().cpu()) if targets is not None else None
+    ys = _numpy(_host(targets)) if targets is not None else None
     if ys is not None and (ys.ndim == 0 or len(ys) != len(xs)):
         notes.append(f"targets of shape {list(ys.shape)} do not match {len(xs)} samples; not shown")
         ys = None
-    ms = _numpy(mask.detach().cpu()) if mask is not None else None
+    ms = _numpy(_host(mask)) if mask is not None else None
     samples = [
         SampleView(i, xs[i], _label_of(ys, i) if ys is not None else None) for i in range(len(xs))
     ]
@@ -217,27 +218,38 @@ def build_report(
     return report
 
 
+def _is_tensor(v: Any) -> bool:
+    """A tensor, or the numpy array a snapshot's tensor is read as where torch is missing."""
+    if isinstance(v, np.ndarray):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(v, torch.Tensor)
+
+
+def _host(t: Any) -> Any:
+    return t if isinstance(t, np.ndarray) else t.detach().cpu()
+
+
 def split_batch(batch: Any) -> tuple[Any, Any, Any]:
-    """(inputs, targets, attention mask) of a batch, each a tensor or None."""
-    import torch
+    """(inputs, targets, attention mask) of a batch, each a tensor (or numpy array) or None."""
 
     def tensor(v: Any) -> Any:
-        return v if isinstance(v, torch.Tensor) else None
+        return v if _is_tensor(v) else None
 
-    if isinstance(batch, torch.Tensor):
+    if _is_tensor(batch):
         return batch, None, None
     if isinstance(batch, dict):
         inputs = next(
             (tensor(batch[k]) for k in INPUT_KEYS if tensor(batch.get(k)) is not None), None
         )
         if inputs is None:
-            inputs = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+            inputs = next((v for v in batch.values() if _is_tensor(v)), None)
         targets = next(
             (tensor(batch[k]) for k in TARGET_KEYS if tensor(batch.get(k)) is not None), None
         )
         return inputs, targets, tensor(batch.get("attention_mask"))
     if isinstance(batch, (list, tuple)):
-        items = [v for v in batch if isinstance(v, torch.Tensor)]
+        items = [v for v in batch if _is_tensor(v)]
         if not items:
             nested = [v for v in batch if isinstance(v, (dict, list, tuple))]
             return split_batch(nested[0]) if nested else (None, None, None)
@@ -249,7 +261,11 @@ def input_kind(x: Any) -> str:
     """ "tokens" (integer ids), "image" (N,C,H,W or N,H,W), "table" (N,F floats) or "other"."""
     if x.ndim == 0:
         return "other"
-    if not x.is_floating_point() and not x.is_complex() and x.dtype != _bool():
+    if isinstance(x, np.ndarray):
+        integer = x.dtype.kind in "iu"
+    else:
+        integer = not x.is_floating_point() and not x.is_complex() and x.dtype != _bool()
+    if integer:
         return "tokens" if x.ndim in (1, 2) else "other"
     if x.ndim == 4 and x.shape[1] in (1, 3, 4) and min(x.shape[2], x.shape[3]) >= 4:
         return "image"
@@ -487,6 +503,8 @@ def fmt_value(v: Any) -> str:
 
 
 def _numpy(t: Any) -> np.ndarray:
+    if isinstance(t, np.ndarray):
+        return t
     import torch
 
     if t.dtype in (torch.bfloat16, torch.float16):

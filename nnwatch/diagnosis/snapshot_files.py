@@ -29,6 +29,16 @@ class ReplayError(RuntimeError):
     """A replay cannot run; the message says what is wrong and what to do."""
 
 
+def _load_without_torch(p: Path) -> Any:
+    """A snapshot file read where torch is not installed (``nnwatch show`` on a laptop)."""
+    from nnwatch.diagnosis.pt_numpy import PtReadError, load
+
+    try:
+        return load(p)
+    except PtReadError as exc:
+        raise ReplayError(str(exc)) from None
+
+
 @dataclass
 class Snapshot:
     """A snapshot directory. Tensors are loaded on demand, always with ``weights_only=True``."""
@@ -41,11 +51,13 @@ class Snapshot:
         return int(self.manifest["step"])
 
     def _load(self, name: str) -> Any:
-        import torch
-
         p = self.path / name
         if not p.exists():
             raise ReplayError(f"{p} is missing: the snapshot is incomplete")
+        try:
+            import torch
+        except ModuleNotFoundError:  # a laptop that only watches: tensors come as numpy arrays
+            return _load_without_torch(p)
         try:
             return torch.load(p, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file

@@ -1,7 +1,8 @@
-"""Every command in the README runs as written, or as the command it stands for.
+"""Every command in the README and the manual (docs/) runs as written, or as the command it
+stands for.
 
-The first test pins the README's shell lines to this file, so a README edit that adds or changes
-a command fails here until the command is checked below.
+The first test pins their shell lines to this file, so an edit that adds or changes a command
+fails here until the command is checked below.
 """
 
 from __future__ import annotations
@@ -41,11 +42,35 @@ COVERED = {
     "nnwatch show RUN_DIR --json --model nnwatch.demos.nan_log:make --decode mytok:decode": (
         "tests/integration/test_cli_show.py (--json with a model factory and a decoder)"
     ),
+    "pip install nnwatch": (
+        "tests/e2e/test_wheel_without_torch.py (the wheel of this repository, with its dependency "
+        "list, into a fresh venv: no torch comes with it)"
+    ),
+    "pipx install nnwatch": (
+        "tests/e2e/test_wheel_without_torch.py (pipx makes a venv of its own for the same wheel: "
+        "the test does that, and runs the monitor commands there)"
+    ),
+    "nnwatch ctl gpu-host:mnist-mlp pause": (
+        "tests/e2e/test_remote_no_config.py (ctl HOST:RUN pause through a real sshd)"
+    ),
+    "torchrun --standalone --nproc-per-node 8 train.py": (
+        "tests/integration/test_distributed_ddp.py (torch.distributed.run --standalone, 2 ranks)"
+    ),
+    "torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --master-addr node01 --master-port 29500 train.py": (
+        "tests/e2e/test_job_multinode.py (two torchrun --nnodes 2 --node-rank N invocations)"
+    ),
 }
+
+#: The front page's limit; the manual is in docs/.
+README_MAX_LINES = 250
+
+
+def documents() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in documents())
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.splitlines():
@@ -59,6 +84,21 @@ def test_every_readme_command_is_checked() -> None:
     commands = readme_commands()
     assert commands, "the README has no shell commands"
     assert sorted(set(commands)) == sorted(COVERED), "README commands and their checks drifted apart"
+
+
+def test_the_front_page_is_short_links_the_manual_and_its_loop_can_stop() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    loop = re.search(r"```python\n(.*?)```", readme, flags=re.S)
+    assert loop and "w.step(" in loop.group(1) and "if w.should_stop:" in loop.group(1)
+    assert "pip install nnwatch" in readme and "pipx install nnwatch" in readme
+    linked = re.findall(r"\]\(((?:docs|screenshots)/[^)#]+)", readme)
+    assert linked and all((REPO / path).is_file() for path in linked), linked
+    nav = (REPO / "mkdocs.yml").read_text()
+    pages = {p.name for p in (REPO / "docs").glob("*.md")}
+    assert pages == set(re.findall(r": (\S+\.md)$", nav, flags=re.M)), "a page missing from the nav"
+    assert "| promise | checked by | measured |" in (REPO / "docs" / "reliability.md").read_text()
+    assert "| kind | recall (3 seeds) |" in (REPO / "docs" / "detectors.md").read_text()
 
 
 def test_make_test_runs_this_suite() -> None:
