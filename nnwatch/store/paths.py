@@ -176,6 +176,7 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
     fds = [os.open("/", os.O_RDONLY | _DIRECTORY | _CLOEXEC)]
     shown: list[str] = []
     hops = 0
+    through, after = "", -1  # the last symlink followed, and the names left after it
     try:
         while names:
             name = names.pop(0)
@@ -206,6 +207,7 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
                         "nobody can redirect the run's files: give the real path of a directory "
                         "of your own"
                     )
+                through, after = where, len(names)  # named if what it leads to is refused
                 hops += 1
                 if hops > 40:
                     raise RunDirError(f"{path} has too many levels of symlinks")
@@ -217,6 +219,8 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
                 names = [n for n in target.split("/") if n] + names
                 continue
             if not stat.S_ISDIR(st.st_mode):
+                if through and len(names) == after:  # name the symlink, not only its target
+                    raise RunDirError(f"{through} is a symlink to {where}, which is not a directory")
                 raise RunDirError(f"{where} exists and is not a directory")
             if why:
                 raise RunDirError(
