@@ -75,6 +75,10 @@ class Diagnosis:
         complete_pending(self.w, rows)
 
     # -- training thread -------------------------------------------------------------------------
+    def judge_as_game(self) -> None:
+        """This run is one side of a game (a GAN): its loss level means nothing alone."""
+        self.pipeline.history.obs.adversarial = True
+
     def on_nonfinite_grads(self, step: int) -> None:
         """The guard found non-finite gradients before ``optimizer.step()`` of ``step``."""
         det = self.pipeline.nan_detector()

@@ -28,8 +28,8 @@ import math
 import os
 import platform
 import random
+import secrets
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -46,7 +46,11 @@ from nnwatch.store.paths import (
     create_exclusive,
     describe_os_error,
     free_bytes,
+    make_dir,
+    open_regular,
+    pinned,
     read_small_file,
+    rename_file,
     write_private_file,
 )
 
@@ -77,21 +81,23 @@ def write_snapshot(
     tmp: Path | None = None
     try:
         try:
-            root.mkdir(mode=0o700)
+            make_dir(root)  # every path here goes through the pinned run directory
         except FileExistsError:
             pass
         check_own_dir(root)  # a symlink or someone else's directory is refused
-        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}-", dir=root))
+        tmp = root / f".step-{step}-{secrets.token_hex(6)}"
+        make_dir(tmp)
         _write_contents(w, tmp, step=step, reason=reason, state=state, rng=rng, batch=batch)
         final = _free_name(root, f"step-{step}")
-        os.rename(tmp, final)
+        rename_file(tmp, final)
         tmp = None
     except Exception as exc:
         # judged before the half-written files are removed: torch reports a full disk as
         # "unexpected pos 1152 vs 1046", which only the free space explains
         why = describe_os_error(exc, root)
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            dir_fd, rel = pinned(tmp)
+            shutil.rmtree(rel, ignore_errors=True, dir_fd=dir_fd)
         _report_failure(w, step, reason, root, why)
         raise SnapshotError(
             f"could not write the snapshot of step {step} in {root}: {why}"
@@ -104,10 +110,19 @@ def write_snapshot(
 def _free_name(root: Path, name: str) -> Path:
     path = root / name
     k = 1
-    while path.exists():
+    while _exists(path):
         path = root / f"{name}.{k}"
         k += 1
     return path
+
+
+def _exists(path: Path) -> bool:
+    dir_fd, rel = pinned(path)  # looked up in the pinned run directory, like every write here
+    try:
+        os.stat(rel, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> None:
@@ -474,7 +489,7 @@ def _show(value: Any) -> str:
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with os.fdopen(open_regular(path), "rb") as fh:  # the file just written, not a link
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

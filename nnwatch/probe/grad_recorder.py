@@ -94,8 +94,8 @@ class GradientRecorder:
         #: cleared (``grads_kept``); NaN: not observed
         self.kept = math.nan
         self.layers_done = False  # this step's per-layer gradient norms are in the record
-        #: the gradient one small parameter had at the last update, and its version counter then
-        self._after_update: tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None = None
+        #: the output-side parameter's gradient at the last update, and its version counter then
+        self._after_update: tuple[weakref.ref[torch.Tensor], int] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -211,8 +211,6 @@ class GradientRecorder:
     def on_backward_end(self) -> None:
         """The autograd engine finished a backward pass that reached the model's parameters."""
         self.backwards += 1
-        if self.backwards == 1 and self._after_update is not None:
-            self._see_cleared()
         if self.torch_clips > 0 or self.backwards < self.micro:
             return
         if not self.measure:
@@ -224,33 +222,29 @@ class GradientRecorder:
         self._at_backward_end = True
         self._remember_sentinel()
 
-    def _see_cleared(self) -> None:
-        """Were the last update's gradients cleared before this backward added to them?
+    def see_cleared(self) -> None:
+        """At the update: were the last update's gradients cleared before this one's backward?
 
-        Read from the version counter of one small parameter's gradient (host metadata: no
-        sync). ``zero_grad()`` either drops the gradient (a new tensor comes) or zeroes it in
-        place (one more version); a backward that adds to uncleared gradients bumps the version
-        exactly once.
+        Read from the version counter of the output-side parameter's gradient (host metadata:
+        no sync). ``zero_grad()`` drops the gradient (a new tensor comes) or zeroes it in place
+        (one more version); every backward that adds to it is one more version. So the same
+        tensor, grown by exactly the backward passes seen since the last update, was never
+        cleared. Anything else (a clip or an unscale in place, a zeroing) reads as cleared: a
+        fault missed, never one invented. A backward of another net through this one between its
+        updates (a GAN's generator through the discriminator) counts as one of the passes.
         """
-        param, ref, version = self._after_update  # type: ignore[misc]
+        seen = self._after_update
+        params = self.plan.params
+        g = params[-1].grad if params else None
+        if seen is not None and g is not None and self.backwards > 0:
+            ref, version = seen
+            self.kept = 1.0 if (g is ref() and g._version == version + self.backwards) else 0.0
         self._after_update = None
-        g = param.grad
-        old = ref()
-        if g is None:
-            return
-        self.kept = 1.0 if (g is old and g._version == version + 1) else 0.0
-
-    def after_update(self) -> None:
-        """The update is done (``w.step()``): remember one small gradient to see if it is cleared."""
-        self._after_update = None
-        for p in reversed(self.plan.params):
-            g = p.grad
-            if g is not None and g.numel() <= 65536:
-                try:
-                    self._after_update = (p, weakref.ref(g), g._version)
-                except TypeError:  # a tensor subclass without weak references: not observed
-                    pass
-                return
+        if g is not None:
+            try:
+                self._after_update = (weakref.ref(g), g._version)
+            except TypeError:  # a tensor subclass without weak references: not observed
+                pass
 
     def _check_scaled(self) -> None:
         self.scaled_checks -= 1
@@ -452,6 +446,7 @@ class GradientRecorder:
 
     def at_update(self) -> torch.Tensor | float | None:
         """Right before the update: fill in what is missing. Returns the pre-clip norm, if known."""
+        self.see_cleared()
         if not self.done and (self.measure or self.override is not None):
             self.measure_now()
         elif not self.done:

@@ -280,7 +280,6 @@ class StepCycle:
         snaps.armed = False
         hooks = sched.advance(index, snaps.reason is not None)
         self.grads.end_step(sched.measure)
-        self.grads.after_update()
         if hooks != bool(layers.handles) and self.has_layers and not self.owner.disabled:
             layers.arm(hooks)
         sched.charge(t0, step_time, measured, sampled, first)  # hook attaching included

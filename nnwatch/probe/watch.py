@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nnwatch.probe import scaler_discovery
+from nnwatch.probe import game, scaler_discovery
 from nnwatch.probe.attachment import Attachment
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
@@ -219,6 +219,8 @@ class Watch:
         """
         if not self.disabled and not self.closed:
             self.cycle.step(loss, batch, batch_size)
+            if len(_LIVE) > 1:  # another net watched in this process: a GAN's pair?
+                game.note_step(self, list(_LIVE.values()), _judge_as_game)
 
     def before_update(self) -> None:
         """The probe's pre-update work (guard, pre-update snapshot state), for a framework that
@@ -494,6 +496,12 @@ class _Continued(NamedTuple):
 #: cell that builds a new model and watches it under the same name again ends the earlier watch
 #: (its ring, threads and registry entry) instead of leaving one more open run per re-run.
 _BY_NAME: dict[tuple[str, int], weakref.ref[Watch]] = {}
+
+
+def _judge_as_game(w: Watch) -> None:
+    diagnosis = w.files.diagnosis
+    if diagnosis is not None:
+        diagnosis.judge_as_game()
 
 
 def _take_over(model: nn.Module, resume: bool = False, name: str | None = None) -> _Continued | None:

@@ -8,6 +8,7 @@ from nnwatch.diagnosis.detectors.base import Detector
 from nnwatch.diagnosis.detectors.clipping_misuse import ClippingMisuseDetector
 from nnwatch.diagnosis.detectors.dead_relu import DeadReluDetector
 from nnwatch.diagnosis.detectors.exploding_gradients import ExplodingGradientsDetector
+from nnwatch.diagnosis.detectors.game_balance import GameBalanceDetector
 from nnwatch.diagnosis.detectors.loss_diverging import LossDivergingDetector
 from nnwatch.diagnosis.detectors.loss_spike import LossSpikeDetector
 from nnwatch.diagnosis.detectors.loss_stalled import LossStalledDetector
@@ -33,6 +34,7 @@ ALL_DETECTORS: tuple[type[Detector], ...] = (
     LossSpikeDetector,
     OscillatingLossDetector,
     LossStalledDetector,
+    GameBalanceDetector,
 )
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "DeadReluDetector",
     "Detector",
     "ExplodingGradientsDetector",
+    "GameBalanceDetector",
     "LossDivergingDetector",
     "LossSpikeDetector",
     "LossStalledDetector",

@@ -23,6 +23,7 @@ import math
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.differential import ruled_out
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
@@ -75,6 +76,9 @@ class ClippingMisuseDetector(Detector):
             fired, factor = sum(1 for x in r if x > 1.0) / len(r), median(r)
         if not self.over.update(fired >= FIRES and factor >= FACTOR, row.step):
             return None
+        why = ruled_out("raise_max_norm", hist.obs)
+        if why is not None:
+            return None  # the clip is what holds a diverging run together: not the fault
         usual = factor * t
         return Finding(
             kind=self.kind,

@@ -37,6 +37,7 @@ from collections import deque
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
@@ -167,7 +168,7 @@ class LossDivergingDetector(Detector):
             base = self.first[0]
             unit = max(abs(base), 1e-12)
             last3 = list(itertools.islice(reversed(self.losses), 3))
-            hit = all((x - base) / unit >= EARLY_FAR for x in last3)
+            hit = sum((x - base) / unit >= EARLY_FAR for x in last3) >= 2  # 2 of the last 3
             level = median(last3)
         elif (level - base) / unit >= 1.0:
             v = list(self.losses)
@@ -225,25 +226,32 @@ class LossDivergingDetector(Detector):
         }
         how = f"{fmt(times)}x" if math.isfinite(times) and times > 0 else f"+{fmt(level - base)}"
         shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"
-        summary = (
-            f"the loss rose from {fmt(base)} to {fmt(level)} ({how}) since step {onset} {shape}"
-        )
+        if base == self.best and base < self.start:
+            ref = f"its best level {fmt(base)}"
+        elif self.seen <= EARLY_N or base == self.start:
+            ref = f"where the run began ({fmt(base)})"
+        else:
+            ref = f"the level it held before ({fmt(base)})"
+        summary = f"the loss rose from {ref} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
         k = self.ctx.num_classes
         if k and k > 1 and level > math.log(k) * 1.2:
             summary += f"; it is worse than chance (ln({k}) = {fmt(math.log(k))})"
         summary += "."
-        steps: list[str] = [f"lower the LR{lr_now(row)} by 10x (the usual cause)"]
+        summary += causes_sentence(hist.obs)
+        candidates: list[tuple[str, str]] = [("lower_lr", f"lower the LR{lr_now(row)} by 10x (the usual cause)")]
         if math.isfinite(row.clip_threshold):
-            steps.append(
-                f"your clip at max_norm={fmt(row.clip_threshold)} did not stop it: the LR is what is too large"
-            )
+            candidates.append((
+                "lower_lr",
+                f"your clip at max_norm={fmt(row.clip_threshold)} did not stop it: the LR is what is too large",
+            ))  # fmt: skip
         else:
-            steps.append("clip gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))")
-        steps.append(
-            f"look at the batches around step {onset} for outliers or bad labels "
-            "(press s for a snapshot)"
-        )
-        remedy = "in this order: " + "; ".join(f"{i}) {s}" for i, s in enumerate(steps, 1))
+            candidates.append(("add_clip", "clip gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))"))
+        candidates.append((
+            "",
+            f"look at the batches around step {onset} for outliers or bad labels (press s for a snapshot)",
+        ))  # fmt: skip
+        remedy = remedy_text(hist.obs, candidates)
+        evidence.update(causes_evidence(hist.obs))
         return Finding(
             kind=self.kind,
             severity="error",

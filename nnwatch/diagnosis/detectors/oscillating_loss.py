@@ -62,6 +62,7 @@ CONFIRM = 2
 BOUNDED = 50.0  # the window's peak may not exceed its median by more than this
 BIG_CHANGES = 7  # of the last SWING_WINDOW changes, above the run's 90th percentile
 LEVEL_FLOOR = 0.1  # the loss level counts as at least 10% of where the run started
+LEARNED_SHARE = 0.25  # below this share of its start, a run's wobble is noise around a minimum
 SWING_WINDOW = 12  # the swing is measured on the newest changes, to react within ~8 steps
 MONOTONE = 0.5  # net change above this share of the total up-and-down movement is a trend
 RISING_N = 48  # a loss whose last 48 values trend up (Kendall's tau) is diverging, not oscillating
@@ -110,6 +111,14 @@ class OscillatingLossDetector(Detector):
                 self.before_changes.push(abs(win[0] - self.before.last()))
             self.before.push(win[0])
 
+    @staticmethod
+    def _converged(level: float, hist: RunHistory) -> bool:
+        """The run has learned most of what it will (its loss is below a quarter of where it
+        began): a loss that wobbles down there is minibatch noise around a minimum, not an LR
+        above the stability edge, which keeps the loss from ever getting that far."""
+        start = hist.start_loss
+        return math.isfinite(start) and start > 0 and 0 <= level < LEARNED_SHARE * start
+
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
             return None
@@ -132,7 +141,7 @@ class OscillatingLossDetector(Detector):
         r1 = math.nan
         base = q90 = None
         hit = False
-        if progress < PROGRESS:
+        if progress < PROGRESS and not self._converged(level, hist):
             base, q90 = self.frozen_base if self.frozen_base is not None else self._baseline(n)
             if base is not None and q90 is not None:
                 # Most of the newest changes beat the run's own 90th percentile: under stationary
