@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from nnwatch.store.jobs import JOB_SUMMARY_FIELDS, JOB_SUMMARY_FILE
+from nnwatch.store.paths import write_private_file
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
@@ -317,10 +318,8 @@ class JobSummary:
                 "silent_after": self.silent_s, "beat_period": self.beat_s,
                 "waiting": waiting, "ranks": ranks, "closed": self.closed,
             }  # fmt: skip
-        path = run_dir / JOB_SUMMARY_FILE
-        tmp = path.with_name(f".{JOB_SUMMARY_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        # atomic, never through a planted link, and through the pinned run directory
+        write_private_file(run_dir / JOB_SUMMARY_FILE, json.dumps(doc).encode())
 
     # -- the end (training thread) ---------------------------------------------------------------
     def close(self, ending: dict[str, Any] | None) -> None:

@@ -27,7 +27,14 @@ from nnwatch._version import __version__
 from nnwatch.store.identity import pid_namespace
 from nnwatch.store.jobs import job_extra
 from nnwatch.store.overview import OverviewWriter
-from nnwatch.store.paths import RunDirError, default_root, ensure_private_dir, make_run_dir
+from nnwatch.store.paths import (
+    RunDirError,
+    default_root,
+    ensure_private_dir,
+    make_run_dir,
+    pin_dir,
+    unpin_dir,
+)
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary, last_finite
@@ -194,6 +201,8 @@ class RunFiles:
 
     def __init__(self) -> None:
         self.dir = Path()
+        #: the run directory, opened once at the first step: every file is written through it
+        self._pin: str | None = None
         self.log: RunLogWriter | None = None
         self.recent: deque[bytes] | None = None  # the last records, raw, for snapshots
         self.channel: Any = None  # the ring file and command socket (ChannelLink)
@@ -220,7 +229,13 @@ class RunFiles:
     def open(self, meta: RunMeta, on_error: Callable[[str], None]) -> None:
         """Start the run log (at the first step). Raises OSError when it cannot be written."""
         self.recent = deque(maxlen=RECENT_STEPS)
-        self.log = RunLogWriter(self.dir, meta)
+        self._pin = pin_dir(self.dir)  # never re-resolved: a swapped symlink redirects nothing
+        try:
+            self.log = RunLogWriter(self.dir, meta)
+        except BaseException:
+            unpin_dir(self._pin)
+            self._pin = None
+            raise
         self.log.on_error.append(on_error)
         try:  # multi-resolution summaries beside the log, for remote monitors (overview.bin)
             self.log.observers.append(OverviewWriter(self.dir, meta.schema.scalar_dtype(), self.log))
@@ -283,6 +298,9 @@ class RunFiles:
                 "stopped" if status == "interrupted" else status,
                 remove_ring=run_log is not None and run_log.error is None,
             )
+        if self._pin is not None:
+            unpin_dir(self._pin)
+            self._pin = None
 
     def summary(self, name: str, status: str, steps: int, schema: RunSchema, findings: list[Any]) -> RunSummary:
         """The run in a few lines (a notebook's view): the last loss and grad norm from the tail."""

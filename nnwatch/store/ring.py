@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from nnwatch.store.identity import own_start_time, pid_namespace
-from nnwatch.store.paths import describe_os_error
+from nnwatch.store.paths import describe_os_error, open_in_dir, unlink_file
 from nnwatch.store.ring_layout import (
     CONST_OFF,
     HEADER_CONST,
@@ -56,7 +56,7 @@ _EMA = 0.1
 
 def _unlink_quietly(path: Path) -> None:
     try:
-        os.unlink(path)
+        unlink_file(path)  # through the pinned run directory, like the open
     except OSError:
         pass
 
@@ -116,7 +116,7 @@ class RingWriter:
         self._beat_thread: threading.Thread | None = None
         self._beat_stop = threading.Event()
 
-        fd = os.open(
+        fd = open_in_dir(
             self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600
         )
         try:
@@ -282,10 +282,7 @@ class RingWriter:
             self._mv.release()
             self._mm.close()
             if unlink:
-                try:
-                    os.unlink(self.path)
-                except OSError:
-                    pass
+                _unlink_quietly(self.path)
 
     def _error(self, where: str, exc: BaseException) -> None:
         self.errors += 1

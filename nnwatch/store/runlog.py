@@ -45,6 +45,8 @@ from nnwatch.store.paths import (
     describe_os_error,
     open_for_append,
     open_regular,
+    rename_file,
+    unlink_file,
     write_private_file,
 )
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
@@ -403,7 +405,7 @@ def _reserve_end(run_dir: Path) -> int:
     except OSError:
         os.close(fd)
         try:
-            os.unlink(path)
+            unlink_file(path)
         except OSError:
             pass
         return -1
@@ -426,7 +428,7 @@ def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
             os.ftruncate(reserve_fd, len(data))
             os.close(reserve_fd)
             reserve_fd = -1
-            os.replace(reserve, run_dir / END_FILE)
+            rename_file(reserve, run_dir / END_FILE)  # through the pinned run directory
             return
         except OSError as exc:
             log.debug("nnwatch: the reserved end.json could not be used: %s", exc)
@@ -440,7 +442,7 @@ def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
         )
     finally:
         try:
-            os.unlink(reserve)
+            unlink_file(reserve)
         except OSError:
             pass
 
