@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         + "\n".join(lines)
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.usage = (
+        "nnwatch ctl [options] RUN COMMAND [ARG]\n"
+        "       nnwatch ctl [options] HOST:RUN COMMAND [ARG]\n"
+        "       nnwatch ctl [options] --connect SOCKET COMMAND [ARG]"
+    )
     parser.add_argument(
         "words", nargs="+", metavar="RUN COMMAND [ARG]",
         help="which run (HOST:RUN for one on another host), what to do, its argument",

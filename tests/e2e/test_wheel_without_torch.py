@@ -40,7 +40,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(REPO / "nnwatch", src / "nnwatch",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
     built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-w", str(base / "dist"), str(src)], timeout=300)  # fmt: skip
+                  "-w", str(base / "dist"), str(src)], cwd="/", timeout=300)  # fmt: skip
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next((base / "dist").glob("nnwatch-*.whl"))
     venv = base / "venv"
