@@ -6,7 +6,7 @@ of its kind arrives at or after its onset; delay = finding step - onset. Any fin
 run, or on a sick run before its onset, is a false alarm. ``--seeds N`` repeats the whole suite
 with N different data/init seeds, which shows whether the rules generalize or were tuned to one draw.
 
-    python bench/detection.py            # three seeds, the table in the README
+    python bench/detection.py            # three seeds, the table in docs/detectors.md
     python bench/detection.py --seeds 5  # five passes, aggregated
     python bench/detection.py --seeds 1 --only oscill  # one seed, some cases
     python bench/detection.py --json out.json
