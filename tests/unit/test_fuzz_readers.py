@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -264,6 +265,138 @@ def test_run_log_files_damaged(name: str, edits: list, cut: int | None) -> None:
         assert len(run) <= 6
         assert all(isinstance(w, str) for w in run.warnings)
         assert run.status in ("finished", "crashed", "interrupted", "stopped", "running")
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+        d.parent.rmdir()
+
+
+# -- issue 33: checksums, snapshot manifests, end.json against the log ---------------------------
+
+_CRC_DIR = _tmp() / "run"
+_CRC_DIR.mkdir(mode=0o700)
+_crc_w = RunLogWriter(_CRC_DIR, _META_CRASHED)
+for _i, _r in enumerate(_rows):
+    _crc_w.put(_r.tobytes())
+    if _i % 2:
+        _crc_w._drain()  # three blocks of two rows, three checksum entries
+_crc_w.close("finished", 6)
+CRC_FILES = {p.name: p.read_bytes() for p in _CRC_DIR.iterdir()}
+_SCALAR_SIZE = _META_CRASHED.schema.scalar_size
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.integers(64, 64 + 6 * _SCALAR_SIZE - 1), st.integers(0, 255)), max_size=3),
+    edits_st, cut_st, st.booleans(),
+)  # fmt: skip
+def test_crc_file_damaged_never_lets_a_changed_row_load_silently(
+    rows_edits: list, crc_edits: list, cut: int | None, empty: bool
+) -> None:
+    """Whatever happens to scalars.crc (emptied, cut, bytes changed) and to the rows, a row that
+    loads with other bytes than were written comes with a warning that it was not verified."""
+    d = _tmp() / "run"
+    d.mkdir(mode=0o700)
+    try:
+        for n, data in CRC_FILES.items():
+            (d / n).write_bytes(data)
+        scalars = bytearray(CRC_FILES["scalars.bin"])
+        for pos, value in rows_edits:
+            scalars[pos] = value
+        (d / "scalars.bin").write_bytes(bytes(scalars))
+        crc = b"" if empty else mutate(CRC_FILES["scalars.crc"], crc_edits, cut)
+        (d / "scalars.crc").write_bytes(crc)
+        run = load_run(d)
+        original = {
+            bytes(CRC_FILES["scalars.bin"][64 + i * _SCALAR_SIZE : 64 + (i + 1) * _SCALAR_SIZE])
+            for i in range(6)
+        }
+        changed = [r for r in run.scalars if r.tobytes() not in original]
+        if changed:
+            said = " ".join(run.warnings)
+            assert "not verified" in said or "inconsistent" in said, run.warnings
+        if crc != CRC_FILES["scalars.crc"] and len(run.scalars) and crc[:16] != CRC_FILES["scalars.crc"][:16]:
+            assert run.warnings  # a .crc that lost its first entry is never silent
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+        d.parent.rmdir()
+
+
+_SNAP_FILES = {"state.pt": b"weights" * 40, "batch.pt": b"batch" * 30, "metrics.npy": b"m" * 10}
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(sorted(_SNAP_FILES)), edits_st, cut_st,
+    st.dictionaries(st.sampled_from([*sorted(_SNAP_FILES), "../x", "", "a/b"]), json_values, max_size=2),
+)  # fmt: skip
+def test_snapshot_manifest_sha256_is_checked_before_any_use(
+    name: str, edits: list, cut: int | None, files_override: dict
+) -> None:
+    """load_snapshot either refuses with a message, or every file the manifest lists (and that
+    exists) has exactly the sha256 the manifest gives it."""
+    from nnwatch.diagnosis.snapshot_files import ReplayError, load_snapshot
+
+    d = _tmp()
+    try:
+        files = {n: _sha(b) for n, b in _SNAP_FILES.items()}
+        for n, data in _SNAP_FILES.items():
+            (d / n).write_bytes(mutate(data, edits, cut) if n == name else data)
+        manifest = {"version": 1, "step": 3, "files": {**files, **files_override}}
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        try:
+            snap = load_snapshot(d)
+        except ReplayError as exc:
+            assert str(exc)
+            return
+        for n, digest in snap.manifest["files"].items():
+            if (d / n).exists():
+                assert _sha((d / n).read_bytes()) == digest
+    finally:
+        shutil.rmtree(d)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    st.integers(0, 6),  # rows left in the log
+    st.dictionaries(
+        st.sampled_from(["status", "steps", "lost_records", "log_error", "ended"]), json_values, max_size=4
+    ),
+    st.integers(0, 20),  # end.json's own step count
+)  # fmt: skip
+def test_end_json_against_the_log(keep: int, end_fields: dict, steps: int) -> None:
+    """The audit check runs compares end.json with the log: it never fails, and a log shorter
+    than the steps end.json names is always reported, with the exact count missing."""
+    from nnwatch.store.completeness import audit
+
+    d = _tmp() / "run"
+    d.mkdir(mode=0o700)
+    try:
+        for n, data in LOG_FILES.items():
+            (d / n).write_bytes(data)
+        with open(d / "scalars.bin", "r+b") as fh:
+            fh.truncate(64 + keep * _META_CRASHED.schema.scalar_size)
+        end = {"status": "finished", "steps": steps, **end_fields}
+        (d / "end.json").write_text(json.dumps(end))
+        run = load_run(d)
+        result = audit(run)
+        assert all(isinstance(p, str) for p in result.problems + result.notes)
+        expected = run.end.get("steps")
+        if isinstance(expected, int) and not isinstance(expected, bool):
+            present = {int(s) for s in run.scalars["step"]}
+            missing = len(set(range(expected)) - present)
+            assert result.missing_steps == missing
+            if missing:
+                assert any("missing" in p for p in result.problems)
     finally:
         for p in d.iterdir():
             p.unlink()
