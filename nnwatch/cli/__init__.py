@@ -81,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nnwatch: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        print(
+            f"nnwatch {args.command}: this needs PyTorch, and this Python ({sys.executable}) has "
+            "none: install the torch your training uses here (pip install torch). Watching runs "
+            "(ls, attach, open, pull, show) works without it.",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

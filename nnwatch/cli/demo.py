@@ -375,6 +375,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list or not args.name:
         list_demos(demos)
         return 0 if args.list else 2
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # the demo trains a real model in a child
+        raise ModuleNotFoundError("the demos train with torch", name="torch")
     demo = demos.get(args.name)
     if demo is None:
         print(

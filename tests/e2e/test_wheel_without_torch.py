@@ -85,6 +85,11 @@ def test_the_wheel_brings_no_torch_and_watch_says_what_to_install(fresh: Path) -
     done = _run([py, "-c", "import nnwatch; nnwatch.watch"], cwd="/")
     assert done.returncode == 1
     assert "nnwatch.watch() needs PyTorch" in done.stderr and "pip install torch" in done.stderr
+    env = {"PATH": f"{fresh / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    for words in (["check", "pkg.mod:make"], ["demo", "exploding", "--headless"]):
+        said = _run(["nnwatch", *words], env=env, cwd="/", timeout=60)
+        assert said.returncode == 1, said.stderr
+        assert "needs PyTorch" in said.stderr and "Traceback" not in said.stderr, said.stderr
 
 
 def test_help_and_ls_work_without_torch(fresh: Path, copied_run: Path) -> None:
