@@ -37,6 +37,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     parser = argparse.ArgumentParser(
         prog="nnwatch",
         description="Live monitor and debugger for PyTorch training runs.",
+        epilog=(
+            "nnwatch alone picks a run on this machine; nnwatch HOST the runs on another one,\n"
+            "over your own ssh. nnwatch COMMAND --help says more about each command."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"nnwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
