@@ -17,6 +17,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,35 @@ def choose_snapshot(run_dir: Path, step: int | None, *, nearest: bool = False) -
     )
 
 
+def redundant_rings(run_dir: Path) -> dict[str, str]:
+    """The ring files (16 MiB each) whose every step the log already holds: a whole-run pull
+    leaves them out. A ring with a step the log lacks (a crash, a live run's newest steps), or one
+    that cannot be read, is sent."""
+    import numpy as np
+
+    from nnwatch.store.ring_layout import RingError, ring_path
+    from nnwatch.store.ring_reader import RingReader
+    from nnwatch.store.run_reader import load_run
+    from nnwatch.store.runlog import RunLogError
+
+    try:
+        run = load_run(run_dir)
+        path = ring_path(run_dir, run.meta.rank)
+        with RingReader(path, start="oldest") as reader:
+            records = reader.read()
+    except (RunLogError, RingError, OSError, ValueError):
+        return {}
+    if any(w.startswith("recovered the last") for w in run.warnings):
+        return {}  # load_run took steps from the ring that the log lacks
+    logged = set(np.asarray(run.scalars["step"]).tolist()) if len(run.scalars) else set()
+    ring_steps = np.asarray(records["step"]) if len(records) else np.zeros(0)
+    if reader.torn or not np.isfinite(ring_steps).all():
+        return {}
+    if all(float(s) in logged for s in ring_steps.tolist()):
+        return {path.name: "every step it holds is in the log"}
+    return {}
+
+
 def run(args: argparse.Namespace) -> int:
     from nnwatch.export.bundle import write_bundle
     from nnwatch.store.paths import describe_os_error
@@ -192,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
         header: dict[str, Any] = {
             "host": socket.gethostname(), "run": info.name, "run_dir": str(run_dir.resolve()),
             "state": info.state, "live": bool(info.live), "last_step": info.step,
+            "status": info.status, "message": info.message, "judged_at": time.time(),
         }  # fmt: skip
+        leave_out: dict[str, str] = {}
         if args.whole:
             header.update(kind="run", source=header["run_dir"])
             source = run_dir
+            leave_out = redundant_rings(run_dir)
         else:
             step, source = choose_snapshot(run_dir, args.step, nearest=args.nearest)
             header.update(
@@ -209,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"nnwatch pack: cannot read the runs here: {exc}", file=sys.stderr)
         return 1
     try:
-        write_bundle(sys.stdout.buffer, source, header)
+        write_bundle(sys.stdout.buffer, source, header, leave_out)
     except OSError as exc:
         print(f"nnwatch pack: stopped: {describe_os_error(exc, source)}", file=sys.stderr)
         return 1

@@ -124,12 +124,19 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_bundle(out: IO[bytes], root: Path, header: dict[str, Any]) -> list[PackedFile]:
+def write_bundle(
+    out: IO[bytes], root: Path, header: dict[str, Any], leave_out: dict[str, str] | None = None
+) -> list[PackedFile]:
     """Send the regular files under ``root`` to ``out`` as a bundle; returns what was sent.
+    ``leave_out`` names files not to send, with why (they are listed as skipped).
     Raises OSError when a file cannot be read (the stream is then left without its manifest, which
     the receiver reports as cut short)."""
     root = Path(root)
     files, skipped = list_files(root)
+    for rel, why in (leave_out or {}).items():
+        if rel in files:
+            files.remove(rel)
+            skipped.append(f"{rel} ({why})")
     total = 0
     for rel in files:
         try:

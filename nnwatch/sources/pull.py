@@ -23,6 +23,7 @@ from typing import IO, Any
 from nnwatch.export.bundle import BundleError, Received, list_files, receive_bundle
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import ssh_base, stop_process
+from nnwatch.store.copy_note import COPY_FILE, write_copy_note
 from nnwatch.store.paths import SNAPSHOTS_DIR, describe_os_error
 
 EXIT_UNREACHABLE = 1
@@ -95,7 +96,8 @@ def _superseded(local: Path, coming: Any) -> bool:
     if not isinstance(coming, list):
         return False
     files, skipped = list_files(local)
-    return not skipped and set(files) <= {str(p) for p in coming}
+    ours = {COPY_FILE}  # written here by the pull before, not part of the run
+    return not skipped and set(files) - ours <= {str(p) for p in coming}
 
 
 def pulled_run_dir(host: str, run_dir: str, run: str = "") -> Path:
@@ -222,6 +224,11 @@ def pull(req: PullRequest) -> Received:
         finally:
             stop_process(proc)
             proc.stdout.close()
+    if got.header.get("kind") == "run":
+        try:  # a copy: readers must not judge it by a pid on this machine
+            write_copy_note(got.path, got.header, req.host.rpartition("@")[2])
+        except OSError:
+            pass  # the files landed; without the note they read as a run of this host
     return got
 
 

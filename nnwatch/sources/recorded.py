@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.copy_note import describe_copy
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import RunMeta
@@ -28,7 +29,9 @@ LAYER_TAIL = 64  # per-layer rows handed over at the end of loading; older ones 
 
 
 def _state_of(status: str) -> str:
-    return {"finished": "finished", "crashed": "crashed", "running": "live"}.get(status, status)
+    return {
+        "finished": "finished", "crashed": "crashed", "running": "live", "copied": "recorded",
+    }.get(status, status)  # fmt: skip
 
 
 class RecordedSource(RunSource):
@@ -90,6 +93,9 @@ class RecordedSource(RunSource):
         message = "; ".join(run.warnings) if done else f"loading {stop:,} of {len(scalars):,} steps"
         if done and run.status == "running":
             message = "reading the log of a running run; attach to it to steer it"
+        copy = getattr(run, "copy", None)
+        if done and copy is not None:  # not a run of this host: say what its own host said
+            message = "; ".join([describe_copy(copy), *run.warnings])
         return SourceUpdate(chunk, layers, events, SourceStatus(state, message=message))
 
     def _reload(self) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from nnwatch._version import __version__
+from nnwatch.store.copy_note import describe_copy, read_copy_note
 from nnwatch.store.health import (
     HEARTBEAT_STALE,
     Health,
@@ -652,7 +653,10 @@ def inspect_dir(
     steps = end.get("steps") if end is not None else None
     heartbeat_at = last_step_at = interval = None
     kwargs: dict[str, Any] = {} if hung_min is None else {"hung_min": hung_min}
+    copy = read_copy_note(run_dir)
     try:
+        if copy is not None:  # a copy: no pid or heartbeat here is its writer's
+            raise RingError(describe_copy(copy))
         with RingReader(ring_path(run_dir, meta.rank)) as reader:
             ring_state = reader.state()
             health = Liveness(host=meta.host, run_dir=run_dir, **kwargs).judge(ring_state, now)
@@ -663,6 +667,10 @@ def inspect_dir(
         if end is not None:
             state = "crashed" if end.get("status") == "crashed" else "finished"
             message, how = end_message(end), ended_as(end.get("status"))
+            if copy is not None:
+                message = f"{message}; {describe_copy(copy)}"
+        elif copy is not None:
+            state, message, how = "finished", describe_copy(copy), "copied"
         else:
             alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
             if alive_now is False:
@@ -677,7 +685,9 @@ def inspect_dir(
             steps = max(0, (size - 64) // meta.schema.scalar_size)
         except OSError:
             steps = None
-    alive = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
+    alive = (
+        run_process_alive(meta.pid, meta.started) if _checkable(meta) and copy is None else None
+    )
     return RunInfo(
         name=meta.name, pid=meta.pid, host=meta.host, rank=meta.rank,
         world_size=meta.world_size, state=state, message=message,

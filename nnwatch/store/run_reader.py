@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.copy_note import read_copy_note
 from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
@@ -55,6 +56,8 @@ class Run:
     status: str = "finished"
     end: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: a copy pulled from another host (``copied.json``): where from, and what it said there
+    copy: dict[str, Any] | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in (self.scalars.dtype.names or ()):
@@ -318,10 +321,13 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     from nnwatch.store.health import ended_as, read_end  # lazy: pulls psutil into ls start-up
 
     end: dict[str, Any] = read_end(run_dir) or {}
+    copy = read_copy_note(run_dir)
     if end:
         if end.get("damaged"):
             warnings.append(f"{end['damaged']}; the run is taken as ended ({end['status']})")
         status = ended_as(end.get("status"))
+    elif copy is not None:  # no process here wrote it: its pid means nothing on this machine
+        status = "copied"
     elif _writer_alive(run_dir, meta):
         status = "running"
     else:  # no end.json: a full disk at the end may have stopped it; the ring may still tell
@@ -332,7 +338,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     events = list(iter_events(run_dir / EVENTS_FILE, warnings))
     if status != "running":
         scalars, layers = _merge_ring_tail(run_dir, meta, scalars, layers, warnings)
-    return Run(run_dir, meta, scalars, layers, events, status, end, warnings)
+    return Run(run_dir, meta, scalars, layers, events, status, end, warnings, copy)
 
 
 def _ring_unreadable(path: Path, meta: RunMeta) -> str:

@@ -128,7 +128,9 @@ def test_pull_a_whole_finished_run_and_load_it(pull: object) -> None:
     assert done.returncode == 0, done.stderr
     local = pull.cwd / "nnwatch-pulled" / "127.0.0.1" / run_dir.name  # type: ignore[attr-defined]
     assert f"{HOST}:{run_dir.resolve()}" in done.stdout and f"nnwatch open {local}" in done.stdout
-    assert files_of(local) == files_of(run_dir)
+    note = json.loads((local / "copied.json").read_text())  # a copy, and what its host said
+    assert note["host"] == "127.0.0.1" and note["state"] == "finished"
+    assert files_of(local) == {**files_of(run_dir), "copied.json": (local / "copied.json").read_bytes()}
     here, there = load_run(local), load_run(run_dir)
     assert here.status == there.status == "finished"
     assert len(here.scalars) == 40
@@ -137,7 +139,9 @@ def test_pull_a_whole_finished_run_and_load_it(pull: object) -> None:
     # a snapshot pulled before is superseded by the run that brings it again (no --force needed)
     again = pull(f"{HOST}:far-run", "5")  # type: ignore[operator]
     assert again.returncode == 0, again.stderr
-    assert files_of(local) == files_of(run_dir)
+    assert files_of(local) == {**files_of(run_dir), "copied.json": (local / "copied.json").read_bytes()}
+    # the whole run pulled again replaces the copy without --force: every file comes again
+    assert pull(f"{HOST}:far-run", "--run").returncode == 0  # type: ignore[operator]
 
 
 def test_no_such_run_no_such_step_no_host_are_named(pull: object, tunnel: Tunnel) -> None:  # noqa: F811
