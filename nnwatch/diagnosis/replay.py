@@ -149,14 +149,18 @@ def replay(
         )
     elif orig is not None and not same_bits(bits_of(gn), bits_of(orig["grad_norm"])):
         notes.append(
-            "if the training loop clips with torch.nn.utils.clip_grad_norm_ directly, the recorded norm is "
-            "the clipped one; clip with w.clip_grad_norm_(max_norm) to record the norm before clipping"
+            "the replayed gradient norm differs from the recorded one: the recorded norm is taken "
+            "before any clip (torch's own clip_grad_norm_ is seen directly), so a difference means "
+            "the step did not reproduce exactly (a data-dependent op, another thread count or "
+            "device, or a model changed since the snapshot)"
         )
     if (
         report is not None
         and report.backward_op is None
         and report.forward_op is None
         and math.isfinite(float(loss32))
+        and math.isfinite(float(gn))
+        and bwd is None
     ):
         notes.append("the loss and gradients are finite: this step holds no NaN to trace")
     return ReplayResult(

@@ -84,6 +84,10 @@ class Guard:
         sched.after_trouble(step)
         if not sched.measure and self.layers.present:
             self.rerun_forward()
+        elif self.layers.present:
+            # a measured step: its layer sums are still in the hooks; the diagnosis reads them
+            # from the buffers right away (unstored, they read as "not finite" in every layer)
+            self.layers.store(self.buf.act_sum)
         if not self.tripped:
             self.tripped = True
             self.snapshots.for_nonfinite()

@@ -25,8 +25,10 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
+from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
 from nnwatch.diagnosis.episode import EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -60,11 +62,13 @@ class DeadReluDetector(Detector):
         self.grad_ep = EpisodeArray(P, confirm=ZERO_GRAD_STEPS, release=RELEASE_STEPS)
         self.feeds = feeds_rectifier(ctx)
         self.grad_rule = bool((self.feeds >= 0).any())
+        self._obs = Observations()  # the shared observations, set on each update
         self.sparse_param = np.array(
             [k in ("Embedding", "EmbeddingBag") for k in ctx.param_layer_kinds], dtype=bool
         )
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
+        self._obs = hist.obs
         new_sampled = new_sum = new_grad = None
         if row.act_dead is not None and self.any_rectifier:
             z = row.act_dead.astype(np.float64)
@@ -161,11 +165,15 @@ class DeadReluDetector(Detector):
                 "still learn, so every unit of the ReLU is inactive."
             )
         summary += " Dead units pass no gradient, so they never recover on their own."
-        remedy = (
-            "use LeakyReLU (or GELU) instead of ReLU, put a norm layer (BatchNorm/LayerNorm) before "
-            "the activation, lower the LR (one large update can push every pre-activation negative) "
-            "and check the bias init (negative biases start units dead)"
-        )
+        obs = self._obs
+        summary += causes_sentence(obs)
+        remedy = remedy_text(obs, [
+            ("", "use LeakyReLU (or GELU) instead of ReLU"),
+            ("", "put a norm layer (BatchNorm/LayerNorm) before the activation"),
+            ("lower_lr", "lower the LR (one large update can push every pre-activation negative)"),
+            ("", "check the bias init (negative biases start units dead)"),
+        ], numbered=False)  # fmt: skip
+        evidence.update(causes_evidence(obs))
         return Finding(
             kind=self.kind,
             severity="error" if fully else "warning",

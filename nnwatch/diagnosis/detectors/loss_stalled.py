@@ -22,7 +22,8 @@ A flat loss is also what a converged run looks like, so a stall needs more than 
   the last bit, for 5 steps from the start (a loss on detached outputs, cross_entropy over a
   single logit, which is always 0);
 * a scheduler took the LR down 1000x or more below the run's own peak and the loss has been flat
-  over the last 40 steps (a per-epoch StepLR stepped every batch);
+  over the last 40 steps while still above half of where it began (a per-epoch StepLR stepped
+  every batch; a cosine schedule that reaches 0 at the end of a run that learned is not this);
 * or, with no specific cause, a run that has not learned anything yet: its loss never got 10% below
   where it started (nor rose 10% above it: that is divergence, which other detectors report), and
   the trend fitted over the last 40 steps projects less than a 2% drop. A run that once got 10%
@@ -68,6 +69,7 @@ CONVERGED_ABS = 1e-4  # a flat loss this close to zero has nothing left to learn
 CONVERGED_LN_K = 0.01  # ... nor one under 1% of chance level for a classifier
 RELEASE = 50
 CHANCE_BAND = 0.10  # within 10% of ln(K): the loss is at chance level
+COLLAPSE_UNLEARNED = 0.5  # an LR collapse stalls a run that has not learned half its loss away
 PATIENCE = 1000  # steps at chance before a plateau with no cause beside it is a warning
 #: Open findings that explain a loss sitting at chance (the layers do not learn)
 SUPPORTING_KINDS = ("zero_gradient_layer", "vanishing_gradients", "dead_relu", "amp_scale_collapse")
@@ -115,7 +117,13 @@ class LossStalledDetector(Detector):
         copy = self.ctx.optimizer_on_copy and self.steps >= COPY_STEPS
         flat_possible = len(hist.loss) >= WINDOW and not hist.learned(LEARNED)
         independent = obs.loss_independent and not hist.learned(LEARNED)
-        collapsed = math.isfinite(obs.lr_collapse) and len(hist.loss) >= WINDOW
+        # a schedule that ends near 0 after the run has learned (cosine to its end) is not a
+        # collapse: the LR fell 1000x while the loss is still above half of where it began
+        collapsed = (
+            math.isfinite(obs.lr_collapse)
+            and len(hist.loss) >= WINDOW
+            and hist.recent_loss(WINDOW) >= COLLAPSE_UNLEARNED * hist.start_loss
+        )
         if not (self.no_grad or self.zero_lr or copy or self.tiny or flat_possible or independent or collapsed):
             # the usual step of a run that learns: no cause counting, nothing to compute
             if self.episode.active:

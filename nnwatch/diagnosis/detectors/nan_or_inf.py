@@ -110,13 +110,13 @@ class NanOrInfDetector(Detector):
             and before - start > DIVERGED_FACTOR * max(abs(start), 1e-12)
         )
         evidence: dict[str, float] = {
-            "loss": loss,
             "grad_norm": grad_norm,
             "forward_layer_index": -1 if fwd is None else fwd,
             "backward_layer_index": -1 if bwd is None else bwd,
             "nonfinite_grad_layers": n_bad_grad,
             "grad_norm_growth_before": growth,
             "from_guard": 1.0 if source == "guard" else 0.0,
+            **({} if source == "guard" else {"loss": loss}),  # the guard runs before w.step() has it
             "loss_at_start": start,
             "last_finite_loss": before,
         }
