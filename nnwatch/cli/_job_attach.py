@@ -32,8 +32,10 @@ def run_job(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1
-    fanout = JobFanout(args.job, hosts, ssh=args.ssh or "ssh", ssh_args=list(args.ssh_args),
-                       remote_nnwatch=args.remote_nnwatch)  # fmt: skip
+    from nnwatch.cli.attach import ssh_options
+
+    # each host: the flags over the config file's table for it
+    fanout = JobFanout(args.job, hosts, options_for=lambda host: ssh_options(args, host))
     try:
         from nnwatch.tui.job_app import JobApp
 
@@ -58,10 +60,13 @@ def _open_rank(fanout: object, rank: int, args: argparse.Namespace) -> int:
     link = fanout.link_for(host)  # type: ignore[attr-defined]
     if link is None or not run_dir:
         return 0
-    ssh_args = [*args.ssh_args, "-S", str(link.control), "-o", "ControlMaster=no"]
+    from nnwatch.cli.attach import ssh_options
+
+    opts = ssh_options(args, host)
+    ssh_args = [*opts["ssh_args"], "-S", str(link.control), "-o", "ControlMaster=no"]
     try:
-        source = RemoteSource(host, run_dir, ssh=args.ssh or "ssh", ssh_args=ssh_args,
-                              remote_nnwatch=args.remote_nnwatch)  # fmt: skip
+        source = RemoteSource(host, run_dir, ssh=opts["ssh"], ssh_args=ssh_args,
+                              remote_nnwatch=opts["remote_nnwatch"], remote_root=opts["remote_root"])  # fmt: skip
     except SourceError as exc:
         print(f"nnwatch attach: rank {rank}: {exc}", file=sys.stderr)
         return 0

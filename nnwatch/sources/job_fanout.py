@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,13 @@ class HostLink:
     """One host: its ControlMaster, and ``nnwatch ranks --json --follow`` through it."""
 
     def __init__(self, host: str, index: int, workdir: Path, job: str, *, ssh: str = "ssh",
-                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None) -> None:  # fmt: skip
+                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None,
+                 remote_root: str | None = None) -> None:  # fmt: skip
         self.host = host
         self.job = job
         self.base = [*shlex.split(ssh), *ssh_args]
         self.remote_nnwatch = remote_nnwatch
+        self.remote_root = remote_root
         self.control = workdir / f"{index}.ctl"
         self.err = workdir / f"{index}.err"
         self.master: subprocess.Popen[bytes] | None = None
@@ -147,7 +149,8 @@ class HostLink:
 
     def _follow(self) -> None:
         cmd = self.ssh_command(
-            remote_command(["ranks", self.job, "--json", "--follow"], remote_nnwatch=self.remote_nnwatch)
+            remote_command(["ranks", self.job, "--json", "--follow"],
+                           remote_nnwatch=self.remote_nnwatch, root=self.remote_root)  # fmt: skip
         )
         self.follow = spawn_tied(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
@@ -176,12 +179,24 @@ class JobFanout:
     """Follows one job on every host; :meth:`poll` merges what each host last said."""
 
     def __init__(self, job: str, hosts: Sequence[str], *, ssh: str = "ssh",
-                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None) -> None:  # fmt: skip
+                 ssh_args: Sequence[str] = (), remote_nnwatch: str | None = None,
+                 options_for: Callable[[str], dict[str, Any]] | None = None) -> None:  # fmt: skip
+        """``options_for(host)``: how to reach each host (``ssh``, ``ssh_args``,
+        ``remote_nnwatch``, ``remote_root``: the config file's table for it under the flags);
+        without it every host is reached with ``ssh``, ``ssh_args`` and ``remote_nnwatch``."""
         self.spec = job
         self.dir = Path(tempfile.mkdtemp(prefix="nnwj-", dir="/tmp"))  # short: socket paths
         os.chmod(self.dir, 0o700)
-        self.links = [HostLink(h, i, self.dir, job, ssh=ssh, ssh_args=ssh_args,
-                               remote_nnwatch=remote_nnwatch) for i, h in enumerate(hosts)]  # fmt: skip
+
+        def make_link(host: str, i: int) -> HostLink:
+            if options_for is None:
+                return HostLink(host, i, self.dir, job, ssh=ssh, ssh_args=ssh_args,
+                                remote_nnwatch=remote_nnwatch)  # fmt: skip
+            o = options_for(host)
+            return HostLink(host, i, self.dir, job, ssh=o["ssh"], ssh_args=o["ssh_args"],
+                            remote_nnwatch=o["remote_nnwatch"], remote_root=o["remote_root"])  # fmt: skip
+
+        self.links = [make_link(h, i) for i, h in enumerate(hosts)]
         self.job: Job | None = None
         #: rank -> (the ssh host it was reached through, its run directory there)
         self.where: dict[int, tuple[str, str]] = {}

@@ -202,3 +202,30 @@ def test_a_host_without_nnwatch_says_what_to_install(host: Host, tmp_path: Path)
     assert f"nnwatch is not installed on {ALIAS}" in text, text
     assert "pip install nnwatch" in text and "--remote-nnwatch" in text
     assert "--help" not in text
+
+
+def test_the_job_view_reaches_each_host_with_no_flag_and_reads_its_config_table(
+    host: Host, trainer: subprocess.Popen[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`attach --job`'s fan-out runs `nnwatch ranks --follow` on every host found as above; a
+    host's table in the config file (here a command that cannot run) applies to that host."""
+    from nnwatch.cli._config import ssh_options
+    from nnwatch.sources.job_fanout import JobFanout
+
+    fanout = JobFanout("", [ALIAS], options_for=ssh_options)
+    try:
+        link = fanout.links[0]
+        wait_for(lambda: link.latest is not None or link.error, timeout=60)
+        assert link.latest is not None and "jobs" in link.latest, link.error
+    finally:
+        fanout.close()
+    config = tmp_path / "config.toml"
+    config.write_text(f'[hosts.{ALIAS}]\nremote_nnwatch = "/no/such/nnwatch"\n')
+    monkeypatch.setenv("NNWATCH_CONFIG", str(config))
+    fanout = JobFanout("", [ALIAS], options_for=ssh_options)
+    try:
+        link = fanout.links[0]
+        wait_for(lambda: link.error, timeout=60)
+        assert "/no/such/nnwatch" in link.error and "config.toml" in link.error, link.error
+    finally:
+        fanout.close()
