@@ -1,5 +1,7 @@
 """``nnwatch check module:factory``: the pre-flight checklist as one command;
-``nnwatch check RUN_DIR``: the detectors over a recorded run (exit 1 on an error-level finding).
+``nnwatch check RUN_DIR``: the detectors over a recorded run, and the log put beside ``end.json``
+and ``events.jsonl`` (exit 1 on an error-level finding, or on steps, records or checksums the
+record cannot account for).
 
 The factory takes no arguments and returns ``{"model", "loss_fn", "batch"}`` plus, optionally,
 ``num_classes``, ``loader``, ``decode`` and ``optimizer`` (the user's, to reproduce its class,
