@@ -27,7 +27,7 @@ from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceSta
 from nnwatch.sources.command_line import CommandLine
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Health, Liveness, read_end
-from nnwatch.store.identity import same_process
+from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.log_catchup import gap_rows, load_history
 from nnwatch.store.registry import RunInfo, find_runs, list_runs, ring_path
 from nnwatch.store.ring_layout import RingError
@@ -194,7 +194,8 @@ class LiveSource(RunSource):
             if end is not None:
                 state = "crashed" if end.get("status") == "crashed" else "finished"
                 return SourceStatus(state, message="the run ended")
-            if self._meta.pid and not same_process(self._meta.pid, 0.0):
+            checkable = pid_checkable(self._meta.host, (self._meta.extra or {}).get("pid_ns"))
+            if self._meta.pid and checkable and not same_process(self._meta.pid, 0.0):
                 return SourceStatus("crashed", message=f"trainer pid {self._meta.pid} is gone")
             return SourceStatus("live", message="waiting for the ring")
         health = self._liveness.judge(reader.state(), now)
