@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up, run by `make demo` and `make test`: a .venv with nnwatch and its test tools.
+# torch is not among nnwatch's dependencies (a monitor never needs it), so the demos and the tests
+# get it here.
 # A torch that the calling python already has is reused, never replaced; otherwise the CPU build
 # of torch is installed (set NNWATCH_TORCH_INDEX to pick another wheel index).
 set -euo pipefail
