@@ -205,3 +205,36 @@ def test_gc_keeps_a_ring_it_cannot_read_and_names_it(run_root: Path, damage: str
     assert "removed the ring" not in out.stdout
     assert "kept the ring" in out.stdout + out.stderr, out.stdout + out.stderr
     assert ring.read_bytes() == bytes(data)
+
+
+def test_a_recorded_run_from_another_pid_namespace_is_judged_by_its_heartbeat(tmp_path: Path) -> None:
+    """``load_run`` and ``ls --all`` on a run directory (no registry entry) whose meta.json and
+    ring name another namespace: pid 1 there is not this host's init."""
+    import mmap
+
+    from nnwatch.store.ring_layout import PID_NS_OFF, U64
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    meta = make_meta("contained", 2)
+    meta.pid = 1
+    meta.started = time.time()  # younger than this host's pid 1: a pid check would say "reused"
+    meta.extra["pid_ns"] = 4_000_000_123
+    log = RunLogWriter(run_dir, meta)
+    ring = RingWriter(run_dir / "ring", meta.schema.record_size, slots=256, meta_json=meta.to_json())
+    with open(run_dir / "ring", "r+b") as fh, mmap.mmap(fh.fileno(), 0) as mm:
+        U64.pack_into(mm, PID_NS_OFF, 4_000_000_123)
+        HEADER_PID_OFF = CONST_OFF + 24  # the writer's pid in the constant header
+        mm[HEADER_PID_OFF : HEADER_PID_OFF + 8] = (1).to_bytes(8, "little")
+    try:
+        for r in records(meta, range(5)):
+            ring.publish(memoryview(r.tobytes()))
+            log.put(r.tobytes())
+        from nnwatch.store.run_reader import load_run
+
+        assert load_run(run_dir).status == "running"
+        info = registry.inspect_dir(run_dir)
+        assert info is not None and info.state == "running", info
+    finally:
+        ring.close("crashed")
+        log.close("crashed", 5)
