@@ -95,7 +95,8 @@ def _entry(root: Path, name: str, executable: str) -> None:
     (reg / f"{name}.json").write_text(json.dumps({"executable": executable}, indent=1))
 
 
-SHELLS = [s for s in ("dash", "bash", "sh") if shutil.which(s)]
+#: The login shells ssh may hand the step to (those installed here; fish and csh quote alike).
+SHELLS = [s for s in ("dash", "bash", "sh", "zsh", "fish", "tcsh") if shutil.which(s)]
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -130,3 +131,17 @@ def test_a_named_command_is_used_as_it_is() -> None:
         "~/v/bin/nnwatch pack 'my run'"
     )
     assert remote_command(["ls"], remote_nnwatch="nnw", root="/r") == "nnw ls --root /r"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_word_with_quotes_and_spaces_arrives_whole(shell: str, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _entry(root, "here", sys.executable)
+    word = 'it\'s a $run; `x` "y"'
+    cmd = remote_command(["ctl", word, "hello"], root=str(root))
+    done = subprocess.run(
+        [shutil.which(shell) or shell, "-c", cmd], capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"no registered run matches {word!r}" in done.stderr, done.stderr
