@@ -20,6 +20,12 @@ bench: setup
 	.venv/bin/python bench/channel.py
 	.venv/bin/python bench/tui.py
 	.venv/bin/python bench/detection.py
+	@# the three columns of the detection table: own corpus (above), the external suite (run in
+	@# place, never copied in) and the cases written apart from the detectors
+	@if [ -f ../shared/benchmarks/pathologies/run_nnwatch.py ]; then \
+		.venv/bin/python ../shared/benchmarks/pathologies/run_nnwatch.py --seeds 0,1,2 --controls; \
+	else echo "bench: no external suite at ../shared/benchmarks/pathologies (skipped)"; fi
+	.venv/bin/python bench/written_apart/run_nnwatch.py --seeds 0,1,2 --controls
 	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/corpus.py
 	.venv/bin/python bench/writer_stalls.py
