@@ -132,3 +132,14 @@ def ssh_options(
         "remote_nnwatch": remote_nnwatch or conf.remote_nnwatch,
         "remote_root": conf.root,
     }
+
+
+def ssh_flags(args: Any) -> dict[str, Any]:
+    """What the command line says about reaching other hosts (None where it says nothing)."""
+    return {"ssh": args.ssh, "ssh_args": list(args.ssh_args), "remote_nnwatch": args.remote_nnwatch}
+
+
+def ssh_options_for(args: Any, host: str) -> dict[str, Any]:
+    """The keyword arguments of ``RemoteSource``, ``remote_runs`` and ``PullRequest`` for
+    ``host``: the command line's flags over the config file's table for it."""
+    return ssh_options(host, **ssh_flags(args))

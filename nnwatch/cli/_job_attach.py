@@ -32,7 +32,7 @@ def run_job(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch attach: {exc}", file=sys.stderr)
         return 1
-    from nnwatch.cli.attach import ssh_options
+    from nnwatch.cli._config import ssh_options_for as ssh_options
 
     # each host: the flags over the config file's table for it
     fanout = JobFanout(args.job, hosts, options_for=lambda host: ssh_options(args, host))
@@ -60,7 +60,7 @@ def _open_rank(fanout: object, rank: int, args: argparse.Namespace) -> int:
     link = fanout.link_for(host)  # type: ignore[attr-defined]
     if link is None or not run_dir:
         return 0
-    from nnwatch.cli.attach import ssh_options
+    from nnwatch.cli._config import ssh_options_for as ssh_options
 
     opts = ssh_options(args, host)
     ssh_args = [*opts["ssh_args"], "-S", str(link.control), "-o", "ControlMaster=no"]
