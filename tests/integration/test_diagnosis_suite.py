@@ -59,7 +59,23 @@ def _run(case, tmp_path_factory, monkeypatch) -> CaseOutcome:
     return _OUTCOMES[case.name]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.expect], ids=lambda c: c.name)
+#: Sick runs whose records show no cause: labels shuffled apart from their inputs leave the loss at
+#: ln(K) with real gradients and real updates, exactly like a healthy plateau before a drop. Such a
+#: stall is a note (severity info) until 1000 steps at chance, never a warning on sight (issue 32).
+NOTE_ONLY = {"stalled_misaligned_labels"}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in NOTE_ONLY], ids=lambda c: c.name)
+def test_a_stall_with_no_cause_in_the_records_is_a_note(case, tmp_path_factory, monkeypatch):
+    o = _run(case, tmp_path_factory, monkeypatch)
+    notes = [f for f in o.findings if f.kind == case.expect]
+    assert notes and all(f.severity == "info" for f in notes), [f.message for f in o.findings]
+    assert "not yet a warning" in notes[0].summary
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.expect and c.name not in NOTE_ONLY], ids=lambda c: c.name
+)
 def test_sick_run_is_diagnosed(case, tmp_path_factory, monkeypatch):
     o = _run(case, tmp_path_factory, monkeypatch)
     assert o.error is None, o.error
@@ -93,7 +109,7 @@ def test_suite_targets(tmp_path_factory, monkeypatch):
     kinds = {c.expect for c in CASES if c.expect}
     assert len(kinds) == 13 and sum(1 for c in CASES if not c.expect) >= 30
     for k in kinds:
-        assert all(o.hit for o in outcomes if o.case.expect == k), k
+        assert all(o.hit for o in outcomes if o.case.expect == k and o.case.name not in NOTE_ONLY), k
     assert sum(len(o.false_alarms) for o in outcomes) == 0
     delays = [o.delay for o in outcomes if o.delay is not None]
     assert statistics.median(delays) <= 5, delays
@@ -116,8 +132,10 @@ def test_targets_hold_on_two_more_seeds(tmp_path_factory, monkeypatch):
         common.SEED_OFFSET = 0
     assert [o.case.name for o in outcomes if o.error] == []
     result = score(outcomes)
-    missed = [f"{o.case.name}" for o in outcomes if o.case.expect and o.hit is None]
-    assert missed == [] and result["recall"] == 1.0
+    missed = [
+        f"{o.case.name}" for o in outcomes if o.case.expect and o.hit is None and o.case.name not in NOTE_ONLY
+    ]
+    assert missed == []
     flagged = [
         (o.case.name, [f.message for f in o.false_alarms]) for o in outcomes if o.false_alarms
     ]
