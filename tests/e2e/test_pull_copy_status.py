@@ -31,7 +31,7 @@ def _opened(run_dir: Path) -> tuple[str, str]:
 
 
 def test_a_pulled_copy_is_not_judged_by_a_pid_here_and_the_ring_is_left_out_when_logged(
-    pull: object, subprocess_env: dict[str, str]
+    pull: object, subprocess_env: dict[str, str]  # noqa: F811 - the fixture
 ) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.trainers.mlp_trainer", "--steps", "100000",
