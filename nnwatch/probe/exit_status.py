@@ -106,6 +106,7 @@ class ExitObserver:
         self._prev_sigterm: Any = None
         self._term_lock = threading.Lock()
         self._terminating = False
+        self._wakeup: tuple[int, int] | None = None  # the wakeup pipe, when this process made it
 
     def at_exit(self, ref: Any) -> None:
         """Close a watch (``ref``: a weak reference to its closing method) when the process
@@ -156,8 +157,25 @@ class ExitObserver:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             if prev == signal.SIG_DFL:
                 self._watch_wakeup_fd()
+            os.register_at_fork(after_in_child=self._forget_in_child)
         except (ValueError, OSError, RuntimeError):  # an embedded interpreter, a closed fd...
             pass
+
+    def _forget_in_child(self) -> None:
+        """A forked child (a DataLoader worker) gets SIGTERM as it did before: it has no run of
+        its own to close, and must not write into the parent's wakeup pipe (the parent's thread
+        would take the child's SIGTERM for its own)."""
+        try:
+            if self._wakeup is not None:
+                signal.set_wakeup_fd(-1)
+                for fd in self._wakeup:
+                    os.close(fd)
+                self._wakeup = None
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+        except (ValueError, OSError):
+            pass
+        self._closers = []
 
     def _watch_wakeup_fd(self) -> None:
         """A thread that learns of SIGTERM at once, even while the main thread is blocked in C
@@ -170,6 +188,7 @@ class ExitObserver:
             os.close(r)
             os.close(w)
             return
+        self._wakeup = (r, w)
 
         def wait() -> None:
             while True:

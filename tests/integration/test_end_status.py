@@ -42,6 +42,7 @@ def _run_to_end(program: str, env: dict[str, str], tmp_path: Path) -> tuple[int,
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(LOOP) + program)
     done = subprocess.run([PYTHON, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    (tmp_path / "prog.out").write_text(done.stdout)
     runs = list(Path(env["NNWATCH_RUN_DIR"]).glob("runs/p-*"))
     assert len(runs) == 1, done.stderr
     return done.returncode, runs[0]
@@ -169,3 +170,24 @@ def test_an_ignored_sigterm_stays_ignored(subprocess_env: dict[str, str], tmp_pa
     assert proc.poll() is None, "an ignored SIGTERM ended the program"
     proc.kill()
     proc.communicate(timeout=60)
+
+
+def test_a_sigterm_to_a_forked_worker_ends_the_worker_only(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A DataLoader worker is a fork of the trainer: SIGTERM ends it as before, and neither
+    closes the trainer's run nor reaches the trainer through the inherited wakeup pipe."""
+    program = FOREVER + (
+        "import os, signal, time\nw = nnwatch.watch(model, opt, name='p')\ntrain(w, 5)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+        "time.sleep(0.5)\nos.kill(child, signal.SIGTERM)\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "print('worker', os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1, flush=True)\n"
+        "time.sleep(0.5)\ntrain(w, 5)\nw.close()\nprint('trainer went on', flush=True)\n"
+    )
+    code, run = _run_to_end(program, subprocess_env, tmp_path)
+    out = (tmp_path / "prog.out").read_text()
+    assert code == 0 and "worker 15" in out and "trainer went on" in out, out
+    end = json.loads((run / "end.json").read_text())
+    assert end["status"] == "finished" and "signal" not in end and end["steps"] == 10, end
