@@ -437,3 +437,47 @@ def test_a_jump_the_run_often_makes_is_its_tail_not_a_spike():
     assert tail == [120, 170]  # the first jumps are news; by the third they are the run's habit
     (f,) = [f for f in run(records(n, loss=smooth)) if f.kind == "loss_spike"]
     assert f.onset_step == 260
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 32: what a finding says agrees with the records
+
+
+def test_a_loss_128x_its_start_at_step_1_diverges_within_three_steps():
+    """A GCN on an unnormalised adjacency: the loss is 128x its start at step 1 and decays slowly
+    from there (it was flagged only at step 112)."""
+    loss = np.concatenate(([1.0], 128.0 * np.geomspace(1.0, 0.3, 59)))
+    f = [f for f in run(records(60, loss=loss)) if f.kind == "loss_diverging"]
+    assert f and f[0].step <= 3
+    assert "where the run began (1)" in f[0].summary
+
+
+def test_divergence_names_the_level_it_compares_with():
+    rng = np.random.default_rng(3)
+    loss = np.concatenate((np.linspace(4.79, 1.0, 40), np.linspace(1.0, 14.0, 40)))
+    loss = loss * (1 + rng.normal(0, 0.01, loss.size))
+    f = [f for f in run(records(loss.size, loss=loss)) if f.kind == "loss_diverging"]
+    assert f
+    before = f[0].evidence["loss_before"]
+    assert before < 2.0  # the run's own best level, not step 0's 4.79
+    assert f"from its best level {before:.3g}" in f[0].summary or "the level it held before" in f[0].summary
+
+
+def test_an_exploding_run_whose_clip_never_fired_is_not_told_the_clip_bounds_it():
+    grad = np.concatenate((np.full(30, 1.0), np.geomspace(1.0, 1e6, 30)))
+    loss = np.concatenate((np.linspace(2.0, 1.5, 30), np.geomspace(1.5, 500.0, 30)))
+    r = records(60, grad=grad, loss=loss)
+    r["clip_threshold"] = 1e9  # clipped with a threshold far above any norm
+    f = [f for f in run(r) if f.kind == "exploding_gradients"]
+    assert f and "never fired" in f[0].remedy and "bounds each update" not in f[0].remedy
+
+
+def test_the_clip_ratio_rule_stays_quiet_while_the_loss_diverges():
+    grad = np.full(80, 50.0)
+    loss = np.concatenate((np.linspace(2.0, 1.0, 30), np.geomspace(1.0, 80.0, 50)))
+    r = records(80, grad=grad, loss=loss)
+    r["clip_threshold"] = 0.1  # fires on every step by 500x
+    found = kinds(run(r))
+    assert "loss_diverging" in found
+    after = found[found.index("loss_diverging"):]
+    assert "clipping_misuse" not in after
