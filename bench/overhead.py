@@ -78,7 +78,45 @@ def transformer() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Ten
     return Encoder(), lambda: (torch.randn(16, 128, 32), torch.randint(0, 10, (16,)))
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+def tiny() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]], nn.Module]:
+    """A hand-sized regression: a step of about 0.2 ms, where a fixed cost per step shows most."""
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    return m, lambda: (torch.randn(32, 16), torch.randn(32, 1)), nn.MSELoss()
+
+
+def mlp_1ms() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    """A small MLP, a step of about 1 ms on one CPU thread."""
+    m = nn.Sequential(
+        nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10),
+    )
+    return m, lambda: (torch.randn(64, 128), torch.randint(0, 10, (64,)))
+
+
+class Unrolled(nn.Module):
+    """An LSTMCell unrolled in Python (pytorch/examples' time_sequence_prediction): one module
+    call per time step, so about a thousand hooked calls per forward."""
+
+    def __init__(self, steps: int = 500) -> None:
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.LSTMCell(4, 32)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = torch.zeros(x.shape[0], 32, device=x.device)
+        for t in range(self.steps):
+            h, c = self.cell(x[:, t % x.shape[1]], (h, c))
+        return self.head(h)
+
+
+def many_calls() -> tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    return Unrolled(), lambda: (torch.randn(8, 50, 4), torch.randint(0, 10, (8,)))
+
+
+MODELS = {
+    "mlp": mlp, "cnn": cnn, "transformer": transformer,
+    "tiny": tiny, "mlp_1ms": mlp_1ms, "many_calls": many_calls,
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,9 +176,10 @@ class Variant:
 def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Variant]:
     torch.manual_seed(0)
     build = MODELS[name]
-    model, batch = build()
+    built = build()
+    model, batch = built[0], built[1]
     model.to(device)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = built[2] if len(built) > 2 else nn.CrossEntropyLoss()  # type: ignore[misc]
     data = [tuple(t.to(device) for t in batch()) for _ in range(4)]
     on_gpu = device.startswith("cuda")
     tmp = tempfile.mkdtemp(prefix="nnw-bench-")
