@@ -117,13 +117,19 @@ class ExplodingGradientsDetector(Detector):
             if hit:
                 sig = self._spread(ref) if rise >= HIT_DECADES else math.nan
                 need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
-                hit = (
-                    (rise >= need and self._loss_worse(row, hist))
-                    or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
-                    or self._loss_blew_up(row, hist)
-                )
+                if hist.obs.adversarial:
+                    # one side of a game: its loss getting worse is the other side learning, so
+                    # it is no evidence; only a norm 100x its usual level counts
+                    hit = rise >= MAX_HIT_DECADES
+                else:
+                    hit = (
+                        (rise >= need and self._loss_worse(row, hist))
+                        or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
+                        or self._loss_blew_up(row, hist)
+                    )
                 if (
                     not hit
+                    and not hist.obs.adversarial
                     and not self.active
                     and from_start >= FAR_DECADES
                     and not math.isfinite(row.clip_threshold)
