@@ -24,26 +24,25 @@ class SetupFaultDetector(Detector):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.reported: set[str] = set()
-        self.kept = 0
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
-        obs = hist.obs
-        self.kept = self.kept + 1 if row.grads_kept == 1.0 else (0 if row.grads_kept == 0.0 else self.kept)
-        if self.kept >= KEPT_STEPS and "grads_not_cleared" not in self.reported:
+        # the shared observations take this row after the detectors: count it here
+        kept = hist.obs.kept + 1 if row.grads_kept == 1.0 else (0 if row.grads_kept == 0.0 else hist.obs.kept)
+        if kept >= KEPT_STEPS and "grads_not_cleared" not in self.reported:
             self.reported.add("grads_not_cleared")
             return Finding(
                 kind="grads_not_cleared",
                 severity="error",
                 step=row.step,
                 summary=(
-                    f"the gradients are not cleared between updates: on {self.kept} updates in a "
+                    f"the gradients are not cleared between updates: on {kept} updates in a "
                     "row, backward() added to the previous update's gradients, which nobody had "
                     "zeroed. Each step's gradient then holds the sum of every earlier one: the "
                     "gradient norm grows step after step and the updates overshoot."
                 ),
                 remedy="call optimizer.zero_grad() (or model.zero_grad()) once per update, before backward()",
-                evidence={"updates_not_cleared": float(self.kept), "grad_norm": row.grad_norm},
-                onset_step=row.step - self.kept + 1,
+                evidence={"updates_not_cleared": float(kept), "grad_norm": row.grad_norm},
+                onset_step=row.step - kept + 1,
             )
         lr = row.lr
         if lr.size and bool((lr < 0).any()) and "lr_negative" not in self.reported:
@@ -60,5 +59,4 @@ class SetupFaultDetector(Detector):
                 remedy="make the LR positive (look for a sign error in the LR, its schedule or a hand-written update)",
                 evidence={"lr": neg, "loss": row.loss},
             )
-        del obs
         return None
