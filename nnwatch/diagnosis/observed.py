@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 from nnwatch.diagnosis.row import Row
 
@@ -49,8 +50,15 @@ class Observations:
         self.clip_threshold = math.nan
         self.adversarial = False
         """This run is one side of a game (two watched nets stepping in turn: a GAN)."""
-        self.active: set[str] = set()
-        """Kinds whose episode is open now (set by the pipeline): causes for other findings."""
+        self._active: set[str] = set()
+        #: where the open kinds come from (the pipeline's detectors), asked only when a finding
+        #: is worded: scanning every detector on every row would cost more than the detectors
+        self.active_source: Callable[[], set[str]] | None = None
+
+    @property
+    def active(self) -> set[str]:
+        """Kinds whose episode is open now: causes for other findings."""
+        return self.active_source() if self.active_source is not None else self._active
 
     def push(self, row: Row) -> None:
         lr = row.lr

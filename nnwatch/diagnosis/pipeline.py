@@ -48,6 +48,7 @@ class Pipeline:
         self.ctx = ctx
         self.history = RunHistory()
         self.detectors: list[Detector] = [cls(ctx) for cls in detectors]
+        self.history.obs.active_source = self._open_kinds
         self.last_step = -1
 
     def feed(self, rows: np.ndarray, act_known: np.ndarray | None = None) -> list[Finding]:
@@ -69,9 +70,11 @@ class Pipeline:
             if f is not None and not self._outranked(f):
                 out.append(f)
         self.history.push(row)
-        self.history.obs.active = {d.kind for d in self.detectors if _open(d)} | {f.kind for f in out}
         self.last_step = row.step
         return out
+
+    def _open_kinds(self) -> set[str]:
+        return {d.kind for d in self.detectors if _open(d)}
 
     def _outranked(self, f: Finding) -> bool:
         """A loss that swings while it diverges is diverging: no oscillation finding on top. One
