@@ -70,5 +70,5 @@ def _open_rank(fanout: object, rank: int, args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch attach: rank {rank}: {exc}", file=sys.stderr)
         return 0
-    run_monitor(source, args)
+    run_monitor(source, args, job_views=fanout.poll)  # type: ignore[attr-defined]
     return 0

@@ -72,7 +72,7 @@ def resolve(spec: str, root: Path | None = None) -> tuple[RunInfo | None, Job | 
     if not runs:
         if rank is None and Path(spec).expanduser().is_dir():
             return None, None
-        raise SourceError(f"no registered run matches {spec!r}; `nnwatch ls` lists them")
+        raise SourceError(f"no registered run matches {spec!r}; " + _ended_hint(spec, rank, root))
     jobs = group_jobs(runs)
     if rank is not None:
         jobs = [j for j in jobs if j.run_for(rank) is not None]
@@ -95,6 +95,29 @@ def resolve(spec: str, root: Path | None = None) -> tuple[RunInfo | None, Job | 
     info = job.run_for(rank) if rank is not None else job.runs[0]
     assert info is not None
     return info, job if job.distributed else None
+
+
+def _ended_hint(spec: str, rank: int | None, root: Path | None) -> str:
+    """What to do when nothing live matches: a run or job of that name that ended is opened
+    with ``nnwatch open`` (its history), not attached to."""
+    from nnwatch.store.registry import recorded_runs
+
+    try:
+        ended = [
+            r for r in recorded_runs(root, problems=[])
+            if spec in (r.name, Path(r.run_dir).name) or Path(r.run_dir).name.startswith(spec)
+        ]  # fmt: skip
+    except OSError:
+        ended = []
+    if not ended:
+        return "`nnwatch ls` lists them"
+    newest = max(ended, key=lambda r: r.started)
+    what = f"job {newest.name}" if newest.world_size > 1 else f"run {Path(newest.run_dir).name}"
+    target = f"{spec}:{rank}" if rank is not None else spec
+    return (
+        f"the {what} is no longer running ({newest.status}); `nnwatch open {target}` shows "
+        "its history"
+    )
 
 
 def _describe(job: Job) -> str:

@@ -9,8 +9,13 @@ the loss and grad charts, as ``o`` does in the monitor.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+_NAME_RANK = re.compile(r"(?P<name>.+):(?P<rank>\d+)")
 
 COMMAND = "open"
 HELP = "open a finished or crashed run from its log, with a step cursor to scrub through history"
@@ -29,20 +34,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_run_dir(spec: str) -> Path | None:
     """A directory as given, else the run directory of a run named ``spec`` in ``ls --all``."""
+    return resolve_run(spec)[0]
+
+
+def resolve_run(spec: str) -> tuple[Path | None, Any]:
+    """The run directory ``spec`` names (a directory, a run name or its start, ``NAME:RANK``)
+    and the distributed job it is a rank of (None outside one). A job's name opens its lowest
+    rank on this host (rank 0 where it is here), whether the job still runs or ended."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        return path
+        return path, _job_of(path)
+    from nnwatch.store.jobs import group_jobs
     from nnwatch.store.paths import default_root
     from nnwatch.store.registry import list_runs, recorded_runs
 
     root = default_root()
     runs = list_runs(root) + recorded_runs(root) + recorded_runs(root / "runs")
-    for r in runs:
-        if spec in (r.name, Path(r.run_dir).name):
-            return Path(r.run_dir)
-    for r in runs:
-        if Path(r.run_dir).name.startswith(spec):
-            return Path(r.run_dir)
+    rank: int | None = None
+    split = _NAME_RANK.fullmatch(spec)
+    if split is not None and not any(spec in (r.name, Path(r.run_dir).name) for r in runs):
+        spec, rank = split["name"], int(split["rank"])
+    found = [r for r in runs if spec in (r.name, Path(r.run_dir).name)] or [
+        r for r in runs if Path(r.run_dir).name.startswith(spec)
+    ]
+    if rank is not None:
+        found = [r for r in found if r.rank == rank]
+    if not found:
+        return None, None
+    jobs = [j for j in group_jobs(found) if j.distributed]
+    if jobs:
+        job = max(jobs, key=lambda j: max(r.started for r in j.runs))  # the newest of that name
+        info = job.run_for(rank) if rank is not None else min(job.runs, key=lambda r: r.rank)
+        if info is not None:
+            return Path(info.run_dir), _job_of(Path(info.run_dir))
+    newest = max(found, key=lambda r: r.started)
+    return Path(newest.run_dir), _job_of(Path(newest.run_dir))
+
+
+def _job_of(run_dir: Path) -> Any:
+    """The distributed job of the run in ``run_dir``, with every rank of it found on this host
+    (registered or ended), or None."""
+    from nnwatch.store.jobs import group_jobs
+    from nnwatch.store.paths import default_root
+    from nnwatch.store.registry import inspect_dir, list_runs, recorded_runs
+
+    try:
+        me = inspect_dir(run_dir)
+        if me is None or me.world_size < 2:
+            return None
+        root = default_root()
+        here = os.path.realpath(run_dir)
+        runs = [r for r in list_runs(root) + recorded_runs(root) if os.path.realpath(r.run_dir) != here]
+        siblings = [inspect_dir(d.parent) for d in sorted(run_dir.parent.glob("*/meta.json"))[:512]]
+        runs += [r for r in siblings if r is not None and os.path.realpath(r.run_dir) != here]
+        seen: set[str] = set()
+        unique = []
+        for r in [me, *runs]:
+            key = os.path.realpath(r.run_dir)
+            if key not in seen:
+                seen.add(key)
+                unique.append(r)
+        for job in group_jobs(unique):
+            if any(os.path.realpath(r.run_dir) == here for r in job.runs):
+                return job if job.distributed else None
+    except OSError:
+        return None
     return None
 
 
@@ -51,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from nnwatch.sources.recorded import RecordedSource
     from nnwatch.tui.launch import run_monitor
 
-    run_dir = resolve_run_dir(args.run_dir)
+    run_dir, job = resolve_run(args.run_dir)
     if run_dir is None:
         print(
             f"nnwatch open: {args.run_dir} is not a directory nor a run name; "
@@ -64,4 +120,4 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch open: {exc}", file=sys.stderr)
         return 1
-    return run_monitor(source, args)
+    return run_monitor(source, args, job=job)

@@ -66,18 +66,42 @@ def _clean(x: Any) -> Any:
 
 
 class _Follower:
-    """The local jobs matching a spec, each followed by a JobMonitor, regrouped every poll."""
+    """The local jobs matching a spec, each followed by a JobMonitor, regrouped every poll.
+
+    A rank that ends cleanly (a SIGTERM from torchrun tearing the job down, a clean finish)
+    removes its registry entry; it is still a rank of the job, so the runs once followed are
+    remembered and judged from their directories, and so are the job's ranks that had already
+    ended here before the first poll: the story of who stopped first survives the teardown."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.monitors: dict[str, Any] = {}
+        self.known: dict[str, Any] = {}  # run directory -> RunInfo of every rank followed
+
+    def _runs(self) -> list[Any]:
+        from nnwatch.cli.ls import job_mates
+        from nnwatch.store.registry import list_runs, recorded_runs, refresh
+
+        runs = list_runs()
+        listed = {r.run_dir for r in runs}
+        for run_dir, info in list(self.known.items()):
+            if run_dir not in listed:
+                try:
+                    runs.append(refresh(info))
+                except Exception:  # noqa: BLE001 - a rank that cannot be read is kept as it was
+                    runs.append(info)
+        listed = {r.run_dir for r in runs}
+        runs += [r for r in job_mates(runs, recorded_runs) if r.run_dir not in listed]
+        return runs
 
     def poll(self) -> dict[str, Any]:
         from nnwatch.sources.job_monitor import JobMonitor
         from nnwatch.store.jobs import group_jobs, read_job
-        from nnwatch.store.registry import list_runs, refresh
+        from nnwatch.store.registry import refresh
 
-        jobs = [j for j in group_jobs(list_runs()) if matches(j, self.spec)]
+        jobs = [j for j in group_jobs(self._runs()) if matches(j, self.spec)]
+        for job in jobs:
+            self.known.update({r.run_dir: r for r in job.runs})
         out = []
         for job in jobs:
             mon = self.monitors.get(job.key)

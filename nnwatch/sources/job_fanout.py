@@ -36,7 +36,7 @@ from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import spawn_tied, stop_process
-from nnwatch.store.job_health import judge_job
+from nnwatch.store.job_health import certain_first, judge_job
 from nnwatch.store.jobs import Job
 
 CONNECT_TIMEOUT = 30.0
@@ -200,6 +200,10 @@ class JobFanout:
         self.job: Job | None = None
         #: rank -> (the ssh host it was reached through, its run directory there)
         self.where: dict[int, tuple[str, str]] = {}
+        #: the rank(s) seen stopped while every other rank still lived: the first, for certain,
+        #: kept for the rest of the view (the launcher's teardown blurs the files' story)
+        self._first_seen: tuple[int, ...] = ()
+        self._key = ""
         atexit.register(self.close)
         for link in self.links:
             link.thread.start()
@@ -240,6 +244,8 @@ class JobFanout:
             return JobView(job, (), (), (), (), unreachable=tuple(unreachable), via="ssh")
         # the newest restart of the job with the most ranks reporting
         key = max(groups, key=lambda k: (len(groups[k]), k))
+        if self._key != key:  # another job, or a restart of it: what was seen was of the old one
+            self._first_seen, self._key = (), key
         pairs = sorted(groups[key], key=lambda p: int(p[1].get("rank", 0)))
         stale_hosts = {h for h, _ in unreachable}
         rows, seen = [], []
@@ -257,7 +263,9 @@ class JobFanout:
             seen.append(_Seen(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
                               r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
                               r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
-        stops = judge_job(seen, now=now)
+        stops = judge_job(seen, now=now, known_first=self._first_seen)
+        if not self._first_seen:
+            self._first_seen = certain_first(seen, stops)
         live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]
         lead = max(live) if live else None
         self.where = {int(r["rank"]): (link.host, str(r.get("run_dir") or "")) for link, r in pairs}
@@ -268,6 +276,8 @@ class JobFanout:
         ]
         pool = fwd or [(r.nonfinite_step, r.rank) for r in rows if r.nonfinite_step is not None]
         origin = tuple(sorted(rk for s, rk in pool if s == min(pool)[0])) if pool else ()
+        if len(rows) < world or not all(r.reachable for r in rows):
+            origin = ()  # "first" is claimed over the whole job only, never over the ranks seen
         job = Job(key, label, "ssh", max(world, len(rows)), 0, ())
         self.job = job
         found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=cross)

@@ -234,6 +234,8 @@ def build_view(
     any_steps = [(f, i.rank) for i, _, _, f, _, _, _ in raw if f is not None]
     pool = fwd_steps or any_steps
     origin = tuple(sorted(r for f, r in pool if f == min(pool)[0])) if pool else ()
+    if job.missing:  # ranks on other nodes may have gone non-finite before any seen here
+        origin = ()
     limit = lag_limit(s.steps_per_s for r, s in states.items() if run_state.get(r) in live)
     stragglers = tuple(i.rank for i, *_, b in raw if b >= limit)
     rows = []

@@ -22,7 +22,7 @@ from nnwatch.sources.base import CommandReply, RunSource, SourceError
 from nnwatch.sources.hardware import Hardware, HardwareReading
 from nnwatch.sources.job_monitor import JobMonitor
 from nnwatch.store.jobs import Job, group_jobs, run_info_from_dir
-from nnwatch.store.registry import list_runs
+from nnwatch.store.registry import inspect_dir, list_runs, recorded_runs
 from nnwatch.tui.messages import (
     CommandFinished,
     HardwareSampled,
@@ -239,6 +239,47 @@ class HardwareSampler(_Loop):
                 self._hardware.close()
 
 
+def _ended_runs_near(run_dir: str, root: Path | None) -> list[Any]:
+    """Runs without a registry entry (ended, or copied here) under the root and beside
+    ``run_dir``: where the other ranks of its job are when they ended on this host."""
+    out: list[Any] = []
+    try:
+        out += recorded_runs(root, problems=[])
+    except OSError:
+        pass
+    parent = Path(run_dir).parent
+    for meta in sorted(parent.glob("*/meta.json"))[:512]:
+        if meta.parent == Path(run_dir):
+            continue
+        try:
+            info = inspect_dir(meta.parent)
+        except Exception:  # noqa: BLE001 - one unreadable directory must not hide the others
+            continue
+        if info is not None:
+            out.append(info)
+    return out
+
+
+class JobViewCollector(_Loop):
+    """Posts ``RanksUpdated`` with the job views ``poll`` returns: a rank's dashboard opened from
+    the job view (``attach --job``) shows the same ranks as the job view, from the same source."""
+
+    name = "nnwatch-ranks"
+    what = "ranks reader"
+    job: Job | None = None  # no local job: ranks are switched from the job view
+
+    def __init__(self, poll: Callable[[], Any], post: Post, interval: float = 1.0) -> None:
+        super().__init__(interval, post)
+        self.poll = poll
+        self.post = post
+
+    def tick(self) -> bool:
+        view = self.poll()
+        if view is not None:
+            self.post(RanksUpdated(view))
+        return False
+
+
 class RankCollector(_Loop):
     """Follows every rank of the job that ``run_dir`` belongs to; posts ``RanksUpdated`` each poll.
 
@@ -281,10 +322,22 @@ class RankCollector(_Loop):
                 runs.append(run_info_from_dir(self.run_dir))  # finished, or not registered here
             except Exception:  # noqa: BLE001
                 return self.job
+        found = self._job_of(runs, here)
+        if found is not None and found.missing:
+            # ranks that ended (their registry entries gone) are still this host's ranks, not
+            # "other node": their run directories are found beside this one or under the root
+            seen = {os.path.realpath(r.run_dir) for r in runs}
+            runs += [r for r in _ended_runs_near(self.run_dir, self.root)
+                     if os.path.realpath(r.run_dir) not in seen]  # fmt: skip
+            found = self._job_of(runs, here)
+        return found or self.job
+
+    @staticmethod
+    def _job_of(runs: list[Any], here: str) -> Job | None:
         for job in group_jobs(runs):
             if any(os.path.realpath(r.run_dir) == here for r in job.runs):
                 return job
-        return self.job
+        return None
 
     def tick(self) -> bool:
         job = self.job

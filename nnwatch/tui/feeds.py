@@ -19,7 +19,13 @@ from textual.message import Message
 from nnwatch.sources.base import RunSource
 from nnwatch.sources.hardware import HardwareReading
 from nnwatch.store.jobs import Job
-from nnwatch.tui.collectors import HardwareSampler, Post, RankCollector, SourceCollector
+from nnwatch.tui.collectors import (
+    HardwareSampler,
+    JobViewCollector,
+    Post,
+    RankCollector,
+    SourceCollector,
+)
 from nnwatch.tui.messages import OverlayUpdated
 from nnwatch.tui.model import RunState
 from nnwatch.tui.widgets.base import Overlay
@@ -61,6 +67,7 @@ class Feeds:
         close_source: bool = True,
         job: Job | None = None,
         ranks_interval: float = 1.0,
+        job_views: Callable[[], Any] | None = None,
     ) -> None:
         self.post = post
         self.interval = interval
@@ -79,11 +86,16 @@ class Feeds:
                 self.state, post, hardware_interval, reader, use_nvml=hardware != "psutil"
             )
         self.ranks_interval = ranks_interval
+        self.job_views = job_views
         self.ranks = self._ranks_for(source, job)
         self.overlay: Overlay | None = None
         self.started = False
 
-    def _ranks_for(self, source: RunSource, job: Job | None = None) -> RankCollector | None:
+    def _ranks_for(
+        self, source: RunSource, job: Job | None = None
+    ) -> RankCollector | JobViewCollector | None:
+        if self.job_views is not None:  # opened from a job view: its ranks, from its source
+            return JobViewCollector(self.job_views, self.post, self.ranks_interval)
         run_dir = getattr(source, "run_dir", None)
         if source.meta.world_size > 1 and run_dir is not None:
             return RankCollector(str(run_dir), self.post, self.ranks_interval, job=job)

@@ -22,7 +22,12 @@ from nnwatch.sources.base import RunSource
 from nnwatch.store.jobs import Job
 from nnwatch.tui import format as fmt
 from nnwatch.tui.bindings import NOT_LIVE, OVERLAY_ACTIONS, RANK_ACTIONS, STEERING
-from nnwatch.tui.collectors import HardwareSampler, RankCollector, SourceCollector
+from nnwatch.tui.collectors import (
+    HardwareSampler,
+    JobViewCollector,
+    RankCollector,
+    SourceCollector,
+)
 from nnwatch.tui.feeds import Feeds, HardwareOption
 from nnwatch.tui.messages import (
     RanksUpdated,
@@ -62,6 +67,7 @@ class MonitorBase(App[int]):
         compare: RunSource | None = None,  # a second run to overlay on the charts from the start
         lister: Callable[[], list[Any]] | None = None,  # the runs `o` offers (default: registry)
         open_run: Callable[[Any], RunSource] | None = None,  # a listed run -> its source
+        job_views: Callable[[], Any] | None = None,  # the ranks pane's views (from a job view)
     ) -> None:
         super().__init__()
         if not fps or fps <= 0 or not math.isfinite(fps):
@@ -76,6 +82,7 @@ class MonitorBase(App[int]):
             close_source=close_source,
             job=job,
             ranks_interval=ranks_interval,
+            job_views=job_views,
         )
         self.view = ViewSettings()
         self.ctx = PaneContext(self.state, self.view, source, gpu_uuids=gpu_uuids)
@@ -108,7 +115,7 @@ class MonitorBase(App[int]):
         return self.feeds.sampler
 
     @property
-    def ranks(self) -> RankCollector | None:
+    def ranks(self) -> RankCollector | JobViewCollector | None:
         return self.feeds.ranks
 
     @property

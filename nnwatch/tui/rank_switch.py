@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.live import LiveSource
+from nnwatch.tui.collectors import JobViewCollector
 from nnwatch.tui.monitor import MonitorBase
 
 
@@ -23,6 +24,8 @@ class RankActions(MonitorBase):
             where = (
                 "the other ranks are not on this machine"
                 if job
+                else "open them from the job view (q goes back to it)"
+                if isinstance(self.ranks, JobViewCollector)
                 else "still looking for the other ranks"
             )
             self.notify(f"No other rank to switch to: {where}.", title="rank", severity="warning")

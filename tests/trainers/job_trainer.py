@@ -3,7 +3,8 @@
     python -m torch.distributed.run --nnodes 2 --node-rank 0 ... -m tests.trainers.job_trainer
 
 ``--summary-every N`` sends every rank's summary to rank 0 every N steps; ``--loss-scale R X``
-multiplies rank R's loss by X (a data-sharding bug: one shard's labels are off); ``--sleep S``
+multiplies rank R's loss by X (a data-sharding bug: one shard's labels are off; from step
+``--scale-from N``, so ``--loss-scale 3 nan --scale-from 5`` makes rank 3 go NaN first); ``--sleep S``
 makes each step S seconds longer so a test can look at (or kill) the live job; ``--steps 0`` runs
 until killed. Each rank prints ``rank R run_dir DIR`` once it is watched.
 """
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=0, help="consistency check interval")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--loss-scale", type=float, nargs=2, default=None, metavar=("RANK", "X"))
+    ap.add_argument("--scale-from", type=int, default=0, help="--loss-scale from this step on")
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--watch-ranks", type=int, nargs="*", default=None, help="default: all")
     args = ap.parse_args()
@@ -58,7 +60,7 @@ def main() -> int:
             x = torch.randn(8, 16, generator=gen)
             y = torch.randint(0, 4, (8,), generator=gen)
             opt.zero_grad()
-            loss = nn.functional.cross_entropy(ddp(x), y) * scale
+            loss = nn.functional.cross_entropy(ddp(x), y) * (scale if step >= args.scale_from else 1.0)
             loss.backward()
             opt.step()
             if w is not None:

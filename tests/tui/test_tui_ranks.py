@@ -63,7 +63,10 @@ def test_pane_marks_nan_origin_stragglers_and_ranks_on_other_nodes() -> None:
     console.print(pane.build())
     lines = console.export_text().splitlines()
     row = {ln.split()[-1 if ln.startswith("  rank") else 0]: ln for ln in lines}
-    assert "nan" in row["1"].split() and "← first NaN" in row["1"]
+    # ranks 3-7 are on other nodes and may have gone non-finite first: no rank is called first
+    # over part of a job (issue 33, item 10: a rank here was labelled "first NaN" that way)
+    assert "nan" in row["1"].split() and "non-finite loss since step 7" in row["1"]
+    assert "first NaN" not in console.export_text() and view.nan_origin == ()
     assert "behind" in row["2"] and "3 steps behind" in row["2"]
     assert row["▶"].split()[:2] == ["▶", "0"] and "live" in row["▶"]
     assert any(ln.strip() == "rank 3-7: other node" for ln in lines), lines
@@ -72,6 +75,23 @@ def test_pane_marks_nan_origin_stragglers_and_ranks_on_other_nodes() -> None:
     assert status_style("crashed", pal).color == pal.error.color
     assert status_style("behind", pal).color == pal.warning.color
     assert status_style("live", pal).color == pal.success.color
+
+
+def test_pane_marks_the_first_nan_rank_of_a_whole_job() -> None:
+    job = Job("k", "ddp", "torchelastic", 3, 0, tuple(_info(r, 3) for r in (0, 1, 2)))
+    states = {r: RankState() for r in (0, 1, 2)}
+    for st in states.values():
+        st.step, st.loss, st.grad_norm, st.step_times = 10, 0.5, 1.2, [1.0]
+    states[1].loss, states[1].first = math.nan, {"loss": 7}
+    states[2].loss, states[2].first = math.nan, {"loss": 8}
+    view = build_view(job, states, dict.fromkeys((0, 1, 2), "live"))
+    assert view.nan_origin == (1,)
+    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
+    pane.view = view
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(pane.build())
+    row = {ln.split()[0]: ln for ln in console.export_text().splitlines() if ln.strip()}
+    assert "← first NaN" in row["1"] and "first NaN" not in row["2"]
 
 
 def test_single_process_run_has_no_ranks_pane_or_rank_keys() -> None:
