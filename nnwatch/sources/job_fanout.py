@@ -35,7 +35,7 @@ from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
-from nnwatch.sources.ssh_child import spawn_tied, stop_process
+from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
 from nnwatch.store.job_health import certain_first, judge_job
 from nnwatch.store.jobs import Job
 
@@ -205,6 +205,7 @@ class JobFanout:
         self._first_seen: tuple[int, ...] = ()
         self._key = ""
         atexit.register(self.close)
+        close_on_signals(self)  # a closed terminal removes the control sockets' directory too
         for link in self.links:
             link.thread.start()
 
@@ -289,6 +290,7 @@ class JobFanout:
         for link in self.links:
             link.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        closed(self)
 
 
 def _told(row: RankSummary, stops: Any, lead: int | None, limit: int) -> RankSummary:

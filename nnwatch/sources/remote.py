@@ -14,12 +14,9 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import threading
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +25,13 @@ from typing import Any
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.pull import PullError, PullRequest, pull, pulled_run_dir
 from nnwatch.sources.remote_command import explain_failure, remote_command
-from nnwatch.sources.ssh_child import die_of, spawn_tied, ssh_base, stop_process
+from nnwatch.sources.ssh_child import (
+    close_on_signals,
+    closed,
+    spawn_tied,
+    ssh_base,
+    stop_process,
+)
 from nnwatch.sources.summarised import SummarisedSource
 from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
 
@@ -157,41 +160,6 @@ def _label(r: dict[str, Any]) -> str:
     return f"{r.get('name')} (pid {r.get('pid')}, rank {r.get('rank')})"
 
 
-#: The tunnels open in this process, closed by a hang-up or termination signal (no ``atexit``
-#: runs then: a closed terminal would leave the private directory and its socket behind).
-_OPEN: weakref.WeakSet[SshTunnel] = weakref.WeakSet()
-_HANDLED: dict[int, Any] = {}
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    for tunnel in list(_OPEN):
-        try:
-            tunnel.close()
-        except Exception:  # noqa: BLE001 - the rest must still be closed
-            pass
-    prev = _HANDLED.get(signum)
-    if callable(prev):
-        prev(signum, frame)
-    else:
-        die_of(signum)
-
-
-def _close_on_signals() -> None:
-    """Chain a SIGHUP and SIGTERM handler that removes the tunnels, then does what was there
-    (the main thread only; an ignored signal stays ignored)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGHUP, signal.SIGTERM):
-        try:
-            prev = signal.getsignal(signum)
-            if signum in _HANDLED or prev is None or prev == signal.SIG_IGN or prev is _on_signal:
-                continue
-            signal.signal(signum, _on_signal)
-            _HANDLED[signum] = prev
-        except (ValueError, OSError):
-            pass
-
-
 class SshTunnel:
     """``ssh -N -L LOCAL:REMOTE HOST`` to a private local path; ``close`` removes it all, also
     on SIGHUP (a closed terminal) and SIGTERM; ssh ends with this process, even a ``kill -9``."""
@@ -217,8 +185,7 @@ class SshTunnel:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         atexit.register(self.close)  # removed however the monitor ends
-        _OPEN.add(self)
-        _close_on_signals()
+        close_on_signals(self)
 
     def start(self) -> None:
         """Start ssh and wait until the forwarded socket exists; SourceError if it cannot."""
@@ -260,7 +227,7 @@ class SshTunnel:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-        _OPEN.discard(self)
+        closed(self)
 
 
 class RemoteSource(SummarisedSource):

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 PR_SET_PDEATHSIG = 1
 
@@ -109,3 +110,50 @@ def die_of(signum: int) -> None:
     except (OSError, ValueError):
         pass
     os._exit(128 + signum)
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+#: What holds private files beside its ssh children (a tunnel's directory, the job view's control
+#: sockets): closed on a hang-up or termination signal, since no ``atexit`` runs then and a
+#: closed terminal would leave them behind.
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+_HANDLED: dict[int, Any] = {}
+
+
+def close_on_signals(obj: Closable) -> None:
+    """Close ``obj`` on SIGHUP or SIGTERM, then do what was there before (a handler of the
+    program's own, or the default: die of the signal). Installed from the main thread only; an
+    ignored signal stays ignored."""
+    _OPEN.add(obj)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        try:
+            prev = signal.getsignal(signum)
+            if signum in _HANDLED or prev is None or prev == signal.SIG_IGN or prev is _on_signal:
+                continue
+            signal.signal(signum, _on_signal)
+            _HANDLED[signum] = prev
+        except (ValueError, OSError):
+            pass
+
+
+def closed(obj: Closable) -> None:
+    """``obj`` closed itself: nothing to do for it on a signal any more."""
+    _OPEN.discard(obj)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    for obj in list(_OPEN):
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - the rest must still be closed
+            pass
+    prev = _HANDLED.get(signum)
+    if callable(prev):
+        prev(signum, frame)
+    else:
+        die_of(signum)

@@ -101,3 +101,49 @@ def test_a_kill_9_of_the_monitor_does_not_leave_ssh_running(
     except AssertionError:
         raise AssertionError(f"ssh -N -L (pid {ssh}) still runs, orphaned, after the monitor's kill -9") from None
     print(f"ssh ended {time.monotonic() - started:.2f} s after the monitor's kill -9")
+
+
+FANOUT = """
+import json, sys, time
+from nnwatch.sources.job_fanout import JobFanout
+opts = json.loads(sys.argv[1])
+fanout = JobFanout("nojob", [opts["host"]], ssh_args=opts["ssh_args"], remote_nnwatch=opts["remote_nnwatch"])
+link = fanout.links[0]
+while not link.control.exists():
+    time.sleep(0.05)
+print(json.dumps({"dir": str(fanout.dir), "ssh": link.master.pid}), flush=True)
+while True:
+    fanout.poll()
+    time.sleep(0.1)
+"""
+
+
+def test_a_hangup_of_the_job_view_removes_its_control_sockets_and_ends_ssh(
+    remote: dict[str, object],  # noqa: F811
+    subprocess_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "fanout.py"
+    script.write_text(textwrap.dedent(FANOUT))
+    opts = {**remote, "host": f"{getpass.getuser()}@127.0.0.1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), json.dumps(opts)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**subprocess_env, "PYTHONPATH": str(REPO)}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1]
+        info = json.loads(line)
+        control_dir, ssh = Path(info["dir"]), int(info["ssh"])
+        assert any(control_dir.iterdir())
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGHUP
+        assert not control_dir.exists(), sorted(p.name for p in control_dir.iterdir())
+        wait_for(lambda: not _alive(ssh), timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
