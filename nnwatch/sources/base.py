@@ -13,7 +13,7 @@ from nnwatch.channel.commands import CommandReply
 from nnwatch.store.schema import RunMeta
 
 #: Run states a source can report. "recorded" is a finished run read from disk.
-STATES = ("live", "paused", "hung", "finished", "crashed", "lost", "recorded")
+STATES = ("live", "paused", "hung", "finished", "interrupted", "crashed", "lost", "recorded")
 
 
 class SourceError(RuntimeError):

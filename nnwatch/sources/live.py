@@ -26,7 +26,7 @@ from nnwatch.channel.client import ChannelError, Subscription
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
 from nnwatch.sources.command_line import CommandLine
 from nnwatch.store.event_tail import EventTail
-from nnwatch.store.health import Health, Liveness, read_end
+from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.log_catchup import gap_rows, load_history
 from nnwatch.store.registry import RunInfo, find_runs, list_runs, ring_path
@@ -191,17 +191,19 @@ class LiveSource(RunSource):
         reader = self._reader
         if reader is None:
             end = read_end(self.run_dir)
-            if end is not None:
-                state = "crashed" if end.get("status") == "crashed" else "finished"
-                return SourceStatus(state, message="the run ended")
+            if end is not None:  # the word every reader uses: a Ctrl-C reads "interrupted"
+                return SourceStatus(ended_as(end.get("status")), message=end_message(end))
             checkable = pid_checkable(self._meta.host, (self._meta.extra or {}).get("pid_ns"))
             if self._meta.pid and checkable and not same_process(self._meta.pid, 0.0):
                 return SourceStatus("crashed", message=f"trainer pid {self._meta.pid} is gone")
             return SourceStatus("live", message="waiting for the ring")
         health = self._liveness.judge(reader.state(), now)
         self._health = health
+        state = _STATE.get(health.state, "live")
+        if health.ended and health.ended_as == "interrupted":
+            state = "interrupted"  # as end.json, ls and load_run say
         return SourceStatus(
-            state=_STATE.get(health.state, "live"),
+            state=state,
             heartbeat_age=health.heartbeat_age,
             dropped=reader.dropped,
             torn=reader.torn,

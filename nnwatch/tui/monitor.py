@@ -216,6 +216,8 @@ class MonitorBase(App[int]):
             )
         elif state == "finished" and message.previous not in ("connecting",):
             self.notify("The run finished.", title="finished")
+        elif state == "interrupted" and message.previous not in ("connecting",):
+            self.notify(f"The run was interrupted{': ' + note if note else ''}.", title="interrupted")
         elif state == "live" and message.previous in ("lost", "hung", "paused"):
             self.notify("The run is live again.", title="live")
         if state != "paused" and self.view.outcome.startswith(("paused", "pause:")):

@@ -191,3 +191,40 @@ def test_a_sigterm_to_a_forked_worker_ends_the_worker_only(
     assert code == 0 and "worker 15" in out and "trainer went on" in out, out
     end = json.loads((run / "end.json").read_text())
     assert end["status"] == "finished" and "signal" not in end and end["steps"] == 10, end
+
+
+def test_ctrl_c_reads_interrupted_in_open_and_attach_too(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The dashboard's badge for a Ctrl-C run, from its log (``open``) and as a live source
+    finds it ended (``attach``): INTERRUPTED, as ``end.json`` says."""
+    import asyncio
+
+    from nnwatch.sources.live import LiveSource
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.tui.app import NNWatchApp
+    from nnwatch.tui.testing import fixed_hardware
+    from nnwatch.tui.widgets.header import RunHeader
+
+    program = FOREVER.replace("pass", "raise KeyboardInterrupt") + (
+        "w = nnwatch.watch(model, opt, name='p')\ntrain(w, 30, fail_at=15)\n"
+    )
+    _, run = _run_to_end(program, subprocess_env, tmp_path)
+    live = LiveSource(run)
+    try:
+        assert live.poll().status.state == "interrupted"
+    finally:
+        live.close()
+    app = NNWatchApp(RecordedSource(run), hardware=fixed_hardware, fps=10)
+    seen: dict[str, str] = {}
+
+    async def main() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            for _ in range(50):
+                await pilot.pause(0.1)
+                seen["text"] = app.query_one(RunHeader)._picture.plain
+                if "INTERRUPTED" in seen["text"]:
+                    break
+
+    asyncio.run(main())
+    assert "INTERRUPTED" in seen["text"], seen["text"]

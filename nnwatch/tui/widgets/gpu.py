@@ -100,7 +100,7 @@ class GpuPane(Pane):
         gpus = len(reading.gpus) if reading else 0
         self.border_title = "[b]GPU[/b]" if gpus else "[b]GPU · host[/b]"
         source = "NVML" if reading is not None and not reading.nvml_error else "psutil"
-        ended = st.status.state in ("finished", "crashed", "lost")
+        ended = st.status.state in ("finished", "interrupted", "crashed", "lost")
         self.border_subtitle = f"{source}, now (the run has ended)" if ended else source
         return Text("\n").join(lines)
 

@@ -18,6 +18,7 @@ BADGES = {
     "paused": "‖ PAUSED",
     "hung": "◌ HUNG",
     "finished": "✔ FINISHED",
+    "interrupted": "■ INTERRUPTED",  # Ctrl-C or SIGTERM: ended from outside, not by a failure
     "crashed": "✖ CRASHED",
     "lost": "✖ LOST",
     "recorded": "▣ RECORDED",
@@ -36,6 +37,7 @@ def badge_style(state: str, pal: Palette) -> Style:
         "hung": pal.warning,
         "catching": pal.warning,
         "finished": pal.primary,
+        "interrupted": pal.warning,
         "recorded": pal.primary,
         "crashed": pal.error,
         "lost": pal.error,
@@ -43,7 +45,7 @@ def badge_style(state: str, pal: Palette) -> Style:
     }.get(state, pal.muted).color
     return Style(
         bgcolor=color,
-        color="#000000" if state in ("paused", "hung", "catching") else "#ffffff",
+        color="#000000" if state in ("paused", "hung", "catching", "interrupted") else "#ffffff",
         bold=True,
     )
 
