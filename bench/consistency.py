@@ -47,6 +47,7 @@ def _worker(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
     )
     import nnwatch
     from nnwatch.probe.consistency import ConsistencyCheck
+    from nnwatch.probe.watch import internals
 
     spent: list[tuple[float, bool]] = []  # (seconds in the hook, whether it launched a check)
     original = ConsistencyCheck._on_optimizer_step
@@ -79,7 +80,8 @@ def _worker(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
                         opt.step()
                         w.step(loss)
                         times.append(time.perf_counter() - t)
-                    checks = w._consistency.checks if w._consistency is not None else 0
+                    check = internals(w).consistency
+                    checks = check.checks if check is not None else 0
                 r = results.setdefault(
                     (hidden, every),
                     {"step": [], "hook": [], "launch": [], "poll": [], "checks": []},

@@ -41,6 +41,7 @@ from nnwatch.probe.budget import UPDATE_EVERY
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.schedule import WARMUP_STEPS
 from nnwatch.probe.step_cycle import StepCycle
+from nnwatch.probe.watch import internals
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,11 +246,11 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
                 setattr(cls, n, f)
             hooks_cls.make = make_layer_hook  # type: ignore[method-assign]
         # queued at the end of each backward through the instance: time it there too
-        w.cycle.on_backward_end = timer.wrap(w.cycle.on_backward_end)  # type: ignore[method-assign]
+        internals(w).cycle.on_backward_end = timer.wrap(internals(w).cycle.on_backward_end)  # type: ignore[method-assign]
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
-        run_log = w.cycle.files.log
+        run_log = internals(w).files.log
         if run_log is not None:  # (the run files exist from the first step) the writer thread's CPU time per record it wrote and diagnosed
             drain, write = run_log._drain, run_log._write
 
@@ -268,8 +269,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
 
         def block() -> None:
             timed_block(v, timer, step, net=net, opt=opt)
-            v.intervals.append(w.budget.interval)
-            v.layer_intervals.append(w.layer_interval)
+            v.intervals.append(internals(w).budget.interval)
+            v.layer_intervals.append(internals(w).layer_interval)
 
         watches.append(w)
         return block

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead  # noqa: E402 - the benchmark's models
 
 import nnwatch  # noqa: E402
+from nnwatch.probe.watch import internals  # noqa: E402
 
 
 def main() -> int:
@@ -65,7 +66,7 @@ def main() -> int:
         watched = loop(args.steps, w)
         prof.disable()
         print(f"bare {bare * 1e3:.3f} ms/step, watched {watched * 1e3:.3f} ms/step "
-              f"(x{watched / bare:.3f}), budget k={w.budget.interval}, stats every {w.layer_interval}")
+              f"(x{watched / bare:.3f}), budget k={internals(w).budget.interval}, stats every {internals(w).layer_interval}")
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     if args.only:

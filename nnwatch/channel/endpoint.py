@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from nnwatch.channel.server import CommandServer, PendingCommand
-from nnwatch.store.registry import (
-    build_entry,
-    register,
-    ring_path,
-    socket_path,
-    unregister,
-)
+from nnwatch.store.registry_entry import build_entry, register, socket_path, unregister
 from nnwatch.store.ring import RingWriter
+from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.schema import RunMeta
 
 log = logging.getLogger("nnwatch")
@@ -133,6 +129,28 @@ class RunEndpoint:
 
     def set_status(self, status: str) -> None:
         self.ring.set_status(status)
+
+    def at_step_boundary(
+        self,
+        apply: Callable[[list[PendingCommand]], None],
+        held: Callable[[], bool],
+        poll: float = 0.2,
+    ) -> None:
+        """Apply what monitors sent (``apply``), then hold the calling thread while ``held()``
+        says so (a pause), applying what arrives meanwhile; the ring says "paused" meanwhile.
+
+        The one pause loop of every trainer (the probe's and the synthetic one).
+        """
+        commands = self.drain()
+        if not commands:
+            return
+        apply(commands)
+        if held():
+            self.set_status("paused")
+            while held():
+                if self.wait(poll):
+                    apply(self.drain())
+            self.set_status("running")
 
     def close(self, status: str = "finished", *, remove_ring: bool = False) -> None:
         """Mark the ring ended, stop serving, unmap, unregister. Safe to call twice.

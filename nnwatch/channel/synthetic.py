@@ -129,13 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             end.publish(view)
             if log is not None:
                 log.put(bytes(view))
-            apply(end.drain())
-            if paused:
-                end.set_status("paused")
-                while paused and not should_stop:
-                    if end.wait(0.5):
-                        apply(end.drain())
-                end.set_status("running")
+            end.at_step_boundary(apply, lambda: paused and not should_stop, poll=0.5)
             t = time.perf_counter()
             if step < len(times):
                 times[step] = t - last

@@ -235,7 +235,7 @@ class Trainer:
 
     def remove_run(self, keep: bool) -> str | None:
         """Remove the run's files (unless ``keep``); return the run directory that remains, if any."""
-        from nnwatch.store.registry import unregister
+        from nnwatch.store.registry_entry import unregister
 
         info = self.info
         shutil.rmtree(self.scratch, ignore_errors=True)

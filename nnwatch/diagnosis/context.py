@@ -9,6 +9,7 @@ the rules that need them switch off.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -115,34 +116,45 @@ class RunContext:
         )
 
     @classmethod
-    def from_watch(cls, w: Any) -> RunContext:
-        base = cls.from_meta(w.meta)
+    def from_live(
+        cls,
+        meta: RunMeta,
+        model: Any,
+        params: Sequence[Any],
+        param_layer_index: Sequence[int],
+        *,
+        optimizer: Any,
+        num_classes: int | None,
+        resumed: bool,
+        clip_before_unscale: bool,
+    ) -> RunContext:
+        """The context of a live run, from its model (an ``nn.Module``), its watched parameters
+        (``params``, each in the parameter layer ``param_layer_index`` names) and its optimizer."""
+        base = cls.from_meta(meta)
         from nnwatch.tensors.layers import strip_wrapper_prefixes  # the names the probe recorded
 
-        modules = {strip_wrapper_prefixes(n, w.model): m for n, m in w.model.named_modules()}
-        root = type(w.model).__name__
+        modules = {strip_wrapper_prefixes(n, model): m for n, m in model.named_modules()}
+        root = type(model).__name__
         kinds = []
         for name in base.param_layer_names:
-            mod = modules.get(name) if name in modules else (w.model if name == root else None)
+            mod = modules.get(name) if name in modules else (model if name == root else None)
             kinds.append(type(mod).__name__ if mod is not None else "?")
-        plan = w.plan
         numel = np.zeros(base.num_param_layers)
         sq = 0.0
-        for p, j in zip(plan.params, plan.param_layer_index, strict=True):
+        for p, j in zip(params, param_layer_index, strict=True):
             numel[j] += p.numel()
         try:
             import torch
 
             with torch.no_grad():  # one host sync per device, once per run
                 by_device: dict[Any, list[Any]] = {}
-                for p in plan.params:
+                for p in params:
                     by_device.setdefault(p.device, []).append(
                         torch.linalg.vector_norm(p.detach().float())
                     )
                 sq = sum(float(torch.stack(n).square().sum()) for n in by_device.values())
         except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
             sq = math.nan
-        opt = getattr(w, "optimizer", None) or getattr(w, "optimizer_source", None)
         return cls(
             layer_names=base.layer_names,
             layer_kinds=base.layer_kinds,
@@ -150,15 +162,15 @@ class RunContext:
             param_layer_kinds=tuple(kinds),
             param_order=base.param_order,
             param_numel=numel,
-            num_classes=getattr(w, "num_classes", None) or base.num_classes,
-            optimizer=type(opt).__name__ if opt is not None else None,
-            resumed=bool(getattr(w, "resumed", False)),
+            num_classes=num_classes or base.num_classes,
+            optimizer=type(optimizer).__name__ if optimizer is not None else None,
+            resumed=bool(resumed),
             micro_batches=base.micro_batches,
-            clip_before_unscale=bool(getattr(w, "clip_before_unscale", False)),
+            clip_before_unscale=bool(clip_before_unscale),
             param_norm=math.sqrt(sq) if math.isfinite(sq) else math.nan,
             total_numel=int(numel.sum()),
-            optimizer_on_copy=_optimizer_on_copy(opt, plan.params),
-            unwatched_before=_unwatched_before(w.model, base.layer_names),
+            optimizer_on_copy=_optimizer_on_copy(optimizer, tuple(params)),
+            unwatched_before=_unwatched_before(model, base.layer_names),
         )
 
 

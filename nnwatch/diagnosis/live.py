@@ -1,6 +1,7 @@
 """The detectors attached to a live run: fed by the run-log writer thread, and by the guard.
 
-``Diagnosis(w)`` is created by the probe at the first ``w.step()``. The writer thread calls
+``Diagnosis(context, run)`` is created by the probe at the first ``w.step()``; ``run`` is the
+:class:`DiagnosedRun` it reports to (findings, snapshot requests), nothing more. The writer thread calls
 :meth:`observe` with each batch of new records (off the training thread: a detector never slows a
 step down, it only acts one step late). It hands the GIL back after every record: a batch is a
 quarter second of steps, tens of milliseconds of Python at a thousand steps a second, and
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -34,12 +35,30 @@ log = logging.getLogger("nnwatch")
 HAND_BACK_FOR = 0.1
 
 
-class Diagnosis:
-    """Detectors for one watched run. Findings go to ``w.add_finding`` (and ``self.findings``)."""
+class DiagnosedRun(Protocol):
+    """What the live detectors need of the run they watch: where findings and snapshot requests
+    go, and, when the guard trips, the probe's per-layer values of the step."""
 
-    def __init__(self, w: Any) -> None:
-        self.w = w
-        self.context = RunContext.from_watch(w)
+    @property
+    def step_index(self) -> int: ...
+
+    @property
+    def guard_tripped(self) -> bool: ...
+
+    def add_finding(self, finding: Finding) -> None: ...
+
+    def request_snapshot(self, reason: str) -> None: ...
+
+    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """This step's per-layer output sums and gradient norms (a host copy; may sync)."""
+
+
+class Diagnosis:
+    """Detectors for one watched run. Findings go to ``run.add_finding`` (and ``self.findings``)."""
+
+    def __init__(self, context: RunContext, run: DiagnosedRun) -> None:
+        self.run = run
+        self.context = context
         self.pipeline = Pipeline(self.context)
         self.findings: list[Finding] = []
         self.spikes = SpikeTrigger()
@@ -47,7 +66,7 @@ class Diagnosis:
         self.rows_seen = 0
         #: give the GIL back after each record (off only for bench/writer_stalls.py's comparison)
         self.hand_back = True
-        if getattr(w, "guard_tripped", False) and int(getattr(w, "step_index", 0)) == 0:
+        if run.guard_tripped and run.step_index == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
             self.on_nonfinite_grads(0)
@@ -72,7 +91,7 @@ class Diagnosis:
                     # a loop that holds the GIL in Python between kernels would hand it back
                     # only every switch interval: past this, hold it and catch up instead
                     hand_back = time.perf_counter() < until
-        complete_pending(self.w, rows)
+        complete_pending(self.run, rows)
 
     # -- training thread -------------------------------------------------------------------------
     def judge_as_game(self) -> None:
@@ -84,7 +103,7 @@ class Diagnosis:
         det = self.pipeline.nan_detector()
         if det is None or (det.episode.active and det.episode.opened_at <= step):
             return
-        act_sum, grad_layer = self._live_layer_state()
+        act_sum, grad_layer = self.run.live_layer_state()
         with self._lock:
             finding = self.pipeline.on_guard(step, act_sum, grad_layer)
             if finding is not None:
@@ -97,27 +116,12 @@ class Diagnosis:
     def _emit(self, finding: Finding) -> None:
         self.findings.append(finding)
         try:
-            self.w.add_finding(finding)
+            self.run.add_finding(finding)
         except Exception as exc:  # noqa: BLE001 - reporting must not stop the detectors
             log.error("nnwatch: could not report a finding: %r (%s)", exc, finding.message)
 
     def _request_snapshot(self, reason: str) -> None:
         try:
-            self.w.request_snapshot(reason)
+            self.run.request_snapshot(reason)
         except Exception as exc:  # noqa: BLE001
             log.warning("nnwatch: could not request a snapshot: %r", exc)
-
-    def _live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """This step's per-layer output sums and gradient norms, from the probe's step buffers.
-
-        Read only when the guard trips (on CUDA it syncs, but the guard has synced already).
-        """
-        buf = getattr(self.w, "buffers", None)
-        out: list[np.ndarray | None] = []
-        for name in ("act_sum", "grad_layer"):
-            t = getattr(buf, name, None)
-            try:
-                out.append(t.detach().float().cpu().numpy().copy() if t is not None else None)
-            except Exception:  # noqa: BLE001 - a missing view only loses the origin, not the finding
-                out.append(None)
-        return out[0], out[1]

@@ -33,8 +33,9 @@ import shutil
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -53,6 +54,7 @@ from nnwatch.store.paths import (
     rename_file,
     write_private_file,
 )
+from nnwatch.store.schema import RunMeta, RunSchema
 
 SNAPSHOT_VERSION = 1
 MANIFEST, STATE, RNG, BATCH = SNAPSHOT_MANIFEST, "state.pt", "rng.pt", "batch.pt"
@@ -65,7 +67,51 @@ METRICS, LAYERS, FINDINGS, META, RECORD = (
 )
 
 _pending_lock = threading.Lock()
-_pending: weakref.WeakKeyDictionary[Any, dict[int, Path]] = weakref.WeakKeyDictionary()
+_pending: weakref.WeakKeyDictionary[object, dict[int, Path]] = weakref.WeakKeyDictionary()
+
+
+class SnapshotSubject(Protocol):
+    """What a snapshot is taken of: the run's step, directory and records, its model and the
+    optimizer whose update the snapshot precedes, and where a failure is reported."""
+
+    @property
+    def step_index(self) -> int: ...
+
+    @property
+    def run_dir(self) -> Path | None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def meta(self) -> RunMeta | None: ...
+
+    @property
+    def schema(self) -> RunSchema: ...
+
+    @property
+    def device(self) -> Any: ...
+
+    @property
+    def model(self) -> Any:
+        """The ``nn.Module`` (its state and class are saved)."""
+
+    @property
+    def stepping_optimizer(self) -> Any:
+        """The torch optimizer whose update the weights precede (None: watch() got none)."""
+
+    @property
+    def num_classes(self) -> int | None: ...
+
+    @property
+    def findings(self) -> Sequence[Finding]: ...
+
+    def recent_records(self) -> np.ndarray: ...
+
+    def add_finding(self, finding: Finding) -> None: ...
+
+    def set_log_error(self, why: str) -> None:
+        """Show ``why`` where monitors read the run's trouble (the ring header)."""
 
 
 class SnapshotError(OSError):
@@ -73,11 +119,11 @@ class SnapshotError(OSError):
 
 
 def write_snapshot(
-    w: Any, *, reason: str, state: dict[str, Any], rng: dict[str, Any], batch: Any
+    w: SnapshotSubject, *, reason: str, state: dict[str, Any], rng: dict[str, Any], batch: Any
 ) -> Path:
     """Write the snapshot of the step being recorded (``w.step_index``); returns its directory."""
     step = int(w.step_index)
-    root = Path(w.run_dir) / SNAPSHOTS_DIR
+    root = Path(_run_dir(w)) / SNAPSHOTS_DIR
     tmp: Path | None = None
     try:
         try:
@@ -107,6 +153,12 @@ def write_snapshot(
     return final
 
 
+def _run_dir(w: SnapshotSubject) -> Path:
+    if w.run_dir is None:
+        raise SnapshotError("the run has no directory (monitoring is off)")
+    return w.run_dir
+
+
 def _free_name(root: Path, name: str) -> Path:
     path = root / name
     k = 1
@@ -125,7 +177,7 @@ def _exists(path: Path) -> bool:
     return True
 
 
-def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> None:
+def _report_failure(w: SnapshotSubject, step: int, reason: str, root: Path, why: str) -> None:
     finding = Finding(
         kind="snapshot_failed",
         severity="error",
@@ -142,12 +194,10 @@ def _report_failure(w: Any, step: int, reason: str, root: Path, why: str) -> Non
         w.add_finding(finding)
     except Exception:  # noqa: BLE001 - the exception below still tells the probe
         pass
-    ring = getattr(w.files.channel, "ring", None)
-    if ring is not None and hasattr(ring, "set_log_error"):
-        ring.set_log_error(why)  # monitors read the cause from the ring header
+    w.set_log_error(why)  # monitors read the cause from the ring header
 
 
-def preflight(w: Any, margin: float = 1.5) -> str | None:
+def preflight(w: SnapshotSubject, margin: float = 1.5) -> str | None:
     """Why a snapshot of ``w`` would fail now, or None: checked when a monitor asks for one, so
     that the reply does not promise a snapshot that a full disk will refuse. The size is
     estimated from the weights, the optimizer state (up to twice the weights) and a margin."""
@@ -155,7 +205,7 @@ def preflight(w: Any, margin: float = 1.5) -> str | None:
         import torch
 
         weights = sum(p.numel() * p.element_size() for p in w.model.parameters())
-        opt = getattr(w, "optimizer", None)
+        opt = w.stepping_optimizer
         extra = 0
         if opt is not None:
             extra = sum(
@@ -165,14 +215,17 @@ def preflight(w: Any, margin: float = 1.5) -> str | None:
         need = int((weights + extra) * margin) + (1 << 20)
     except Exception:  # noqa: BLE001 - an estimate only
         return None
-    free = free_bytes(Path(w.run_dir))
+    run_dir = w.run_dir
+    if run_dir is None:
+        return "the run has no directory (monitoring is off)"
+    free = free_bytes(Path(run_dir))
     if free is not None and free < need:
         return (
-            f"the disk is full: a snapshot needs about {need // 1024} KiB and {Path(w.run_dir)} "
+            f"the disk is full: a snapshot needs about {need // 1024} KiB and {Path(run_dir)} "
             f"has {free // 1024} KiB free; free some space or set NNWATCH_RUN_DIR to a larger disk"
         )
-    if not os.access(w.run_dir, os.W_OK):
-        return f"permission denied: {w.run_dir} is not writable"
+    if not os.access(run_dir, os.W_OK):
+        return f"permission denied: {run_dir} is not writable"
     return None
 
 
@@ -181,7 +234,7 @@ def preflight(w: Any, margin: float = 1.5) -> str | None:
 
 
 def _write_contents(
-    w: Any,
+    w: SnapshotSubject,
     d: Path,
     *,
     step: int,
@@ -225,20 +278,21 @@ def _write_contents(
             np.save(fh, recent, allow_pickle=False)
         files[METRICS] = _sha256(d / METRICS)
     save_json(LAYERS, latest_layer_stats(w, recent))
-    save_json(FINDINGS, [_finding_dict(f) for f in list(getattr(w, "findings", []))])
-    meta = getattr(w, "meta", None)
+    save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
+    meta = w.meta
     if meta is not None:
         with _new_file(d / META) as fh:
             fh.write(meta.to_json().encode())
         files[META] = _sha256(d / META)
     model = w.model
-    device = str(getattr(w, "device", "cpu"))
+    device = str(w.device)
+    optimizer = w.stepping_optimizer
     manifest: dict[str, Any] = {
         "version": SNAPSHOT_VERSION,
         "step": step,
         "reason": reason,
         "time": time.time(),
-        "run": getattr(w, "name", ""),
+        "run": w.name,
         "run_dir": str(w.run_dir),
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
@@ -251,11 +305,9 @@ def _write_contents(
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_training": bool(model.training),
-        "optimizer_class": type(w.optimizer).__name__
-        if getattr(w, "optimizer", None) is not None
-        else None,
+        "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
         "lr": [_plain_number(x) for x in (state.get("lr") or [])],
-        "num_classes": getattr(w, "num_classes", None),
+        "num_classes": w.num_classes,
         "has": {
             "model": "model" in saved_state,
             "optimizer": "optimizer" in saved_state,
@@ -265,7 +317,7 @@ def _write_contents(
         },
         "weights": (
             "before this step's optimizer update"
-            if getattr(w, "optimizer", None) is not None
+            if optimizer is not None
             else "unknown: watch() was given no optimizer, so the weights may already be updated"
         ),
         "buffers_note": "buffers (e.g. BatchNorm running stats) already include this step's forward",
@@ -349,7 +401,7 @@ def _plain(obj: Any, notes: list[str], where: str) -> Any:
     return None
 
 
-def latest_layer_stats(w: Any, recent: np.ndarray) -> dict[str, Any]:
+def latest_layer_stats(w: SnapshotSubject, recent: np.ndarray) -> dict[str, Any]:
     """The newest sampled per-layer statistics and the newest per-layer gradient norms, by name."""
     out: dict[str, Any] = {"step": None, "layers": {}, "grad_step": None, "grad_norms": {}}
     if not isinstance(recent, np.ndarray) or not recent.dtype.names or not len(recent):
@@ -378,7 +430,7 @@ def latest_layer_stats(w: Any, recent: np.ndarray) -> dict[str, Any]:
 # the step's own record, added when it reaches the detectors
 
 
-def complete_pending(w: Any, rows: np.ndarray) -> None:
+def complete_pending(w: object, rows: np.ndarray) -> None:
     """Write ``record.json`` into snapshots whose step is among ``rows`` (called by the writer thread)."""
     with _pending_lock:
         pending = _pending.get(w)

@@ -49,7 +49,7 @@ from nnwatch.store.runlog import RunLogError, split_records
 from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta, fields_of
 
 if TYPE_CHECKING:
-    from nnwatch.probe.watch import Watch
+    from nnwatch.store.runlog import RunLogWriter
 
 log = logging.getLogger("nnwatch")
 
@@ -317,17 +317,17 @@ class LiveExport:
     training and the run log go on.
     """
 
-    def __init__(self, w: Watch, options: TensorBoard) -> None:
-        self.meta = w.meta
-        self.out_dir = target_dir(options.log_dir, w.files.dir)  # a live run has its directory
+    def __init__(self, meta: RunMeta, run_dir: Path, options: TensorBoard) -> None:
+        self.meta = meta
+        self.out_dir = target_dir(options.log_dir, run_dir)  # a live run has its directory
         _clear_previous(self.out_dir, overwrite=False)
         self.writer = TensorBoardWriter(
             self.out_dir,
-            w.meta,
+            meta,
             histogram_every=options.histogram_every,
             per_layer=options.per_layer,
         )
-        self._events = EventTail(Path(w.files.dir) / "events.jsonl")
+        self._events = EventTail(Path(run_dir) / "events.jsonl")
         self.error: str | None = None
 
     def observe(self, rows: np.ndarray) -> None:
@@ -363,14 +363,14 @@ class LiveExport:
         )
 
 
-def attach_live(w: Watch, option: TensorBoard | str | os.PathLike[str]) -> LiveExport | None:
-    """Start the live export of ``w``'s run (called at its first step). Never raises."""
+def attach_live(
+    meta: RunMeta, run_dir: Path, log_writer: RunLogWriter, option: TensorBoard | str | os.PathLike[str]
+) -> LiveExport | None:
+    """Start the live export of the run in ``run_dir`` (called at its first step, when its log
+    opened): an observer of ``log_writer``. Never raises."""
     options = option if isinstance(option, TensorBoard) else TensorBoard(option)
-    log_writer = w.files.log
-    if log_writer is None:
-        return None
     try:
-        export = LiveExport(w, options)
+        export = LiveExport(meta, run_dir, options)
     except Exception as exc:  # noqa: BLE001 - an optional export must never stop the run
         log.warning("nnwatch: the TensorBoard export is off: %s", exc)
         return None

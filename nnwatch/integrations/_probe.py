@@ -2,9 +2,10 @@
 
 Frameworks clip the gradients themselves, at moments the callbacks cannot always reach, so the
 callbacks record a clip that somebody else did, and Lightning runs the forward and backward
-*inside* ``optimizer.step(closure)``, after the optimizer's step pre-hooks. These three operations
-reach into :class:`~nnwatch.probe.watch.Watch` internals; they live here, in one place, so that
-a public API on ``Watch`` can replace them without touching the callbacks.
+*inside* ``optimizer.step(closure)``, after the optimizer's step pre-hooks. These operations
+reach into the run behind a :class:`~nnwatch.probe.watch.Watch` (through
+:func:`~nnwatch.probe.watch.internals`, the one documented door); they live here, in one place, so
+that a public API on ``Watch`` can replace them without touching the callbacks.
 
 All of them are device ops (no host sync) and never raise: recording must not break a step.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nnwatch import grad as gradmath
+from nnwatch.probe.watch import internals
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch
@@ -33,16 +35,17 @@ def detach_step_pre_hook(w: Watch) -> bool:
     Lightning calls ``optimizer.step(closure)`` and the closure runs the forward and backward, so
     a step pre-hook would see the previous step's gradients.
     """
-    opt = w.optimizer
+    run = internals(w)
+    opt = run.optimizer.hook
     hooks = getattr(opt, "_optimizer_step_pre_hooks", None)
     if opt is None or hooks is None:
         return False
-    return w.attachment.detach_step_pre_hook()
+    return run.attachment.detach_step_pre_hook()
 
 
 def before_optimizer_step(w: Watch, optimizer: Any) -> None:
     """The probe's own pre-step work (non-finite guard, snapshot of the pre-update weights)."""
-    w.before_update()
+    internals(w).before_update()
 
 
 def record_clip_after(w: Watch, max_norm: float | None) -> None:
@@ -51,21 +54,22 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
     ``max_norm`` is the threshold of a norm clip, or None for other clips (by value, custom): then
     "clipped" means the norm went down.
     """
-    if w.disabled or not w.plan.params:
+    run = internals(w)
+    if run.disabled or not run.plan.params:
         return
     try:
-        b = w.buffers
-        post = gradmath.global_norm(list(w.plan.params)).to(b.dev.device, torch.float32)
+        b = run.buffers
+        post = gradmath.global_norm(list(run.plan.params)).to(b.dev.device, torch.float32)
         pre = b.slot("grad_norm")
         b.slot("grad_norm_clipped").copy_(post)
-        limits = [x for x in (max_norm, w.clip_override) if x is not None and math.isfinite(x)]
+        limits = [x for x in (max_norm, run.clip_override) if x is not None and math.isfinite(x)]
         if limits:
-            w.grads.threshold = float(min(limits))
-            b.slot("clipped").copy_(pre > w.grads.threshold)
+            run.grads.threshold = float(min(limits))
+            b.slot("clipped").copy_(pre > run.grads.threshold)
         else:
             b.slot("clipped").copy_(post < pre)
     except Exception as exc:  # noqa: BLE001
-        w.warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
+        run.warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
 
 
 def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None:
@@ -73,10 +77,11 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
     the framework saw before clipping. Norm clipping scales every gradient by the same factor, so
     the per-layer norms before clipping are the measured ones divided by it.
     """
-    if w.disabled or not isinstance(pre_total, torch.Tensor):
+    run = internals(w)
+    if run.disabled or not isinstance(pre_total, torch.Tensor):
         return
     try:
-        b = w.buffers
+        b = run.buffers
         pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float32)
         measured = b.slot("grad_norm").clone()
         scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
@@ -84,14 +89,14 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
         b.slot("grad_norm").copy_(pre)
         b.slot("nonfinite_grads").copy_(~torch.isfinite(pre))
         if max_norm is not None and math.isfinite(max_norm):
-            if w.clip_override is None:
+            if run.clip_override is None:
                 b.slot("grad_norm_clipped").copy_(measured)
-                w.grads.threshold = float(max_norm)
+                run.grads.threshold = float(max_norm)
             else:
-                w.grads.threshold = float(min(max_norm, w.clip_override))
-            b.slot("clipped").copy_(pre > w.grads.threshold)
+                run.grads.threshold = float(min(max_norm, run.clip_override))
+            b.slot("clipped").copy_(pre > run.grads.threshold)
     except Exception as exc:  # noqa: BLE001
-        w.warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
+        run.warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
 
 
 def loss_of(output: Any) -> torch.Tensor | None:
@@ -107,19 +112,21 @@ def loss_of(output: Any) -> torch.Tensor | None:
 
 def learning_rates(w: Watch) -> list[Any] | None:
     """The optimizer's LRs now (Python numbers, no sync), to record them for this step later."""
-    if w.optimizer is None:
+    run = internals(w)
+    if run.optimizer.hook is None:
         return None
-    return [g.get("lr") for g in w.optimizer.param_groups]
+    return [g.get("lr") for g in run.optimizer.hook.param_groups]
 
 
 @contextmanager
 def recorded_lrs(w: Watch, lrs: list[Any] | None) -> Iterator[None]:
     """Let ``w.step()`` record ``lrs`` (the LRs the update used) although a scheduler has
     stepped since. The optimizer's own values are back as soon as the record is written."""
-    if w.optimizer is None or lrs is None:
+    run = internals(w)
+    if run.optimizer.hook is None or lrs is None:
         yield
         return
-    groups = w.optimizer.param_groups
+    groups = run.optimizer.hook.param_groups
     now = [g.get("lr") for g in groups]
     try:
         for g, lr in zip(groups, lrs, strict=False):

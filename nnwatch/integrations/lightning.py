@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nnwatch.integrations import _probe
-from nnwatch.probe.watch import watch
+from nnwatch.probe.watch import internals, watch
 
 log = logging.getLogger("nnwatch")
 
@@ -94,7 +94,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
         if self.watch is not None and not stopped:
-            self.watch.log_event(
+            internals(self.watch).log_event(
                 {"type": "error", "step": self.watch.step_index, "error": repr(exception)}
             )
         self._close(pl_module, "stopped" if stopped else "crashed")

@@ -88,9 +88,7 @@ class CommandHandler:
         return ""
 
     def _snapshot(self, args: dict[str, Any]) -> str:
-        from nnwatch.diagnosis.snapshot import preflight  # lazy: diagnosis is optional
-
-        why = preflight(self.owner)  # a full disk: say so now, not promise a snapshot
+        why = self.snapshots.preflight()  # a full disk: say so now, not promise a snapshot
         if why:
             return why
         self.snapshots.request(str(args.get("reason", "requested")))

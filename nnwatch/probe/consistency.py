@@ -37,17 +37,27 @@ import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-from nnwatch.probe.job_summary import JobSummary
+from nnwatch.probe.job_summary import JobSummary, SummaryOwner
 from nnwatch.probe.job_summary import every_from_env as summary_from_env
 from nnwatch.store.schema import sums_measured
 
 if TYPE_CHECKING:
-    from nnwatch.probe.watch import Watch
+    from torch import nn
+
+    from nnwatch.store.finding import Finding
+    from nnwatch.tensors.layers import LayerPlan
+
+
+class CheckOwner(SummaryOwner, Protocol):
+    """What the check needs of the run: the step, its recent records, where findings go."""
+
+    def add_finding(self, finding: Finding) -> None: ...
+
 
 log = logging.getLogger("nnwatch")
 
@@ -124,10 +134,19 @@ class ConsistencyResult:
 
 
 class ConsistencyCheck:
-    """Owned by a :class:`~nnwatch.probe.watch.Watch`; see the module docstring."""
+    """Owned by a watched run (:class:`~nnwatch.probe.watched_run.WatchedRun`); see the module
+    docstring."""
 
     def __init__(
-        self, w: Watch, every: int = DEFAULT_EVERY, *, group: Any = None, summary_every: int = 0
+        self,
+        w: CheckOwner,
+        model: nn.Module,
+        plan: LayerPlan,
+        optimizer: torch.optim.Optimizer,
+        every: int = DEFAULT_EVERY,
+        *,
+        group: Any = None,
+        summary_every: int = 0,
     ) -> None:
         import torch.distributed as dist
 
@@ -137,15 +156,15 @@ class ConsistencyCheck:
         self.dist = dist
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.params = [p for p in w.plan.params]
-        names = {id(p): n for n, p in w.model.named_parameters()}
+        self.params = [p for p in plan.params]
+        names = {id(p): n for n, p in model.named_parameters()}
         self.names = [names.get(id(p), f"param{i}") for i, p in enumerate(self.params)]
         self.device = self._comm_device()
         self.optimizer_steps = 0
         self.checks = 0
         self.results: list[ConsistencyResult] = []
         self._pending: deque[_Pending] = deque()  # launched, not read yet, oldest first
-        self._handle = w.optimizer.register_step_post_hook(self._on_optimizer_step)  # type: ignore[union-attr]
+        self._handle = optimizer.register_step_post_hook(self._on_optimizer_step)
         self._nonfinite = 0  # this rank's steps with a non-finite loss or activation
         self._first_nonfinite = -1  # the first of them
         self._loss_seen = False
@@ -165,26 +184,32 @@ class ConsistencyCheck:
 
     @classmethod
     def create(
-        cls, w: Watch, every: int | None, summary_every: int | None = None
+        cls,
+        w: CheckOwner,
+        model: nn.Module,
+        plan: LayerPlan,
+        optimizer: torch.optim.Optimizer | None,
+        every: int | None,
+        summary_every: int | None = None,
     ) -> ConsistencyCheck | None:
         """A check for ``w`` when it makes sense (distributed, with an optimizer): the checksum
         compare for replicated parameters, and the job summary when asked for."""
         every = every_from_env() if every is None else int(every)
         summary_every = summary_from_env() if summary_every is None else int(summary_every)
         every, summary_every = max(0, every), max(0, summary_every)
-        if (every <= 0 and summary_every <= 0) or w.optimizer is None or not w.plan.params:
+        if (every <= 0 and summary_every <= 0) or optimizer is None or not plan.params:
             return None
         try:
             import torch.distributed as dist
 
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
                 return None
-            if every and parameters_sharded(w.model, list(w.plan.params)):
+            if every and parameters_sharded(model, list(plan.params)):
                 log.info("nnwatch: parameters are sharded; the cross-rank consistency check is off")
                 every = 0
                 if not summary_every:
                     return None
-            return cls(w, every, summary_every=summary_every)
+            return cls(w, model, plan, optimizer, every, summary_every=summary_every)
         except Exception as exc:  # noqa: BLE001 - the check is optional; training goes on
             log.warning("nnwatch: the cross-rank consistency check is off: %r", exc)
             return None

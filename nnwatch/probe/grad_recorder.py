@@ -30,7 +30,6 @@ Everything stays on the device; the only host reads are of CPU tensors.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +37,16 @@ import torch
 
 from nnwatch import grad as gradmath
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.probe.clip_parts import (
+    CLIP_EPS,
+    ClipParts,
+    coverage,
+    finite,
+    loss_scale,
+    present_grads,
+    still_scaled,
+)
+from nnwatch.probe.grad_changes import GradChanges
 from nnwatch.tensors.grad_norms import LayerReducer, float32_of, squared_norms, total_norm
 from nnwatch.tensors.layers import LayerPlan
 
@@ -45,14 +54,8 @@ _GRAD_NORM = DEV_INDEX["grad_norm"]
 _NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]
 _NORM_CLIPPED = DEV_INDEX["grad_norm_clipped"]
 _CLIPPED = DEV_INDEX["clipped"]
-_CLIP_EPS = 1e-6  # torch's epsilon in the clip coefficient
 #: Steps without torch's clip before the recorder goes back to measuring at the end of backward.
 FORGET_CLIP = 3
-
-
-def _fingerprint(g: torch.Tensor) -> torch.Tensor:
-    flat = g.detach().reshape(-1).float()
-    return torch.dot(flat, flat)
 
 
 class GradientRecorder:
@@ -71,7 +74,7 @@ class GradientRecorder:
         self.reducer = reducer
         self.scaler = scaler
         self.on_nonfinite = on_nonfinite  # the guard, for loops without an optimizer
-        #: told when torch's norm is taken before ``scaler.unscale_()`` (see ``_still_scaled``)
+        #: told when torch's norm is taken before ``scaler.unscale_()`` (see ``still_scaled``)
         self.on_scaled_norm: Callable[[], None] | None = None
         #: torch norms still to check for that: the mistake is in the loop's code, so it shows
         #: on the first ones or never
@@ -87,62 +90,22 @@ class GradientRecorder:
         self.micro = 1  # backward passes per step, as last seen (gradient accumulation)
         self.torch_clips = 0  # recent steps clipped by torch; >0: expect it again
         self._at_backward_end = False  # the norm was taken when backward ended
-        self._sentinel: tuple[torch.Tensor, torch.Tensor | float] | None = None
         self._other_norm: torch.Tensor | None = None  # torch's non-L2 norm of this model's grads
         self._parts = ClipParts()  # this step's clips of parts of the model
         #: 1.0/0.0: this step's first backward found the last update's gradients untouched /
         #: cleared (``grads_kept``); NaN: not observed
         self.kept = math.nan
         self.layers_done = False  # this step's per-layer gradient norms are in the record
-        #: the output-side parameter's gradient at the last update, and its version counter then
-        self._after_update: tuple[weakref.ref[torch.Tensor], int] | None = None
+        #: whether gradients were cleared between updates, or changed between backward and update
+        self.changes = GradChanges()
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
-        present, grads = [], []
-        for i, p in enumerate(self.plan.params):
-            if p.grad is not None:
-                present.append(i)
-                grads.append(p.grad)
-        return present, grads
-
-    def _coverage(self, grads: list[torch.Tensor], attr: str = "") -> tuple[str, set[int]]:
-        """How ``grads`` (or params, with ``attr="grad"``) cover this model's gradients:
-        ``"all"`` (all of them, perhaps with others), ``"part"`` (some, and nothing else) or
-        ``"none"``; with the ids of the gradients given when the answer is ``"part"``.
-
-        The usual call (``clip_grad_norm_(model.parameters(), ...)`` with every parameter
-        trained) passes them in the model's order: its ends and its length say so without
-        building two sets of the whole model's gradients on every step.
-        """
-        params = self.plan.params
-        if params and len(grads) == len(params):
-            first, last = grads[0], grads[-1]
-            if attr:
-                first, last = getattr(first, attr), getattr(last, attr)
-            if first is not None and first is params[0].grad and last is params[-1].grad:
-                return "all", set()
-        ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
-        if not ours:
-            return "none", set()
-        seen = {id(getattr(g, attr) if attr else g) for g in grads}
-        seen.discard(id(None))
-        if ours <= seen:
-            return "all", set()
-        if seen and seen <= ours:
-            return "part", seen
-        return "none", set()
+        return present_grads(self.plan.params)
 
     def _matches(self, grads: list[torch.Tensor], attr: str = "") -> bool:
         """Whether ``grads`` hold all of this model's gradients (others may come with them)."""
-        return self._coverage(grads, attr)[0] == "all"
-
-    def _scale(self) -> torch.Tensor | None:
-        sc = self.scaler
-        if sc is None or not getattr(sc, "is_enabled", lambda: False)():
-            return None
-        scale = getattr(sc, "_scale", None)
-        return scale if isinstance(scale, torch.Tensor) else None
+        return coverage(self.plan.params, grads, attr)[0] == "all"
 
     def _write_total(self, total: torch.Tensor | float) -> None:
         b = self.buf
@@ -172,7 +135,7 @@ class GradientRecorder:
             return None
         b = self.buf
         sq = squared_norms(grads, b.dev.device)
-        scale = self._scale() if unscale else None
+        scale = loss_scale(self.scaler) if unscale else None
         if scale is not None:
             sq = sq / scale.to(sq.device, sq.dtype).square()
         total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
@@ -194,20 +157,6 @@ class GradientRecorder:
             return None
         return total_norm(squared_norms(grads, self.buf.dev.device))
 
-    def _remember_sentinel(self) -> None:
-        """A cheap fingerprint of one gradient, to see later whether anything changed them.
-
-        The squared norm of a small gradient on the output side: the input side's can be all
-        zero (dead units upstream), and a sum can be zero by symmetry (an output bias under
-        softmax), but a rescale or a clamp changes a non-zero squared norm.
-        """
-        self._sentinel = None
-        for p in reversed(self.plan.params):
-            g = p.grad
-            if g is not None and g.numel() <= 65536:
-                self._sentinel = (p, _fingerprint(g) if g.is_cuda else float(_fingerprint(g)))
-                return
-
     def on_backward_end(self) -> None:
         """The autograd engine finished a backward pass that reached the model's parameters."""
         self.backwards += 1
@@ -220,35 +169,15 @@ class GradientRecorder:
         self.measure_now(unscale=True)
         self.from_torch = False
         self._at_backward_end = True
-        self._remember_sentinel()
+        self.changes.remember(self.plan.params)
 
     def see_cleared(self) -> None:
-        """At the update: were the last update's gradients cleared before this one's backward?
-
-        Read from the version counter of the output-side parameter's gradient (host metadata:
-        no sync). ``zero_grad()`` drops the gradient (a new tensor comes) or zeroes it in place
-        (one more version); every backward that adds to it is one more version. So the same
-        tensor, grown by exactly the backward passes seen since the last update, was never
-        cleared. Anything else (a clip or an unscale in place, a zeroing) reads as cleared: a
-        fault missed, never one invented. A backward of another net through this one between its
-        updates (a GAN's generator through the discriminator) counts as one of the passes.
-        """
-        seen = self._after_update
-        params = self.plan.params
-        g = params[-1].grad if params else None
-        if seen is not None and g is not None and self.backwards > 0:
-            ref, version = seen
-            self.kept = 1.0 if (g is ref() and g._version == version + self.backwards) else 0.0
-        self._after_update = None
-        if g is not None:
-            try:
-                self._after_update = (weakref.ref(g), g._version)
-            except TypeError:  # a tensor subclass without weak references: not observed
-                pass
+        """At the update: were the last update's gradients cleared before this one's backward?"""
+        self.kept = self.changes.see_cleared(self.plan.params, self.backwards)
 
     def _check_scaled(self) -> None:
         self.scaled_checks -= 1
-        if self.on_scaled_norm is not None and _still_scaled(self.scaler):
+        if self.on_scaled_norm is not None and still_scaled(self.scaler):
             self.scaled_checks = 0
             self.on_scaled_norm()  # torch's norm of gradients the AMP loss scale still multiplies
 
@@ -256,7 +185,7 @@ class GradientRecorder:
     def on_total_norm(self, grads: list[torch.Tensor], norm_type: float, total: torch.Tensor) -> None:
         if self.from_torch:
             return  # the step's pre-clip norm is in: a later call sees clipped gradients
-        cover, ids = self._coverage(grads)
+        cover, ids = coverage(self.plan.params, grads)
         if cover == "none":
             return
         if self.scaler is not None and self.scaled_checks > 0:
@@ -366,13 +295,13 @@ class GradientRecorder:
         host = b.dev_np
         if host is not None:  # CPU: Python floats straight into the record, no torch call
             t = total if isinstance(total, float) else float(total.detach())
-            coef = min(max_norm / (t + _CLIP_EPS), 1.0)
+            coef = min(max_norm / (t + CLIP_EPS), 1.0)
             base = t if l2 is None else (l2 if isinstance(l2, float) else float(l2))
             host[_NORM_CLIPPED] = base * coef
             host[_CLIPPED] = 1.0 if t > max_norm else 0.0
             return
         tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
-        coef_t = (max_norm / (tt + _CLIP_EPS)).clamp(max=1.0)
+        coef_t = (max_norm / (tt + CLIP_EPS)).clamp(max=1.0)
         base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float32)
         b.slot("grad_norm_clipped").copy_(base_t * coef_t)
         b.slot("clipped").copy_(tt > max_norm)
@@ -440,7 +369,7 @@ class GradientRecorder:
             return
         _, grads = self.grads()
         t = torch.as_tensor(total, dtype=torch.float32)
-        coef = (self.override / (t + _CLIP_EPS)).clamp(max=1.0)
+        coef = (self.override / (t + CLIP_EPS)).clamp(max=1.0)
         torch._foreach_mul_(grads, coef.to(grads[0].device))
         self.record_clip(t, self.override)
 
@@ -451,50 +380,13 @@ class GradientRecorder:
             self.measure_now()
         elif not self.done:
             self.measure_now(layers=False)  # the global norm, every step
-        elif self._at_backward_end and not self.clip_seen and self._scale() is None:
-            self._check_changed()
+        elif self._at_backward_end and not self.clip_seen and loss_scale(self.scaler) is None:
+            self.changes.check_changed(self.buf, self._norm_of_now)
         if self.override is not None and not self.clip_seen:
             self.apply_override()
         return self.total if self.done else None
 
-    def _check_changed(self) -> None:
-        """Gradients measured when backward ended and changed since: record the norm the update uses."""
-        ref = self._sentinel
-        if ref is None:
-            return
-        param, before = ref
-        g = param.grad
-        if g is None:
-            return
-        b = self.buf
-        if isinstance(before, float):
-            now = float(_fingerprint(g))
-            if now == before or (math.isnan(now) and math.isnan(before)):
-                return
-            post = self._norm_of_now()
-            if post is None:
-                return
-            b.slot("grad_norm_clipped").fill_(float(post))
-            b.slot("clipped").fill_(1.0)
-            return
-        post = self._norm_of_now()
-        if post is None:
-            return
-        changed = _fingerprint(g) != before
-        post_t = torch.as_tensor(post).to(b.dev.device, torch.float32)
-        nan = torch.full((), math.nan, device=b.dev.device)
-        b.slot("grad_norm_clipped").copy_(torch.where(changed, post_t, nan))
-        b.slot("clipped").copy_(torch.where(changed, torch.ones((), device=b.dev.device), nan))
-
-    @staticmethod
-    def finite(total: torch.Tensor | float) -> bool:
-        """Whether the recorded norm is finite: a CPU scalar is read (no ``isfinite`` kernel,
-        tens of microseconds on a cold cache), a device one is checked there (the guard's sync)."""
-        if isinstance(total, float):
-            return math.isfinite(total)
-        if total.is_cpu and total.numel() == 1:
-            return math.isfinite(total.item())
-        return bool(torch.isfinite(total).all())
+    finite = staticmethod(finite)
 
     # -- step boundary ---------------------------------------------------------------------------
     def end_step(self, measure_next: bool) -> None:
@@ -506,7 +398,7 @@ class GradientRecorder:
         self.backwards = 0
         self.done = self.from_torch = self.clip_seen = self._at_backward_end = False
         self.total = None
-        self._sentinel = None
+        self.changes.sentinel = None
         self._other_norm = None
         if self._parts.norms:
             self._parts = ClipParts()
@@ -518,83 +410,3 @@ class GradientRecorder:
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)
-
-
-def _still_scaled(scaler: Any) -> bool:
-    """The gradients still hold the AMP loss scale: the scaler is on and no optimizer has been
-    unscaled (or stepped) since its last ``update()`` (torch keeps that stage per optimizer)."""
-    try:
-        if not scaler.is_enabled():
-            return False
-        states = getattr(scaler, "_per_optimizer_states", None)
-        if states is None:
-            return False
-        return all(getattr(s.get("stage"), "name", "") == "READY" for s in states.values())
-    except Exception:  # noqa: BLE001 - a scaler of another make: say nothing
-        return False
-
-
-class ClipParts:
-    """torch's clips of parts of the model within one step: their norms, thresholds and results.
-
-    Totals stay what torch returned (CPU floats or device tensors): nothing here reads a device.
-    """
-
-    __slots__ = ("clips", "ids", "layers", "limits", "norms")
-
-    def __init__(self) -> None:
-        self.ids: set[int] = set()  # the gradients covered so far
-        self.norms: list[torch.Tensor | float] = []  # each part's norm, in call order
-        self.clips: dict[int, float] = {}  # part index -> the max_norm it was clipped with
-        self.limits: set[float] = set()
-        self.layers: list[tuple[list[int], torch.Tensor]] = []  # each part's per-param sq norms
-
-    def add_norm(self, ids: set[int], total: torch.Tensor | float) -> bool:
-        """A new part's norm; False when it overlaps a part already seen."""
-        if ids & self.ids:
-            return False
-        self.ids |= ids
-        self.norms.append(total)
-        return True
-
-    def add_clip(self, total: torch.Tensor | float, max_norm: float) -> bool:
-        """The clip of one of the parts (found by the norm torch passed on); False if none."""
-        for k, t in enumerate(self.norms):
-            if t is total and k not in self.clips:
-                self.clips[k] = float(max_norm)
-                self.limits.add(float(max_norm))
-                return True
-        return False
-
-    def complete(self) -> bool:
-        return len(self.clips) == len(self.norms)
-
-    @property
-    def limit(self) -> float:
-        """The parts' common ``max_norm``; NaN when they differ."""
-        return next(iter(self.limits)) if len(self.limits) == 1 else math.nan
-
-    def whole(self) -> torch.Tensor | float:
-        """The L2 norm of the whole model's gradients, from its parts' norms."""
-        if all(isinstance(t, float) or t.is_cpu for t in self.norms):
-            return math.sqrt(sum(float(t) ** 2 for t in self.norms))
-        sq = sum(torch.as_tensor(t).float().square() for t in self.norms)
-        return torch.as_tensor(sq).sqrt()
-
-    def clipped(self) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-        """(the whole model's norm after the clips, 1.0 if any part was clipped else 0.0)."""
-        if all(isinstance(t, float) or t.is_cpu for t in self.norms):
-            post_sq, hit = 0.0, 0.0
-            for k, t in enumerate(self.norms):
-                v, lim = float(t), self.clips[k]
-                post_sq += (v * min(lim / (v + _CLIP_EPS), 1.0)) ** 2
-                hit = 1.0 if v > lim else hit
-            return math.sqrt(post_sq), hit
-        post = []
-        flags = []
-        for k, t in enumerate(self.norms):
-            tt = torch.as_tensor(t).float()
-            lim = self.clips[k]
-            post.append((tt * (lim / (tt + _CLIP_EPS)).clamp(max=1.0)).square())
-            flags.append(tt > lim)
-        return torch.stack(post).sum().sqrt(), torch.stack(flags).any().float()

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -44,7 +44,29 @@ from nnwatch.store.jobs import JOB_SUMMARY_FIELDS, JOB_SUMMARY_FILE
 from nnwatch.store.paths import write_private_file
 
 if TYPE_CHECKING:
-    from nnwatch.probe.watch import Watch
+    from pathlib import Path
+
+    from nnwatch.store.schema import RunSchema
+
+
+class SummaryOwner(Protocol):
+    """What the job summary needs of the run: the step, and the tail of its records."""
+
+    @property
+    def step_index(self) -> int: ...
+
+    @property
+    def schema(self) -> RunSchema: ...
+
+    @property
+    def run_dir(self) -> Path | None: ...
+
+    @property
+    def recent(self) -> deque[bytes] | None:
+        """The last records, raw (``RunFiles.recent``)."""
+
+    def recent_records(self) -> np.ndarray: ...
+
 
 log = logging.getLogger("nnwatch")
 
@@ -71,7 +93,7 @@ class JobSummary:
     """Owned by the :class:`~nnwatch.probe.consistency.ConsistencyCheck` that drives its slot."""
 
     def __init__(
-        self, w: Watch, every: int, *, rank: int, world: int, group: Any = None,
+        self, w: SummaryOwner, every: int, *, rank: int, world: int, group: Any = None,
         device: torch.device | None = None,
     ) -> None:
         import torch.distributed as dist
@@ -186,7 +208,7 @@ class JobSummary:
 
     def _tail(self, n: int = TAIL) -> np.ndarray:
         """The last ``n`` step records (not the probe's whole 500-step window: a tenth the cost)."""
-        recent = getattr(self.w.files, "recent", None)
+        recent = self.w.recent
         if not recent:
             return np.zeros(0)
         raw = b"".join(reversed(list(itertools.islice(reversed(recent.copy()), n))))
@@ -292,7 +314,7 @@ class JobSummary:
 
     def publish(self) -> None:
         """Write ``job.json`` (rank 0): the latest table, each rank's beat, and the ends seen."""
-        run_dir = getattr(self.w.files, "dir", None)
+        run_dir = self.w.run_dir
         if run_dir is None:
             return
         with self._lock:

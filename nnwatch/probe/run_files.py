@@ -242,23 +242,17 @@ class RunFiles:
         except Exception:  # noqa: BLE001 - monitors then build them from the log
             pass
 
-    def start_outputs(self, w: Any, *, channel: bool, detectors: bool, tensorboard: Any) -> None:
-        """After the log: the channel first, so that a step-0 finding reaches monitors, then the
-        detectors and the TensorBoard export (``w`` is the watch they report to)."""
-        run_log = self.log
-        assert run_log is not None
-        if channel:
-            self.channel = _make_channel(w)
-            if self.channel is not None:
-                run_log.keep_within(self.channel.ring.slots)
-                # a failed log shows in the ring header, so monitors say why history stopped
-                run_log.on_error.append(self.channel.ring.set_log_error)
-        if detectors:
-            self.diagnosis = _make_diagnosis(w, run_log)
-        if tensorboard is not None:
-            from nnwatch.export.tensorboard import attach_live  # lazy: only if asked for
+    def add_channel(self, channel: Any) -> None:
+        """The live channel (a :class:`~nnwatch.probe.channel_link.ChannelLink`, or None when it
+        could not start): the log keeps what the ring holds, and a failed log shows in the ring
+        header, so monitors say why history stopped."""
+        self.channel = channel
+        if channel is not None and self.log is not None:
+            self.log.keep_within(channel.ring.slots)
+            self.log.on_error.append(channel.ring.set_log_error)
 
-            self.exporter = attach_live(w, tensorboard)
+    def flush_early(self) -> None:
+        """The outputs started: write the events that came before the log."""
         early, self.early = self.early, None
         for event in early or ():
             self.event(event)
@@ -322,29 +316,3 @@ class RunFiles:
         rows = np.frombuffer(raw, dtype=schema.record_dtype()).copy()
         rows = rows[np.isfinite(rows["step"])]
         return rows[np.argsort(rows["step"], kind="stable")]
-
-
-def _make_channel(w: Any) -> Any:
-    try:
-        from nnwatch.probe.channel_link import ChannelLink  # lazy: guarded, optional
-    except ImportError:
-        return None
-    try:
-        return ChannelLink(w)
-    except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
-        w.warn_once("channel", f"live monitoring is off: {exc!r}")
-        return None
-
-
-def _make_diagnosis(w: Any, run_log: RunLogWriter) -> Any:
-    try:
-        from nnwatch.diagnosis import Diagnosis  # lazy: guarded, diagnosis is optional
-    except ImportError:
-        return None
-    try:
-        diag = Diagnosis(w)
-    except Exception as exc:  # noqa: BLE001
-        w.warn_once("diagnosis", f"detectors are off: {exc!r}")
-        return None
-    run_log.observers.append(diag.observe)
-    return diag

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from nnwatch.diagnosis.snapshot import SnapshotSubject, preflight, write_snapshot
 
-class SnapshotOwner(Protocol):
-    """What taking a snapshot needs of the watch (which it also hands to the snapshot writer)."""
 
-    @property
-    def step_index(self) -> int: ...
+class SnapshotOwner(SnapshotSubject, Protocol):
+    """What taking a snapshot needs of the run: what the snapshot writer reads of it
+    (:class:`~nnwatch.diagnosis.snapshot.SnapshotSubject`), and where events and warnings go."""
 
     def log_event(self, event: dict[str, Any]) -> None: ...
 
@@ -141,6 +141,10 @@ class SnapshotTaker:
         if self.pre_state is None:
             self.pre_state = self.capture_state()
 
+    def preflight(self) -> str | None:
+        """Why a snapshot would fail now (a full disk), or None: checked before one is promised."""
+        return preflight(self.owner)
+
     def write(self, batch: Any) -> None:
         owner = self.owner
         reason = self.reason or "requested"
@@ -148,11 +152,6 @@ class SnapshotTaker:
         state = self.pre_state or self.capture_state()
         self.pre_state = None
         rng = self.rng_at_start or capture_rng()
-        try:
-            from nnwatch.diagnosis.snapshot import write_snapshot  # lazy: guarded, optional
-        except ImportError:
-            owner.warn_once("no-snapshot", "snapshots are not available in this build")
-            return
         try:
             path = write_snapshot(owner, reason=reason, state=state, rng=rng, batch=batch)
         except Exception as exc:  # noqa: BLE001 - a failed snapshot is a finding, never a crash

@@ -18,6 +18,7 @@ from torch import nn
 import nnwatch
 from nnwatch.export import TensorBoard, export_run
 from nnwatch.probe.consistency import make_finding
+from nnwatch.probe.watch import internals
 from tests.conftest import REPO
 
 pytest.importorskip("tensorboard")
@@ -61,7 +62,7 @@ def _train(tmp_path: Path, **options: object) -> nnwatch.Watch:
             sched.step()
             w.step(loss, batch=(x, y))
             if i == 12:
-                w.add_finding(
+                internals(w).add_finding(
                     make_finding(
                         "loss_stalled", "warning", i, "made up for the test.", "none", None, {}
                     )
@@ -134,7 +135,7 @@ def test_the_live_export_adds_no_hook(tmp_path: Path) -> None:
             model(torch.randn(2, 4)).sum().backward()
             w.step()
             if tb is not None:
-                assert any(getattr(o, "__self__", None) is w.files.exporter for o in w.files.log.observers)
+                assert any(getattr(o, "__self__", None) is internals(w).files.exporter for o in internals(w).files.log.observers)
     assert counts[0] == counts[1] > 0
 
 
@@ -161,7 +162,7 @@ def test_a_broken_export_target_leaves_training_alone(
         for _ in range(4):
             model(torch.randn(2, 3)).sum().backward()
             w.step()
-    assert w.disabled is None and w.files.exporter is None
+    assert w.disabled is None and internals(w).files.exporter is None
     assert len(nnwatch.load_run(w.run_dir)) == 4
     assert "TensorBoard export is off" in caplog.text
 

@@ -17,6 +17,7 @@ from torch.nn.utils import clip_grad_norm_  # bound before any watch exists, as 
 import nnwatch
 from nnwatch.grad import global_norm
 from nnwatch.probe import clip_intercept
+from nnwatch.probe.watch import internals
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -87,7 +88,7 @@ def test_a_monitor_threshold_replaces_the_scripts_own_in_torchs_clip() -> None:
     with nnwatch.watch(model, opt, name="override") as w:
         for step in range(30):
             if step == 10:
-                ok, err, at = w.apply_command("set_clip", {"max_norm": 0.01})
+                ok, err, at = internals(w).apply_command("set_clip", {"max_norm": 0.01})
                 assert ok, err
             x, y = _batch(g)
             opt.zero_grad()

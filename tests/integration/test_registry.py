@@ -16,7 +16,7 @@ import pytest
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.channel.synthetic import make_meta
 from nnwatch.cli import main as cli_main
-from nnwatch.store import registry
+from nnwatch.store import registry, registry_entry
 from nnwatch.store.identity import own_start_time, process_start_time, same_process, this_host
 from nnwatch.store.paths import ensure_private_dir
 
@@ -75,7 +75,7 @@ def _fake_entry(root: Path, pid: int, start_time: float, host: str | None = None
         "rank": 0, "world_size": 1, "run_dir": str(run_dir), "ring": str(run_dir / "ring"),
         "socket": None, "started": time.time() - 60,
     }  # fmt: skip
-    return registry.register(entry)
+    return registry_entry.register(entry)
 
 
 def test_entry_whose_pid_was_reused_is_not_live_and_gc_removes_it(run_root: Path) -> None:
@@ -115,7 +115,7 @@ def test_entry_of_a_dead_pid_is_crashed_and_gc_keeps_live_ones(run_root: Path) -
 
 
 def test_planted_symlink_entry_is_ignored(run_root: Path) -> None:
-    reg = ensure_private_dir(registry.registry_dir())
+    reg = ensure_private_dir(registry_entry.registry_dir())
     target = run_root / "elsewhere.json"
     target.write_text(json.dumps({"pid": os.getpid(), "name": "planted"}))
     os.symlink(target, reg / "planted.json")
@@ -123,10 +123,10 @@ def test_planted_symlink_entry_is_ignored(run_root: Path) -> None:
 
 
 def test_socket_path_fits_a_unix_socket_even_under_a_deep_root(tmp_path: Path) -> None:
-    short = registry.socket_path(123, 0, tmp_path)
+    short = registry_entry.socket_path(123, 0, tmp_path)
     assert short == tmp_path / "s" / "123-r0.sock"
     deep = tmp_path / ("d" * 60) / ("e" * 60)
-    path = registry.socket_path(123, 2, deep)
+    path = registry_entry.socket_path(123, 2, deep)
     assert len(os.fsencode(path)) <= 107 and path.name == "123-r2.sock"
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 

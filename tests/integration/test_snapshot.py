@@ -16,6 +16,7 @@ import torch
 import nnwatch
 from nnwatch.diagnosis import Finding
 from nnwatch.diagnosis.replay import load_snapshot
+from nnwatch.probe.watch import internals
 
 ROOT = Path(__file__).resolve().parents[2]
 PATHOLOGIES = ROOT / "tests" / "pathologies"
@@ -83,7 +84,7 @@ def test_skip_nonfinite_keeps_the_model_trainable(tmp_path, monkeypatch):
     monkeypatch.setenv("NNWATCH_RUN_DIR", str(tmp_path))
     torch.set_num_threads(1)
     w = nan_log.train({"skip_nonfinite": True, "channel": False}, steps=60)
-    assert all(torch.isfinite(p).all() for p in w.model.parameters())
+    assert all(torch.isfinite(p).all() for p in internals(w).model.parameters())
     run = nnwatch.load_run(w.run_dir)
     assert [e["step"] for e in run.events if e.get("type") == "skipped_step"] == [40]
     assert np.isfinite(run["loss"][41:]).all()  # training went on after the bad batch

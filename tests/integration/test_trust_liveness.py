@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from nnwatch.channel.synthetic import make_meta
-from nnwatch.store import registry
+from nnwatch.store import registry, registry_entry
 from nnwatch.store.identity import this_host
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.store.ring import RingWriter
@@ -57,7 +57,7 @@ def dead_entry(root: Path, *, run_dir: Path, ring: Path, sock: str | None) -> Pa
         "host": this_host(), "rank": 0, "world_size": 1, "run_dir": str(run_dir),
         "ring": str(ring), "socket": sock, "started": time.time() - 30,
     }  # fmt: skip
-    return registry.register(entry, root)
+    return registry_entry.register(entry, root)
 
 
 def start_trainer(root: Path, *prefix: str) -> tuple[subprocess.Popen[str], dict]:

@@ -13,7 +13,7 @@ import nnwatch
 from nnwatch.grad import global_norm
 from nnwatch.probe.budget import AIM, UPDATE_EVERY, CostBudget
 from nnwatch.probe.loss_trend import HOLD
-from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS
+from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS, internals
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 
@@ -183,7 +183,7 @@ def test_layer_hooks_are_attached_only_for_measured_steps() -> None:
         g = torch.Generator().manual_seed(1)
         for _ in range(60):
             x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-            hooked.append((len(model[0]._forward_hooks), w.schedule.measure))
+            hooked.append((len(model[0]._forward_hooks), internals(w).schedule.measure))
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
@@ -303,7 +303,7 @@ def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     ) as w:
         g = torch.Generator().manual_seed(1)
         _train(model, opt, 45, g, w)
-        while w.schedule.measure:  # on to a step the budget leaves unmeasured
+        while internals(w).schedule.measure:  # on to a step the budget leaves unmeasured
             _train(model, opt, 1, g, w)
         poison = w.step_index
         _train(model, opt, 1, g, w, poison=True)
@@ -351,7 +351,7 @@ def test_guard_sentinel_sees_a_nan_born_inside_backward() -> None:
     with nnwatch.watch(model, opt, name="guard-bwd", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
         g = torch.Generator().manual_seed(1)
         _train(model, opt, 50, g, w)
-        while w.schedule.measure:  # move on to a light step
+        while internals(w).schedule.measure:  # move on to a light step
             _train(model, opt, 1, g, w)
         at = w.step_index
         middle.poison = True
@@ -404,7 +404,7 @@ def test_nan_origin_on_an_unmeasured_step_comes_from_a_rerun_that_leaves_no_trac
     g = torch.Generator().manual_seed(3)
     with nnwatch.watch(model, opt, name="rerun", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
         _train(model, opt, 45, g, w)
-        while w.schedule.measure:
+        while internals(w).schedule.measure:
             _train(model, opt, 1, g, w)
         at = w.step_index
         poison.poison = True

@@ -23,7 +23,7 @@ from nnwatch.channel.synthetic import make_meta
 from nnwatch.diagnosis.snapshot import SnapshotError, read_manifest, read_record
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import clean_end, read_end
-from nnwatch.store.registry import EntryError, validate_entry
+from nnwatch.store.registry_entry import EntryError, validate_entry
 from nnwatch.store.ring import RingWriter
 from nnwatch.store.ring_layout import RingError
 from nnwatch.store.ring_reader import RingReader

@@ -1,0 +1,104 @@
+"""What happened to the gradients between the probe's looks at them, read without a sync where
+it can be: were the last update's gradients cleared before this step's backward (``grads_kept``),
+and did something change them between the end of backward and the update (a clip by value, a
+rescale by hand)? Owned by the :class:`~nnwatch.probe.grad_recorder.GradientRecorder`.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+
+from nnwatch.probe.buffers import StepBuffers
+
+
+def _fingerprint(g: torch.Tensor) -> torch.Tensor:
+    flat = g.detach().reshape(-1).float()
+    return torch.dot(flat, flat)
+
+
+class GradChanges:
+    """Owns the output-side gradient seen at the last update and the fingerprint taken when
+    backward ended."""
+
+    __slots__ = ("_after_update", "sentinel")
+
+    def __init__(self) -> None:
+        #: one small output-side gradient's parameter and fingerprint, when backward ended
+        self.sentinel: tuple[torch.Tensor, torch.Tensor | float] | None = None
+        #: the output-side parameter's gradient at the last update, and its version counter then
+        self._after_update: tuple[weakref.ref[torch.Tensor], int] | None = None
+
+    def remember(self, params: Sequence[torch.Tensor]) -> None:
+        """A cheap fingerprint of one gradient, to see later whether anything changed them.
+
+        The squared norm of a small gradient on the output side: the input side's can be all
+        zero (dead units upstream), and a sum can be zero by symmetry (an output bias under
+        softmax), but a rescale or a clamp changes a non-zero squared norm.
+        """
+        self.sentinel = None
+        for p in reversed(params):
+            g = p.grad
+            if g is not None and g.numel() <= 65536:
+                self.sentinel = (p, _fingerprint(g) if g.is_cuda else float(_fingerprint(g)))
+                return
+
+    def see_cleared(self, params: Sequence[torch.Tensor], backwards: int) -> float:
+        """At the update: 1.0 when the last update's gradients were not cleared before this
+        one's ``backwards`` backward passes, 0.0 when they were, NaN when not observed.
+
+        Read from the version counter of the output-side parameter's gradient (host metadata:
+        no sync). ``zero_grad()`` drops the gradient (a new tensor comes) or zeroes it in place
+        (one more version); every backward that adds to it is one more version. So the same
+        tensor, grown by exactly the backward passes seen since the last update, was never
+        cleared. Anything else (a clip or an unscale in place, a zeroing) reads as cleared: a
+        fault missed, never one invented. A backward of another net through this one between its
+        updates (a GAN's generator through the discriminator) counts as one of the passes.
+        """
+        kept = math.nan
+        seen = self._after_update
+        g = params[-1].grad if params else None
+        if seen is not None and g is not None and backwards > 0:
+            ref, version = seen
+            kept = 1.0 if (g is ref() and g._version == version + backwards) else 0.0
+        self._after_update = None
+        if g is not None:
+            try:
+                self._after_update = (weakref.ref(g), g._version)
+            except TypeError:  # a tensor subclass without weak references: not observed
+                pass
+        return kept
+
+    def check_changed(
+        self, buf: StepBuffers, norm_of_now: Callable[[], torch.Tensor | float | None]
+    ) -> None:
+        """Gradients measured when backward ended and changed since: record the norm the update
+        uses (``norm_of_now``) as the clipped norm."""
+        ref = self.sentinel
+        if ref is None:
+            return
+        param, before = ref
+        g = param.grad
+        if g is None:
+            return
+        if isinstance(before, float):
+            now = float(_fingerprint(g))
+            if now == before or (math.isnan(now) and math.isnan(before)):
+                return
+            post = norm_of_now()
+            if post is None:
+                return
+            buf.slot("grad_norm_clipped").fill_(float(post))
+            buf.slot("clipped").fill_(1.0)
+            return
+        post = norm_of_now()
+        if post is None:
+            return
+        changed = _fingerprint(g) != before
+        post_t = torch.as_tensor(post).to(buf.dev.device, torch.float32)
+        nan = torch.full((), math.nan, device=buf.dev.device)
+        buf.slot("grad_norm_clipped").copy_(torch.where(changed, post_t, nan))
+        buf.slot("clipped").copy_(torch.where(changed, torch.ones((), device=buf.dev.device), nan))

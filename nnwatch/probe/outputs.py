@@ -1,0 +1,105 @@
+"""The run's outputs beside the log, started at the first step: the live channel, the detectors
+and the TensorBoard export.
+
+Each is optional, and each is handed only what it reads: the channel its
+:class:`~nnwatch.probe.channel_link.ChannelOwner` slice of the run, the detectors a
+:class:`~nnwatch.diagnosis.context.RunContext` and the :class:`~nnwatch.diagnosis.live.DiagnosedRun`
+they report to, the export the run's metadata, directory and log. None of them may stop training:
+a part that cannot start is switched off with one warning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from torch import nn
+
+from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.live import DiagnosedRun, Diagnosis
+from nnwatch.probe.channel_link import ChannelLink, ChannelOwner
+from nnwatch.probe.optimizer_target import OptimizerTarget
+from nnwatch.probe.options import WatchOptions
+from nnwatch.probe.run_files import RunFiles
+from nnwatch.store.runlog import RunLogWriter
+from nnwatch.store.schema import RunMeta
+from nnwatch.tensors.layers import LayerPlan
+
+
+class OutputsOwner(ChannelOwner, DiagnosedRun, Protocol):
+    """What starting the outputs reads of the run: its files and options, and what the detectors'
+    context is made of; the channel and the detectors then see only their own slices."""
+
+    @property
+    def files(self) -> RunFiles: ...
+
+    @property
+    def options(self) -> WatchOptions: ...
+
+    @property
+    def meta(self) -> RunMeta | None: ...
+
+    @property
+    def run_dir(self) -> Path | None: ...
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def plan(self) -> LayerPlan: ...
+
+    @property
+    def optimizer(self) -> OptimizerTarget: ...
+
+    @property
+    def num_classes(self) -> int | None: ...
+
+    @property
+    def resumed(self) -> bool: ...
+
+    @property
+    def clip_before_unscale(self) -> bool: ...
+
+    def warn_once(self, key: str, message: str) -> None: ...
+
+
+def start_outputs(run: OutputsOwner) -> None:
+    """After the log: the channel first, so that a step-0 finding reaches monitors, then the
+    detectors and the TensorBoard export; then the events that came before the log."""
+    files, opts, meta = run.files, run.options, run.meta
+    run_log = files.log
+    assert run_log is not None and meta is not None
+    if opts.channel:
+        files.add_channel(_make_channel(run))
+    if opts.detectors:
+        files.diagnosis = _make_diagnosis(run, run_log)
+    if opts.tensorboard is not None:
+        from nnwatch.export.tensorboard import attach_live  # lazy: only if asked for
+
+        files.exporter = attach_live(meta, files.dir, run_log, opts.tensorboard)
+    files.flush_early()
+
+
+def _make_channel(run: OutputsOwner) -> ChannelLink | None:
+    try:
+        assert run.meta is not None and run.run_dir is not None
+        return ChannelLink(run, run.meta, run.run_dir)
+    except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
+        run.warn_once("channel", f"live monitoring is off: {exc!r}")
+        return None
+
+
+def _make_diagnosis(run: OutputsOwner, run_log: RunLogWriter) -> Diagnosis | None:
+    try:
+        assert run.meta is not None
+        context = RunContext.from_live(
+            run.meta, run.model, run.plan.params, run.plan.param_layer_index,
+            optimizer=run.optimizer.hook or run.optimizer.source, num_classes=run.num_classes,
+            resumed=run.resumed, clip_before_unscale=run.clip_before_unscale,
+        )
+        diag = Diagnosis(context, run)
+    except Exception as exc:  # noqa: BLE001
+        run.warn_once("diagnosis", f"detectors are off: {exc!r}")
+        return None
+    run_log.observers.append(diag.observe)
+    return diag
