@@ -11,8 +11,11 @@ test: setup
 	@bash scripts/system-deps.sh
 	bash scripts/test.sh
 
+# what CI runs after the tests: ruff, the import contracts (type-only imports included) and mypy
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
+	.venv/bin/mypy
 
 bench: setup
 	.venv/bin/python bench/overhead.py

@@ -30,6 +30,7 @@ import platform
 import random
 import secrets
 import shutil
+import sys
 import threading
 import time
 import weakref
@@ -142,8 +143,7 @@ def write_snapshot(
         # "unexpected pos 1152 vs 1046", which only the free space explains
         why = describe_os_error(exc, root)
         if tmp is not None:
-            dir_fd, rel = pinned(tmp)
-            shutil.rmtree(rel, ignore_errors=True, dir_fd=dir_fd)
+            _remove_tree(tmp)
         _report_failure(w, step, reason, root, why)
         raise SnapshotError(
             f"could not write the snapshot of step {step} in {root}: {why}"
@@ -151,6 +151,16 @@ def write_snapshot(
     with _pending_lock:
         _pending.setdefault(w, {})[step] = final
     return final
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a half-written snapshot: through the pinned run directory where Python can (3.11+:
+    a swapped symlink redirects nothing), else by its path."""
+    if sys.version_info >= (3, 11):
+        dir_fd, rel = pinned(path)
+        shutil.rmtree(rel, ignore_errors=True, dir_fd=dir_fd)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _run_dir(w: SnapshotSubject) -> Path:
