@@ -47,7 +47,13 @@ from nnwatch.probe.clip_parts import (
     still_scaled,
 )
 from nnwatch.probe.grad_changes import GradChanges
-from nnwatch.tensors.grad_norms import LayerReducer, float32_of, squared_norms, total_norm
+from nnwatch.tensors.grad_norms import (
+    LayerReducer,
+    float32_of,
+    global_norm,
+    squared_norms,
+    total_norm,
+)
 from nnwatch.tensors.layers import LayerPlan
 
 _GRAD_NORM = DEV_INDEX["grad_norm"]
@@ -134,8 +140,14 @@ class GradientRecorder:
         if not grads:
             return None
         b = self.buf
-        sq = squared_norms(grads, b.dev.device)
         scale = loss_scale(self.scaler) if unscale else None
+        if not layers and scale is None:  # the global norm alone, cheaply (unmeasured steps)
+            total_only = global_norm(grads, b.dev.device)
+            self.layers_done = False
+            self._write_total(total_only)
+            self.total = total_only
+            return total_only
+        sq = squared_norms(grads, b.dev.device)
         if scale is not None:
             sq = sq / scale.to(sq.device, sq.dtype).square()
         total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
