@@ -112,7 +112,7 @@ class RunEndpoint:
             log.warning("nnwatch: cannot register the run (%s); `nnwatch ls` will not list it", exc)
 
     # -- training thread -------------------------------------------------------------------------
-    def publish(self, record: memoryview) -> None:
+    def publish(self, record: bytes | memoryview) -> None:
         self.ring.publish(record)
 
     def drain(self) -> list[PendingCommand]:

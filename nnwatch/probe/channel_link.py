@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ class ChannelLink:
         self.endpoint = RunEndpoint(meta, run_dir, heartbeat=None)
         self.ring = self.endpoint.ring
         #: one record into the ring (the endpoint's own method, bound once: the hot path)
-        self.publish = self.endpoint.publish
+        self.publish: Callable[[bytes], None] = self.endpoint.publish
         w.sysmon.beats.append(self.ring.beat)
 
     @property
@@ -65,9 +66,6 @@ class ChannelLink:
     @property
     def instance(self) -> int:
         return self.endpoint.instance
-
-    def event(self, event: dict[str, Any]) -> None:
-        """Events reach monitors through ``events.jsonl``; nothing to do on the hot path."""
 
     def after_step(self) -> None:
         """At the step boundary: apply what monitors sent; hold the thread while paused."""

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,11 @@ from nnwatch.store.paths import (
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary, last_finite
+
+if TYPE_CHECKING:
+    from nnwatch.diagnosis.live import Diagnosis
+    from nnwatch.export.tensorboard import LiveExport
+    from nnwatch.probe.channel_link import ChannelLink
 
 RECENT_STEPS = 500  # records kept in memory for snapshots
 
@@ -195,19 +200,27 @@ def optimizer_step(optimizer: Any) -> int:
 EARLY_EVENTS = 64  # events kept from before the run log starts (the first step's)
 
 
+#: One place a finished step record goes, on the training thread: the in-memory tail, the run log
+#: (whose writer thread feeds its observers: the overview, the detectors, the exporters), the ring.
+RecordSink = Callable[[bytes], None]
+
+
 class RunFiles:
-    """Owns the run directory, the run log, the live channel, the log's observers (detectors,
-    TensorBoard) and the in-memory tail of recent records."""
+    """Owns the run directory and the record sinks: one :meth:`publish` feeds each record to
+    every sink (the in-memory tail, the run log, the live channel's ring); the log's writer thread
+    feeds its observers (overview, detectors, TensorBoard) in turn. Ends them in order."""
 
     def __init__(self) -> None:
         self.dir = Path()
         #: the run directory, opened once at the first step: every file is written through it
         self._pin: str | None = None
+        #: where each record goes, in order (filled at the first step)
+        self.sinks: list[RecordSink] = []
         self.log: RunLogWriter | None = None
         self.recent: deque[bytes] | None = None  # the last records, raw, for snapshots
-        self.channel: Any = None  # the ring file and command socket (ChannelLink)
-        self.diagnosis: Any = None  # the detectors (nnwatch.diagnosis.Diagnosis)
-        self.exporter: Any = None  # the live TensorBoard export
+        self.channel: ChannelLink | None = None  # the ring file and command socket
+        self.diagnosis: Diagnosis | None = None  # the detectors (an observer of the log)
+        self.exporter: LiveExport | None = None  # the live TensorBoard export (an observer too)
         #: events of the first step that came before its record started the log (a finding the
         #: probe makes during step 0), written when the outputs start; None after
         self.early: list[dict[str, Any]] | None = []
@@ -237,19 +250,22 @@ class RunFiles:
             self._pin = None
             raise
         self.log.on_error.append(on_error)
+        self.sinks += [self.recent.append, self.log.put]
         try:  # multi-resolution summaries beside the log, for remote monitors (overview.bin)
             self.log.observers.append(OverviewWriter(self.dir, meta.schema.scalar_dtype(), self.log))
         except Exception:  # noqa: BLE001 - monitors then build them from the log
             pass
 
-    def add_channel(self, channel: Any) -> None:
+    def add_channel(self, channel: ChannelLink | None) -> None:
         """The live channel (a :class:`~nnwatch.probe.channel_link.ChannelLink`, or None when it
         could not start): the log keeps what the ring holds, and a failed log shows in the ring
         header, so monitors say why history stopped."""
         self.channel = channel
-        if channel is not None and self.log is not None:
-            self.log.keep_within(channel.ring.slots)
-            self.log.on_error.append(channel.ring.set_log_error)
+        if channel is not None:
+            self.sinks.append(channel.publish)
+            if self.log is not None:
+                self.log.keep_within(channel.ring.slots)
+                self.log.on_error.append(channel.ring.set_log_error)
 
     def flush_early(self) -> None:
         """The outputs started: write the events that came before the log."""
@@ -257,13 +273,10 @@ class RunFiles:
         for event in early or ():
             self.event(event)
 
-    def publish(self, data: bytes, record: memoryview) -> None:
-        if self.recent is not None:
-            self.recent.append(data)
-        if self.log is not None:
-            self.log.put(data)
-        if self.channel is not None:
-            self.channel.publish(record)
+    def publish(self, data: bytes) -> None:
+        """One finished step record, to every sink."""
+        for sink in self.sinks:
+            sink(data)
 
     def event(self, event: dict[str, Any]) -> None:
         early = self.early
@@ -272,9 +285,7 @@ class RunFiles:
                 early.append(event)
             return
         if self.log is not None:
-            self.log.event(event)
-        if self.channel is not None:
-            self.channel.event(event)
+            self.log.event(event)  # monitors read events from events.jsonl
 
     def close(self, status: str, step: int, ending: dict[str, Any]) -> None:
         """After the last records were flushed: detectors, log (``end.json``), export, channel."""

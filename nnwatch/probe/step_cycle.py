@@ -316,4 +316,4 @@ class StepCycle:
             int(_STEP_FIELD.unpack_from(data, 0)[0]),
             _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
         )
-        self.files.publish(data, record)
+        self.files.publish(data)

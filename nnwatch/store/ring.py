@@ -181,7 +181,7 @@ class RingWriter:
         self._words = self.slot_size // 8  # a slot's sequence word, as an index into _slot_q
 
     # -- training thread ---------------------------------------------------------------------------
-    def publish(self, record: memoryview) -> None:
+    def publish(self, record: bytes | memoryview) -> None:
         """Write one record into the next slot. Training thread only; O(record size), no waiting."""
         try:
             n = self._n
