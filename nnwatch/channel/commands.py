@@ -36,6 +36,10 @@ MAX_NOTE_CHARS = 200
 PROTOCOL_VERSION = 1
 #: The commands that take and lift a pause held by the connection that asked (see the server).
 PAUSE, RESUME = "pause", "resume"
+#: The other commands' names, one constant each: every part that names a command uses these.
+SNAPSHOT, SET_CLIP, SET_LAYER_INTERVAL, ANOMALY, STOP = (
+    "snapshot", "set_clip", "set_layer_interval", "anomaly", "stop",
+)
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,7 @@ COMMANDS: dict[str, CommandSpec] = {
         not_for_ctl="subscribe is for monitors; use `nnwatch attach`",
         takes_connection=True,
     ),
-    "snapshot": CommandSpec(
+    SNAPSHOT: CommandSpec(
         "save model, optimizer and recent records at the next step boundary",
         {
             "reason": Arg(
@@ -263,7 +267,7 @@ COMMANDS: dict[str, CommandSpec] = {
         key_help="pause or resume training (asks first)",
     ),
     RESUME: CommandSpec("let paused training go on"),
-    "set_clip": CommandSpec(
+    SET_CLIP: CommandSpec(
         "clip gradients to this global norm from the next step (off: the script's own value)",
         {
             "max_norm": Arg(
@@ -280,7 +284,7 @@ COMMANDS: dict[str, CommandSpec] = {
         key_help="set the grad clip threshold (asks first)",
         key_id="clip",
     ),
-    "set_layer_interval": CommandSpec(
+    SET_LAYER_INTERVAL: CommandSpec(
         "sample per-layer activation stats every N steps",
         {
             "n": Arg(
@@ -293,7 +297,7 @@ COMMANDS: dict[str, CommandSpec] = {
         required=("n",),
         positional="n",
     ),
-    "anomaly": CommandSpec(
+    ANOMALY: CommandSpec(
         "run the next STEPS steps (default 1) under torch.autograd.detect_anomaly",
         {
             "steps": Arg(
@@ -309,7 +313,7 @@ COMMANDS: dict[str, CommandSpec] = {
         key_help="anomaly detection for the next step",
         per_s=1.0,
     ),
-    "stop": CommandSpec("set w.should_stop so the training loop can end cleanly"),
+    STOP: CommandSpec("set w.should_stop so the training loop can end cleanly"),
 }
 
 

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from nnwatch.channel.commands import PAUSE, RESUME, SET_CLIP, SET_LAYER_INTERVAL, STOP
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.store.paths import default_root, ensure_private_dir
 from nnwatch.store.schema import RunMeta, RunSchema
@@ -100,15 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     def apply(cmds: list) -> None:
         nonlocal layer_interval, clip, should_stop, paused
         for c in cmds:
-            if c.name == "pause":
+            if c.name == PAUSE:
                 paused = True
-            elif c.name == "resume":
+            elif c.name == RESUME:
                 paused = False
-            elif c.name == "stop":
+            elif c.name == STOP:
                 should_stop = True
-            elif c.name == "set_layer_interval":
+            elif c.name == SET_LAYER_INTERVAL:
                 layer_interval = c.args["n"]
-            elif c.name == "set_clip":
+            elif c.name == SET_CLIP:
                 clip = float("nan") if c.args["max_norm"] is None else c.args["max_norm"]
             if log is not None:
                 log.event({"type": "command", "name": c.name, "args": c.args, "step": step})

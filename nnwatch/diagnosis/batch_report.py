@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from nnwatch.diagnosis.replay import ReplayError, _match_prefix, load_factory, load_snapshot
+from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
 from nnwatch.store.run_reader import load_run
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
@@ -435,7 +435,7 @@ def _recompute_losses(
             return
         state = snap.state()
         if "model" in state:
-            model.load_state_dict(_match_prefix(state["model"], model))
+            model.load_state_dict(match_prefix(state["model"], model))
         model.train(bool(snap.manifest.get("model_training", True)))
         n = min(len(report.samples), MAX_LOSS_SAMPLES)
         with torch.no_grad():

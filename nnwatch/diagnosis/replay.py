@@ -80,7 +80,7 @@ def replay(
     state = snp.state()
     if "model" not in state:
         raise ReplayError("the snapshot holds no model state_dict")
-    weights = _match_prefix(state["model"], model)
+    weights = match_prefix(state["model"], model)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
@@ -223,7 +223,7 @@ def _run_once(
     return loss
 
 
-def _match_prefix(weights: dict[str, Any], model: Any) -> dict[str, Any]:
+def match_prefix(weights: dict[str, Any], model: Any) -> dict[str, Any]:
     """Strip the ``module.`` / ``_orig_mod.`` prefix that DDP / torch.compile wrappers add, when
     the factory builds the bare model."""
     want = set(model.state_dict())

@@ -12,7 +12,15 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from nnwatch.channel.commands import PAUSE, RESUME
+from nnwatch.channel.commands import (
+    ANOMALY,
+    PAUSE,
+    RESUME,
+    SET_CLIP,
+    SET_LAYER_INTERVAL,
+    SNAPSHOT,
+    STOP,
+)
 from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.snapshot_taker import SnapshotTaker
@@ -47,8 +55,8 @@ class CommandHandler:
         self.anomaly_prev: bool | None = None  # anomaly detection's setting before we turned it on
         #: What the reply carries, for commands that change a setting a monitor shows.
         self._shows: dict[str, Callable[[], dict[str, Any]]] = {
-            "set_clip": lambda: {"max_norm": self.grads.override},
-            "set_layer_interval": lambda: {"n": self.budget.layer_interval},
+            SET_CLIP: lambda: {"max_norm": self.grads.override},
+            SET_LAYER_INTERVAL: lambda: {"n": self.budget.layer_interval},
         }
 
     def apply(self, name: str, args: dict[str, Any]) -> tuple[bool, str, int]:
@@ -109,11 +117,11 @@ class CommandHandler:
     #: Every command the specification (nnwatch.channel.commands) says the training thread
     #: applies, by name; a test checks that the two agree.
     HANDLERS: ClassVar[dict[str, Callable[[CommandHandler, dict[str, Any]], str]]] = {
-        "set_clip": _set_clip,
-        "set_layer_interval": _set_layer_interval,
-        "anomaly": _anomaly,
-        "snapshot": _snapshot,
-        "stop": _stop,
+        SET_CLIP: _set_clip,
+        SET_LAYER_INTERVAL: _set_layer_interval,
+        ANOMALY: _anomaly,
+        SNAPSHOT: _snapshot,
+        STOP: _stop,
         PAUSE: _pause,
         RESUME: _resume,
     }

@@ -71,7 +71,8 @@ class _StepFilter:
         return rows
 
 
-def _concat(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+def concat_rows(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Record arrays of one dtype, joined (empty parts skipped): one array, never a list."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return np.zeros(0, dtype)
@@ -180,8 +181,8 @@ class LiveSource(RunSource):
                 layer_parts.append(self._filter.layers(layers))
         events = self._events.read()
         return SourceUpdate(
-            scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
-            layers=_concat(layer_parts, schema_dtypes(schema)[1]),
+            scalars=concat_rows(scalar_parts, schema_dtypes(schema)[0]),
+            layers=concat_rows(layer_parts, schema_dtypes(schema)[1]),
             events=events,
             status=self._status(),
         )
@@ -394,8 +395,8 @@ class ConnectedSource(RunSource):
         scalar_parts, layer_parts, events = self._pending
         self._pending = ([], [], [])
         return SourceUpdate(
-            scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
-            layers=_concat(layer_parts, schema_dtypes(schema)[1]),
+            scalars=concat_rows(scalar_parts, schema_dtypes(schema)[0]),
+            layers=concat_rows(layer_parts, schema_dtypes(schema)[1]),
             events=events,
             status=self._status(),
         )

@@ -25,7 +25,7 @@ import numpy as np
 
 from nnwatch.channel import stream_summary as summ
 from nnwatch.sources.base import SourceError, SourceUpdate
-from nnwatch.sources.live import ConnectedSource, _concat
+from nnwatch.sources.live import ConnectedSource, concat_rows
 from nnwatch.store import overview as ov
 from nnwatch.store.runlog import schema_dtypes
 
@@ -144,8 +144,8 @@ class SummarisedSource(ConnectedSource):
             summary = np.concatenate(same) if len(same) > 1 else same[0]
             self._summary = [(b, f) for b, f in self._summary if f != fields]
         return SourceUpdate(
-            scalars=_concat(scalar_parts, schema_dtypes(schema)[0]),
-            layers=_concat(layer_parts, schema_dtypes(schema)[1]),
+            scalars=concat_rows(scalar_parts, schema_dtypes(schema)[0]),
+            layers=concat_rows(layer_parts, schema_dtypes(schema)[1]),
             events=events,
             status=self._status(),
             summary=summary,
@@ -201,7 +201,7 @@ class SummarisedSource(ConnectedSource):
             if not entry["done"].is_set() or entry.get("error"):
                 return None
         dtypes = schema_dtypes(self._meta.schema)
-        got = (_concat(entry["scalars"], dtypes[0]), _concat(entry["layers"], dtypes[1]))
+        got = (concat_rows(entry["scalars"], dtypes[0]), concat_rows(entry["layers"], dtypes[1]))
         self._cache[key] = got
         while len(self._cache) > FETCH_CACHE:
             self._cache.popitem(last=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nnwatch.channel.commands import COMMANDS, PAUSE, RESUME
+from nnwatch.channel.commands import ANOMALY, COMMANDS, PAUSE, RESUME, SET_CLIP, SNAPSHOT
 from nnwatch.tui import format as fmt
 from nnwatch.tui.bindings import STEERING_BINDINGS, steer_action
 from nnwatch.tui.messages import CommandFinished
@@ -20,13 +20,7 @@ from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
 
 #: The commands with an exchange (or an outcome line) of their own in the TUI.
-CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = (
-    "snapshot",
-    PAUSE,
-    RESUME,
-    "set_clip",
-    "anomaly",
-)
+CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = SNAPSHOT, PAUSE, RESUME, SET_CLIP, ANOMALY
 
 
 class SteeringActions(MonitorBase):
