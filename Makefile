@@ -29,6 +29,7 @@ bench: setup
 		.venv/bin/python ../shared/benchmarks/pathologies/run_nnwatch.py --seeds 0,1,2 --controls; \
 	else echo "bench: no external suite at ../shared/benchmarks/pathologies (skipped)"; fi
 	.venv/bin/python bench/written_apart/run_nnwatch.py --seeds 0,1,2 --controls
+	.venv/bin/python bench/written_apart_2/run_nnwatch.py --seeds 0,1,2 --controls
 	.venv/bin/python bench/remote.py
 	.venv/bin/python bench/corpus.py
 	.venv/bin/python bench/writer_stalls.py
