@@ -481,3 +481,12 @@ def test_the_clip_ratio_rule_stays_quiet_while_the_loss_diverges():
     assert "loss_diverging" in found
     after = found[found.index("loss_diverging"):]
     assert "clipping_misuse" not in after
+
+
+def test_gradients_gone_at_every_update_are_a_stall_with_that_cause():
+    """zero_grad() between backward() and step(): the norm the update used is exactly 0."""
+    r = records(30, loss=np.full(30, math.log(10)))
+    r["grad_norm_clipped"] = 0.0
+    f = [f for f in run(r, num_classes=10) if f.kind == "loss_stalled"]
+    assert f and f[0].severity == "warning" and f[0].step == 4
+    assert "between backward() and step()" in f[0].remedy

@@ -3,6 +3,8 @@
 A flat loss is also what a converged run looks like, so a stall needs more than a flat loss:
 
 * no gradient at all for 5 steps (the loss is detached, or backward() never reaches the weights);
+* gradients that backward() made and the update did not find, 5 updates in a row (a zero_grad()
+  between backward() and step());
 * the LR is exactly 0 in every parameter group for 5 steps (a scheduler or warmup bug);
 * the optimizer was built on a copy of the model (it holds tensors shaped like the model's
   parameters, none of them the model's own) and the loss has not moved in 5 steps;
@@ -73,7 +75,11 @@ COLLAPSE_UNLEARNED = 0.5  # an LR collapse stalls a run that has not learned hal
 PATIENCE = 1000  # steps at chance before a plateau with no cause beside it is a warning
 #: Open findings that explain a loss sitting at chance (the layers do not learn)
 SUPPORTING_KINDS = ("zero_gradient_layer", "vanishing_gradients", "dead_relu", "amp_scale_collapse")
-CAUSES = ("no_grad", "zero_lr", "tiny_update", "flat", "optimizer_copy", "loss_independent", "lr_collapsed")
+CAUSES = (
+    "no_grad", "zero_lr", "tiny_update", "flat", "optimizer_copy", "loss_independent",
+    "lr_collapsed", "grads_wiped",
+)  # fmt: skip
+WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
 
 
 class LossStalledDetector(Detector):
@@ -83,6 +89,7 @@ class LossStalledDetector(Detector):
         super().__init__(ctx)
         self.episode = Episode(confirm=1, release=RELEASE)
         self.no_grad = 0
+        self.wiped = 0
         self.zero_lr = 0
         self.tiny = 0
         self.tiny_lr = math.nan  # the LR when the current run of tiny updates began
@@ -98,6 +105,10 @@ class LossStalledDetector(Detector):
         zero_lr = row.lr0 == 0.0 and bool((lr == 0).all())  # NaN compares unequal
         self.zero_lr = self.zero_lr + 1 if zero_lr else 0
         self.steps += 1
+        # backward made gradients, the update found none (a zero_grad() between backward() and
+        # step()): the probe records the norm the update used as exactly 0, with no clip
+        wiped = row.grad_norm > 0 and row.grad_norm_clipped == 0.0 and math.isnan(row.clip_threshold)
+        self.wiped = self.wiped + 1 if wiped else 0
         if row.measured:  # steps the cost budget left unmeasured tell nothing about gradients
             absent = math.isnan(row.grad_norm) and (
                 row.grad_layer.size == 0 or bool(np.isnan(row.grad_layer).all())
@@ -124,7 +135,10 @@ class LossStalledDetector(Detector):
             and len(hist.loss) >= WINDOW
             and hist.recent_loss(WINDOW) >= COLLAPSE_UNLEARNED * hist.start_loss
         )
-        if not (self.no_grad or self.zero_lr or copy or self.tiny or flat_possible or independent or collapsed):
+        if not (
+            self.no_grad or self.wiped or self.zero_lr or copy or self.tiny or flat_possible
+            or independent or collapsed
+        ):  # fmt: skip
             # the usual step of a run that learns: no cause counting, nothing to compute
             if self.episode.active:
                 self.episode.update(False, row.step)
@@ -133,6 +147,8 @@ class LossStalledDetector(Detector):
         unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
         if self.no_grad >= NO_GRAD_STEPS:
             cause = "no_grad"
+        elif self.wiped >= WIPED_STEPS:
+            cause = "grads_wiped"
         elif self.zero_lr >= ZERO_LR_STEPS:
             cause = "zero_lr"
         elif copy and unmoved:
@@ -252,6 +268,16 @@ class LossStalledDetector(Detector):
             remedy = (
                 "make sure loss.backward() runs on the loss tensor itself: no .item(), .detach() or "
                 "torch.no_grad() on the way, and the parameters have requires_grad=True"
+            )
+        elif cause == "grads_wiped":
+            summary = (
+                f"on the last {self.wiped} updates the optimizer found no gradient: backward() made "
+                f"them (norm {fmt(row.grad_norm)}), and they were gone by optimizer.step(). The "
+                f"weights never move; the loss sits at {fmt(now)}{chance}."
+            )
+            remedy = (
+                "call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), "
+                "never between backward() and step()"
             )
         elif cause == "zero_lr":
             summary = f"the LR has been exactly 0 for {self.zero_lr} steps; the loss sits at {fmt(now)}{chance}."
