@@ -10,7 +10,8 @@ SIGTERM (a scheduler's time limit, preemption, torchrun tearing a job down) is t
 SIGKILL or the OOM killer, which leave no word at all: a handler notes it and then does what was
 there before, so the program's own semantics stay. The user's own Python handler is called; the
 default action (termination) is taken again once the open runs wrote ``end.json`` ("interrupted",
-with ``"signal": "SIGTERM"``); an ignored SIGTERM stays ignored (nothing is installed). A main
+with ``"signal": "SIGTERM"``), or after ``TERM_CLOSE_S`` at most (a close that waits on a collective
+whose peer is gone); an ignored SIGTERM stays ignored (nothing is installed). A main
 thread blocked in C (a collective, a data loader) would run a Python handler late, so a thread
 woken by the signal's wakeup fd does the same at once.
 
@@ -58,6 +59,8 @@ class Ending:
 
 
 FINISHED = Ending("finished")
+#: At most this long between SIGTERM and the default action while the open runs write their end.
+TERM_CLOSE_S = 2.0
 #: How a SIGTERM ends a run: from outside, not by the program's own failure.
 SIGTERM_ENDING = Ending(
     "interrupted",
@@ -221,8 +224,16 @@ class ExitObserver:
                 return
             self._terminating = True
         self.note(SIGTERM_ENDING)
-        for ref in list(self._closers):
-            close_at_exit(ref)
+
+        def close_all() -> None:
+            for ref in list(self._closers):
+                close_at_exit(ref)
+
+        # bounded: a close that waits on a collective with a rank gone (torchrun's teardown)
+        # must not keep the process alive much longer than SIGTERM alone would
+        closing = threading.Thread(target=close_all, name="nnwatch-sigterm-close", daemon=True)
+        closing.start()
+        closing.join(TERM_CLOSE_S)
         _default_action(signum)
 
     def note(self, ending: Ending) -> None:

@@ -36,7 +36,7 @@ from nnwatch.sources.job_table import _Seen
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
-from nnwatch.store.job_health import certain_first, judge_job
+from nnwatch.store.job_health import HEARTBEAT_PERIOD, SILENT_SLACK, certain_first, judge_job
 from nnwatch.store.jobs import Job
 
 CONNECT_TIMEOUT = 30.0
@@ -265,7 +265,7 @@ class JobFanout:
                               r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
                               r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
         stops = judge_job(seen, now=now, known_first=self._first_seen)
-        if not self._first_seen:
+        if not self._first_seen and self._settled(stops, [link for link, _ in pairs]):
             self._first_seen = certain_first(seen, stops)
         live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]
         lead = max(live) if live else None
@@ -285,6 +285,22 @@ class JobFanout:
         stragglers = tuple(r.rank for r in rows if r.status == "behind")
         return JobView(job, tuple(rows), origin, stragglers, tuple(cross), stops, found,
                        unreachable=tuple(unreachable), via="ssh")  # fmt: skip
+
+    @staticmethod
+    def _settled(stops: Any, links: list[HostLink]) -> bool:
+        """Whether "the others still lived" can be trusted of this poll: the first stop is one of
+        its own (not a failed collective or a termination, which follow another rank's), and
+        every host reported after it (hosts report once a second, not at the same moment: a
+        late one may still call alive a rank that died before the first stop)."""
+        first = stops.ranks.get(stops.first[0]) if stops.first else None
+        if first is None or first.how in ("collective failed", "terminated"):
+            return False
+        at = stops.first_at
+        if at is None:
+            return False
+        if first.how == "killed":  # a silent death lies up to a heartbeat after its last beat
+            at += HEARTBEAT_PERIOD + SILENT_SLACK
+        return all(link.latest_at > at for link in links)
 
     def close(self) -> None:
         for link in self.links:

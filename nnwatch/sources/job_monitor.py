@@ -198,7 +198,7 @@ class JobMonitor:
             except Exception:  # noqa: BLE001 - an unreadable rank is judged as it was
                 runs.append(info)
         stops = judge_stops(runs, known_first=self._first_seen)
-        if not self._first_seen:
+        if not self._first_seen and _whole(runs):
             self._first_seen = certain_first(runs, stops)
         return stops
 
@@ -310,9 +310,18 @@ def judge_stops(runs: list[RunInfo], *, known_first: tuple[int, ...] = ()) -> Jo
     first rank's run directory when this reader sees it stopped while the others still live (so
     that later readers know, even when the files alone could not order their deaths)."""
     stops = judge_job(runs, known_first=known_first)
-    certain = certain_first(runs, stops)
+    # "stopped while every other rank still lived" holds only if every rank is seen: on one node
+    # of a multi-node job, a rank whose collective failed after a rank elsewhere died would
+    # otherwise be written down as the first (and every later reader would believe it)
+    certain = certain_first(runs, stops) if _whole(runs) else ()
     for info in runs:
         if info.rank in certain and info.seen_first_at is None:
             others = [r.rank for r in runs if r.rank not in certain]
             note_first_stop(info.run_dir, info.rank, others, stops.first_how)
     return stops
+
+
+def _whole(runs: list[RunInfo]) -> bool:
+    """Every rank of the job is among ``runs`` (no rank on another node, none unseen)."""
+    world = max((int(getattr(r, "world_size", 1) or 1) for r in runs), default=1)
+    return len({r.rank for r in runs}) >= world
