@@ -28,7 +28,6 @@ Requests from the monitor, one JSON object per line (at most ``MAX_REQUEST`` byt
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.store import overview as ov
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.runlog import LAYERS_FILE, SCALARS_FILE, map_log_rows
+from nnwatch.store.schema import CHART_FIELDS, RunMeta
 
 MAX_REQUEST = 4096
 #: The most rows one fetch returns (a zoomed view needs a few thousand).
@@ -44,9 +44,7 @@ MAX_FETCH_ROWS = 200_000
 DEFAULT_BUCKETS = 1024
 DEFAULT_WINDOW = 4096
 #: Series a live aggregate carries (what the charts draw); the last row of each bucket has all.
-LIVE_FIELDS = ("step", "loss", "grad_norm", "grad_norm_clipped", "clip_threshold", "amp_scale",
-               "amp_skipped")  # fmt: skip
-_HEADER_SIZE = 64
+LIVE_FIELDS = CHART_FIELDS
 
 
 def summary_bytes(buckets: np.ndarray, fields: tuple[str, ...], rows: np.ndarray,
@@ -83,22 +81,8 @@ def map_log(run_dir: Path, meta: RunMeta) -> tuple[np.ndarray, np.ndarray]:
     opens in milliseconds. (``load_run`` also verifies every block's checksum, a pass over the
     whole file; the rows a monitor fetches are the log's bytes as they are.)"""
     schema = meta.schema
-    return (_map(run_dir / "scalars.bin", schema.scalar_dtype()),
-            _map(run_dir / "layers.bin", schema.layer_row_dtype()))  # fmt: skip
-
-
-def _map(path: Path, dtype: np.dtype) -> np.ndarray:
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        return np.zeros(0, dtype)
-    n = max(0, size - _HEADER_SIZE) // dtype.itemsize
-    if n == 0:
-        return np.zeros(0, dtype)
-    with open(path, "rb") as fh:
-        if fh.read(8)[:6] != b"NNWLOG":
-            return np.zeros(0, dtype)
-        return np.memmap(fh, dtype=dtype, mode="r", offset=_HEADER_SIZE, shape=(n,))
+    return (map_log_rows(run_dir / SCALARS_FILE, schema.scalar_dtype()),
+            map_log_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype()))  # fmt: skip
 
 
 def first_row_after(scalars: np.ndarray, step: float) -> int:

@@ -1,7 +1,7 @@
 """Check C: are the gradients a sane size, and does clipping keep their direction?
 
 One forward/backward on a copy gives the raw global gradient norm. The check then clips a copy of
-those gradients by norm (with :mod:`nnwatch.grad`, bitwise what ``clip_grad_norm_`` does) and by
+those gradients by norm (with :mod:`nnwatch.tensors.torch_clip`, bitwise what ``clip_grad_norm_`` does) and by
 value, and compares each with the raw gradient: norm clipping multiplies every gradient by one
 positive number, so its cosine with the raw gradient is 1; value clamping cuts the large
 components and bends the descent direction, so its cosine drops. Seeing both numbers side by side
@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from nnwatch import grad as ngrad
 from nnwatch.checks.common import (
     CheckResult,
     LossFn,
@@ -42,6 +41,7 @@ from nnwatch.checks.common import (
     to_device,
     trainable_named_params,
 )
+from nnwatch.tensors import torch_clip as ngrad
 
 EXPLODING_FACTOR = 10.0
 VANISHING_NORM = 1e-6

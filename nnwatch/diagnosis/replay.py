@@ -256,7 +256,7 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
     """The global norm as the probe measures it, and as clip_grad_norm_ does (float32 each)."""
     import torch
 
-    from nnwatch import grad as gradmath  # lazy: pulls torch
+    from nnwatch.tensors import torch_clip as gradmath  # lazy: pulls torch
     from nnwatch.tensors.grad_norms import squared_norms, total_norm  # lazy: pulls torch
 
     if not grads:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nnwatch import grad as gradmath
 from nnwatch.probe.watch import internals
+from nnwatch.tensors import torch_clip as gradmath
 
 if TYPE_CHECKING:
     from nnwatch.probe.watch import Watch

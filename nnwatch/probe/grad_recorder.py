@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from nnwatch import grad as gradmath
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.clip_parts import (
     CLIP_EPS,
@@ -47,6 +46,7 @@ from nnwatch.probe.clip_parts import (
     still_scaled,
 )
 from nnwatch.probe.grad_changes import GradChanges
+from nnwatch.tensors import torch_clip as gradmath
 from nnwatch.tensors.grad_norms import (
     LayerReducer,
     float32_of,

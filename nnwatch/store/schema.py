@@ -57,6 +57,17 @@ LAYER_FIELDS_ACT: tuple[str, ...] = (
     "act_maxabs",
     "act_dead",  # rectifier layers: fraction of units that are zero for every input of the batch
 )
+#: The per-step series the charts draw, kept whole-run as min/max buckets by every monitor (the
+#: TUI's history) and every live stream (the server's live aggregate): one list, one owner.
+CHART_FIELDS: tuple[str, ...] = (
+    "step",
+    "loss",
+    "grad_norm",
+    "grad_norm_clipped",
+    "clip_threshold",
+    "amp_scale",
+    "amp_skipped",
+)
 #: Fields that a schema version added, so that older runs keep their own layout.
 _ADDED_IN = {"layer_sums": 2, "grads_kept": 3, "act_dead": 3}
 

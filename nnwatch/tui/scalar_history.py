@@ -17,16 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Fields kept as whole-run buckets (what the charts draw).
-BUCKET_FIELDS: tuple[str, ...] = (
-    "step",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "clip_threshold",
-    "amp_scale",
-    "amp_skipped",
-)
+from nnwatch.store.schema import CHART_FIELDS
+
+#: Fields kept as whole-run buckets (what the charts draw: the store's one list).
+BUCKET_FIELDS: tuple[str, ...] = CHART_FIELDS
 #: Fields kept only for the recent past (latest values, rates, memory).
 TAIL_FIELDS: tuple[str, ...] = BUCKET_FIELDS + (
     "clipped",

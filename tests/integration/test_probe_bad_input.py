@@ -225,7 +225,7 @@ def test_run_root_that_is_a_symlink_is_refused(tmp_path: Path, monkeypatch: pyte
 
 def test_import_nnwatch_pulls_in_no_ui_library() -> None:
     code = (
-        "import sys, nnwatch, nnwatch.probe.watch, nnwatch.store.runlog, nnwatch.store.schema, nnwatch.grad\n"
+        "import sys, nnwatch, nnwatch.probe.watch, nnwatch.store.runlog, nnwatch.store.schema, nnwatch.tensors.torch_clip\n"
         "import importlib, pkgutil\n"
         "for pkg in ('nnwatch.probe', 'nnwatch.channel', 'nnwatch.diagnosis', 'nnwatch.checks', 'nnwatch.sources'):\n"
         "    mod = importlib.import_module(pkg)\n"

@@ -15,9 +15,9 @@ from torch import nn
 from torch.nn.utils import clip_grad_norm_  # bound before any watch exists, as scripts do
 
 import nnwatch
-from nnwatch.grad import global_norm
 from nnwatch.probe import clip_intercept
 from nnwatch.probe.watch import internals
+from nnwatch.tensors.torch_clip import global_norm
 
 
 def _model(seed: int = 0) -> nn.Module:

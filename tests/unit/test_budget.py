@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 import nnwatch
-from nnwatch.grad import global_norm
 from nnwatch.probe.budget import AIM, UPDATE_EVERY, CostBudget
 from nnwatch.probe.loss_trend import HOLD
 from nnwatch.probe.watch import AFTER_TROUBLE, WARMUP_STEPS, internals
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
+from nnwatch.tensors.torch_clip import global_norm
 
 
 def _feed(

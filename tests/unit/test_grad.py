@@ -1,4 +1,4 @@
-"""nnwatch.grad must match torch.nn.utils.clip_grad_norm_ bit for bit (norms and clipped grads)."""
+"""nnwatch.tensors.torch_clip must match torch.nn.utils.clip_grad_norm_ bit for bit (norms and clipped grads)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nnwatch import grad as ngrad
+from nnwatch.tensors import torch_clip as ngrad
 
 NORM_TYPES = [2.0, 1.0, math.inf, 0.5, 3.0]
 DTYPE_SETS = {
