@@ -4,7 +4,7 @@ on stdout; what ``nnwatch pull HOST:RUN`` runs on the far host through ssh.
 RUN is what ``nnwatch ls --all`` lists on this machine (a name or its start, a pid, a run
 directory); a name that several finished runs share means the newest of them. STEP picks the
 snapshot of that step (``--nearest``: the closest one); without it, the newest snapshot. The
-stream is a tar framed by a header and a manifest of sha256s (``nnwatch.export.bundle``), so
+stream is a tar framed by a header and a manifest of sha256s (``nnwatch.store.bundle``), so
 ``nnwatch pack RUN > run.tar`` also gives a file ``tar x`` reads.
 
 Exit status: 0 sent, 3 no such run (the runs here are named), 4 no such snapshot (the steps there
@@ -203,7 +203,7 @@ def redundant_rings(run_dir: Path) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nnwatch.export.bundle import write_bundle
+    from nnwatch.store.bundle import write_bundle
     from nnwatch.store.paths import describe_os_error
 
     if args.whole and args.step is not None:

@@ -3,7 +3,7 @@ machine to this one, through the user's own ``ssh`` and checked file by file.
 
 The far host runs ``nnwatch pack`` (one ssh login: RUN is found there as ``nnwatch ls --all``
 names it) and sends a tar framed by a header and a manifest of sha256s; every size and hash is
-checked here before anything appears at the destination (``nnwatch.export.bundle``). STEP is the
+checked here before anything appears at the destination (``nnwatch.store.bundle``). STEP is the
 snapshot of that step (``--nearest``: the closest one); without it, the newest snapshot. Files
 land in ``./nnwatch-pulled/HOST/RUN`` (``--into DIR`` instead): a snapshot at
 ``RUN/snapshots/step-N`` (``nnwatch show`` and ``nnwatch replay`` take it), a run as a run

@@ -3,7 +3,7 @@
 
 The far host runs ``nnwatch pack`` (one ssh login; RUN is found there as ``nnwatch ls --all``
 names it) and sends a tar framed by a header and a manifest of sha256s; every size and hash is
-checked here before anything appears at the destination (``nnwatch.export.bundle``). Files land
+checked here before anything appears at the destination (``nnwatch.store.bundle``). Files land
 in ``./nnwatch-pulled/HOST/RUN`` unless a directory is named: a snapshot at
 ``RUN/snapshots/step-N`` (``nnwatch show`` and ``nnwatch replay`` take it), a run as a run
 directory (``nnwatch open`` takes it). Nothing is left at the destination when a pull fails.
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from nnwatch.export.bundle import BundleError, Received, list_files, receive_bundle
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import ssh_base, stop_process
+from nnwatch.store.bundle import BundleError, Received, list_files, receive_bundle
 from nnwatch.store.copy_note import COPY_FILE, write_copy_note
 from nnwatch.store.paths import SNAPSHOTS_DIR, describe_os_error
 

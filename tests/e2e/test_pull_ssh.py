@@ -244,7 +244,7 @@ def test_a_stream_naming_a_path_outside_or_a_link_is_refused(tmp_path: Path, evi
     import io
     import tarfile
 
-    from nnwatch.export.bundle import FORMAT, HEADER, BundleError, receive_bundle
+    from nnwatch.store.bundle import FORMAT, HEADER, BundleError, receive_bundle
 
     buf = io.BytesIO()
     header = json.dumps({"format": FORMAT, "kind": "run", "bytes": 4}).encode()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import nnwatch
-from nnwatch.cli.demo import ORDER, demos_dir, find_demos
 from nnwatch.diagnosis import KINDS
+from nnwatch.sources.demo_trainer import ORDER, demos_dir, find_demos
 
 REPO = Path(__file__).resolve().parents[2]
 FINDING = re.compile(r"^(?P<kind>[a-z_]+) step=(?P<step>\d+) layer=(?P<layer>\S+) \| (?P<text>.+)$")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.cli.demo import ORDER
+from nnwatch.sources.demo_trainer import ORDER
 from nnwatch.store.identity import same_process
 from nnwatch.store.registry import list_runs
 
@@ -131,7 +131,7 @@ def test_interrupting_the_command_stops_the_trainer_and_cleans_up(
 def test_a_demo_that_ends_before_the_first_poll_is_still_found(run_root: Path) -> None:
     # A short headless run can register, train and unregister between two polls of the command
     # (seen in CI: the nan_log demo stops at step 40 in well under a second once warm).
-    from nnwatch.cli.demo import Trainer, find_demos
+    from nnwatch.sources.demo_trainer import Trainer, find_demos
 
     demo = find_demos()["healthy"]
     trainer = Trainer(demo, steps=2, delay=0.0, seed=0)
