@@ -52,6 +52,7 @@ import numpy as np
 
 from nnwatch.channel import stream_summary as summ
 from nnwatch.channel.commands import encode_reply
+from nnwatch.store import overview as ov
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
@@ -340,7 +341,7 @@ class _Stream:
             if self.overview and recovered > self.window:  # summarised, like any old history
                 fields = summ.LIVE_FIELDS
                 size = 1 << max(0, int(math.ceil(math.log2(recovered / self.max_buckets))))
-                buckets = summ.ov.reduce_rows(gap[0], fields, size)
+                buckets = ov.reduce_rows(gap[0], fields, size)
                 self.out.put(summ.summary_bytes(buckets, fields, gap[0][-1:], live=True))
             else:
                 self.rows("scalars", gap[0])

@@ -25,6 +25,7 @@ import numpy as np
 
 from nnwatch.channel.commands import PAUSE, RESUME, SET_CLIP, SET_LAYER_INTERVAL, STOP
 from nnwatch.channel.endpoint import RunEndpoint
+from nnwatch.channel.server import PendingCommand
 from nnwatch.store.paths import default_root, ensure_private_dir
 from nnwatch.store.schema import RunMeta, RunSchema
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     status = "finished"
 
-    def apply(cmds: list) -> None:
+    def apply(cmds: list[PendingCommand]) -> None:
         nonlocal layer_interval, clip, should_stop, paused
         for c in cmds:
             if c.name == PAUSE:

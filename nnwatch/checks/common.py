@@ -12,7 +12,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -163,10 +163,10 @@ def to_device(obj: Any, device: torch.device) -> Any:
 def call_model(model: nn.Module, inputs: Any) -> Tensor:
     """``model(x)``; a tuple of inputs is splatted and a dict is passed as keywords."""
     if isinstance(inputs, Mapping):
-        return model(**inputs)
+        return cast("torch.Tensor", model(**inputs))
     if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
+        return cast("torch.Tensor", model(*inputs))
+    return cast("torch.Tensor", model(inputs))
 
 
 def compute_loss(loss_fn: LossFn, output: Tensor, targets: Tensor | None) -> Tensor:

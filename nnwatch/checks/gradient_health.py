@@ -96,7 +96,7 @@ def _share(layer: float, total: float, norm_type: float) -> float:
         return 0.0
     if math.isinf(norm_type):
         return 1.0 if layer == total else 0.0
-    return (layer / total) ** norm_type
+    return float((layer / total) ** norm_type)
 
 
 def gradient_check(

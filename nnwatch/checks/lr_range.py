@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -152,7 +152,7 @@ def centered_smooth(values: np.ndarray, sigma: float) -> np.ndarray:
     n = len(values)
     idx = np.arange(n, dtype=float)
     weights = np.exp(-0.5 * ((idx[None, :] - idx[:, None]) / max(sigma, 1e-9)) ** 2)
-    return (weights @ values) / weights.sum(axis=1)
+    return cast("np.ndarray", (weights @ values) / weights.sum(axis=1))
 
 
 def suggest_lr(

@@ -170,7 +170,8 @@ def _hidden_count(shown: list[Any], root: Any) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from nnwatch.store.paths import default_root
-    from nnwatch.store.registry import list_runs, recorded_runs, registry_dir
+    from nnwatch.store.registry import list_runs, recorded_runs
+    from nnwatch.store.registry_entry import registry_dir
 
     root = args.root
     problems: list[str] = []

@@ -121,7 +121,8 @@ def find_run(spec: str, root: Path | None = None) -> Any:
 def snapshots(run_dir: Path) -> list[tuple[int, Path]]:
     """The complete snapshots of a run, as (step, directory), oldest step first (a step snapshotted
     twice, ``step-N`` and ``step-N.1``, in the order they were written)."""
-    from nnwatch.diagnosis.snapshot import MANIFEST, SNAPSHOTS_DIR, SnapshotError, read_manifest
+    from nnwatch.diagnosis.snapshot import MANIFEST, SnapshotError, read_manifest
+    from nnwatch.store.paths import SNAPSHOTS_DIR
 
     root = run_dir / SNAPSHOTS_DIR
     out: list[tuple[int, int, Path]] = []

@@ -134,7 +134,7 @@ class _FirstNonFiniteOp:
                     outer.check(func, args, kwargs or {}, out)
                 return out
 
-        self.mode = Mode()
+        self.mode: Any = Mode()
         self.report = report
         self.armed = True
 

@@ -509,7 +509,7 @@ def _numpy(t: Any) -> np.ndarray:
 
     if t.dtype in (torch.bfloat16, torch.float16):
         t = t.float()
-    return t.numpy()
+    return cast("np.ndarray", t.numpy())
 
 
 def _label_of(ys: np.ndarray, i: int) -> Any:

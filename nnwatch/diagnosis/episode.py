@@ -8,6 +8,8 @@ reported again.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 
@@ -91,4 +93,4 @@ class EpisodeArray:
         opened = h & ~self.active & (self.hits >= self.confirm)
         self.active[opened] = True
         self._busy = bool(self.active.any() or self.hits.any())
-        return opened
+        return cast("np.ndarray", opened)

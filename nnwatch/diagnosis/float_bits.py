@@ -7,7 +7,7 @@ decimal round trip could hide a last-bit difference).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,8 +27,8 @@ def same_bits(a: str | None, b: str | None) -> bool | None:
 
 def from_bits(bits: str | None) -> np.float32:
     if bits is None:
-        return np.float32(np.nan)
-    return np.array([int(bits, 16)], dtype=np.uint32).view(np.float32)[0]
+        return cast("np.float32", np.float32(np.nan))
+    return cast("np.float32", np.array([int(bits, 16)], dtype=np.uint32).view(np.float32)[0])
 
 
 def json_float(v: Any) -> float:

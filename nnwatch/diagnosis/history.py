@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -59,7 +59,7 @@ class Ring:
         end = self._next
         start = end - n
         if start >= 0:
-            return self._buf[start:end].copy()
+            return cast("np.ndarray", self._buf[start:end].copy())
         return np.concatenate((self._buf[start:], self._buf[:end]))
 
     def clear(self) -> None:

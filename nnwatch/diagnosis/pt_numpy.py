@@ -13,7 +13,7 @@ import collections
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,7 +53,7 @@ def _rebuild_tensor(
     ).copy()
     if name == "BFloat16Storage":  # bfloat16 is the top half of a float32
         view = (view.astype(np.uint32) << 16).view(np.float32)
-    return view
+    return cast("np.ndarray", view)
 
 
 _ALLOWED: dict[tuple[str, str], Any] = {

@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -580,7 +580,7 @@ def _json_default(obj: Any) -> Any:
 
 def _finding_dict(f: Any) -> dict[str, Any]:
     if hasattr(f, "to_dict"):
-        return f.to_dict()
+        return cast("dict[str, Any]", f.to_dict())
     if isinstance(f, dict):
         return {str(k): _plain_number(v) if isinstance(v, float) else v for k, v in f.items()}
     return {"message": str(f)}

@@ -15,13 +15,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.float_bits import from_bits, json_float
-from nnwatch.store.paths import open_regular
+from nnwatch.store.paths import SNAPSHOTS_DIR, open_regular
 from nnwatch.store.run_reader import load_run
 
 
@@ -67,10 +67,10 @@ class Snapshot:
             ) from exc
 
     def state(self) -> dict[str, Any]:
-        return self._load(snap.STATE)
+        return cast("dict[str, Any]", self._load(snap.STATE))
 
     def rng(self) -> dict[str, Any]:
-        return self._load(snap.RNG)
+        return cast("dict[str, Any]", self._load(snap.RNG))
 
     def batch(self) -> Any:
         if not self.manifest.get("has", {}).get("batch"):
@@ -120,11 +120,11 @@ class Snapshot:
 def load_snapshot(path: str | Path) -> Snapshot:
     """Open a snapshot directory (``<run>/snapshots/step-N``); a run directory picks its latest."""
     p = Path(path).expanduser()
-    if (p / snap.SNAPSHOTS_DIR).is_dir() and not (p / snap.MANIFEST).exists():
+    if (p / SNAPSHOTS_DIR).is_dir() and not (p / snap.MANIFEST).exists():
         found = sorted(
             (
                 d
-                for d in (p / snap.SNAPSHOTS_DIR).iterdir()
+                for d in (p / SNAPSHOTS_DIR).iterdir()
                 if d.is_dir() and not d.name.startswith(".")
             ),
             key=lambda d: d.stat().st_mtime,
@@ -220,4 +220,4 @@ def load_factory(spec: str) -> Callable[[], Any]:
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
         raise ReplayError(f"{mod_name!r} has no function {attr!r}")
-    return fn
+    return cast("Callable[[], Any]", fn)

@@ -549,7 +549,7 @@ def make_finding(
 
 def _join(items: Any) -> str:
     items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    return str(items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1])
 
 
 def every_from_env(default: int = DEFAULT_EVERY) -> int:

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -215,7 +215,7 @@ class JobSummary:
         if self._dtype is None:
             self._dtype = self.w.schema.record_dtype()
         rows = np.frombuffer(raw, dtype=self._dtype)
-        return rows[np.isfinite(rows["step"])]
+        return cast("np.ndarray", rows[np.isfinite(rows["step"])])
 
     # -- beats and publishing (the beat thread) --------------------------------------------------
     def _key(self, what: str, rank: int) -> str:

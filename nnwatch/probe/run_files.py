@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -326,4 +326,4 @@ class RunFiles:
         raw = b"".join(self.recent.copy())  # deque.copy() is atomic under the GIL
         rows = np.frombuffer(raw, dtype=schema.record_dtype()).copy()
         rows = rows[np.isfinite(rows["step"])]
-        return rows[np.argsort(rows["step"], kind="stable")]
+        return cast("np.ndarray", rows[np.argsort(rows["step"], kind="stable")])

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.channel.commands import CommandReply
+from nnwatch.channel.commands import CommandReply as CommandReply  # part of the source API
 from nnwatch.store.schema import RunMeta
 
 #: Run states a source can report. "recorded" is a finished run read from disk.

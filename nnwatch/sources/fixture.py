@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -186,7 +186,7 @@ class FixtureSource(RunSource):
             exp = np.where(after, np.minimum(exp + grown, 24.0) - 1.0, exp)
             last = np.where(after, h, last)
         grown = np.floor((s - last) / 2000.0)
-        return 2.0 ** np.minimum(exp + grown, 24.0)
+        return cast("np.ndarray", 2.0 ** np.minimum(exp + grown, 24.0))
 
     def scalar_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows of ``scalar_dtype()`` for steps [start, stop)."""
@@ -250,7 +250,7 @@ class FixtureSource(RunSource):
 
     def _grad_measured(self, s: np.ndarray) -> np.ndarray:
         """Steps whose gradient norms were measured: every ``grad_every``-th, and the spike."""
-        return (s.astype(np.int64) % self.grad_every == 0) | (s == self.spike_step)
+        return cast("np.ndarray", (s.astype(np.int64) % self.grad_every == 0) | (s == self.spike_step))
 
     def layer_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows of ``layer_row_dtype()`` for [start, stop), chosen as the run log chooses them:

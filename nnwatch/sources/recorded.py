@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -114,7 +114,7 @@ class RecordedSource(RunSource):
         """
         s = self._run.scalars
         if not len(s):
-            return s[:0].copy()
+            return cast("np.ndarray", s[:0].copy())
         steps = s["step"]
         i = int(np.searchsorted(steps, first_step, side="left"))
         j = int(np.searchsorted(steps, last_step, side="right"))

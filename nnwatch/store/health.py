@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.paths import read_small_file
@@ -58,7 +59,7 @@ class Health:
         )
 
 
-def read_end(run_dir: Path | None) -> dict | None:
+def read_end(run_dir: Path | None) -> dict[str, Any] | None:
     """The run's ``end.json`` (written at close), or None when there is none.
 
     One that exists but cannot be read (empty, cut short, not JSON, not an object) still says the
@@ -86,7 +87,7 @@ def read_end(run_dir: Path | None) -> dict | None:
     return end
 
 
-def _damaged_end(run_dir: Path, why: str) -> dict:
+def _damaged_end(run_dir: Path, why: str) -> dict[str, Any]:
     status = "finished"
     for ev in tail_events(run_dir / EVENTS_FILE):
         if ev.get("type") == "run_ended" and ev.get("status") in ("crashed", "interrupted", "stopped"):
@@ -94,7 +95,7 @@ def _damaged_end(run_dir: Path, why: str) -> dict:
     return {"status": status, "damaged": f"{END_FILE} is corrupt ({why})"}
 
 
-def tail_events(path: Path, limit: int = 1 << 16) -> list[dict]:
+def tail_events(path: Path, limit: int = 1 << 16) -> list[dict[str, Any]]:
     """The events in the last ``limit`` bytes of ``events.jsonl`` (unreadable lines skipped)."""
     try:
         with open(path, "rb") as fh:
@@ -124,7 +125,7 @@ def ended_as(status: object) -> str:
     return "finished"
 
 
-def clean_end(end: object) -> dict | None:
+def clean_end(end: object) -> dict[str, Any] | None:
     """``end.json`` as read from disk, with every field a reader uses checked: None when it is not
     a JSON object; a status that is not one of ours reads "finished" (the run did write it at its
     end); a step count or time of the wrong type is dropped."""
@@ -150,7 +151,7 @@ def judge(
     *,
     now: float,
     writer_alive: bool | None,
-    end: dict | None = None,
+    end: dict[str, Any] | None = None,
     hung_factor: float = HUNG_FACTOR,
     hung_min: float = HUNG_MIN,
     heartbeat_stale: float = HEARTBEAT_STALE,
@@ -201,7 +202,7 @@ def gone_message(pid: int) -> str:
     )
 
 
-def end_message(end: dict | None, said: str = "") -> str:
+def end_message(end: dict[str, Any] | None, said: str = "") -> str:
     """ "the run ended (interrupted: SIGTERM ...)", from ``end.json`` (or the ring's word)."""
     end = end or {}
     how = ended_as(end.get("status", said or "finished"))
@@ -243,7 +244,7 @@ class Liveness:
         self.hung_min = hung_min
         self._checked_at = -1e18
         self._alive: bool | None = True
-        self._end: dict | None = None
+        self._end: dict[str, Any] | None = None
 
     def judge(self, state: RingState, now: float) -> Health:
         if now - self._checked_at >= self.check_every:

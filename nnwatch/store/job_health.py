@@ -162,7 +162,7 @@ def clock(t: float | None) -> str:
 
 def _join(items: Iterable[Any]) -> str:
     items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    return str(items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1])
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.store.health import read_end
-from nnwatch.store.registry import RunInfo, inspect_dir, ring_path
+from nnwatch.store.registry import RunInfo, inspect_dir
+from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import RunMeta
 

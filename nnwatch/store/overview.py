@@ -25,7 +25,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -136,7 +136,7 @@ def merge(buckets: np.ndarray, level: int, first_index: int = 0, group: int = 0)
     group = group or (1 << FACTOR_LOG2)
     n = len(buckets)
     if n == 0:
-        return buckets[:0].copy()
+        return cast("np.ndarray", buckets[:0].copy())
     starts = np.arange(0, n, group)
     out = np.zeros(len(starts), buckets.dtype)
     out["level"] = level

@@ -236,12 +236,12 @@ class RingReader:
     @property
     def next_seq(self) -> int:
         """Sequence number of the next record this reader will return."""
-        return self._next
+        return int(self._next)
 
     @property
     def pending(self) -> int:
         """Records published but not yet read by this reader."""
-        return max(0, self.state().write_seq - self._next)
+        return int(max(0, self.state().write_seq - self._next))
 
     # -- records ---------------------------------------------------------------------------------
     def read(self, max_records: int | None = None) -> np.ndarray:

@@ -276,7 +276,7 @@ def _pid_alive(pid: int, started: float) -> bool:
 
         proc = psutil.Process(pid)
         # the run started after its process did; a younger process reuses the pid
-        return proc.create_time() <= started + 1.0
+        return bool(proc.create_time() <= started + 1.0)
     except Exception:  # noqa: BLE001 - psutil raises several kinds for "gone"
         return False
 

@@ -204,7 +204,7 @@ def sums_measured(rows: np.ndarray) -> np.ndarray:
     """Per row: were the layer output sums measured? (Runs from before ``layer_sums``: always.)"""
     if "layer_sums" not in (rows.dtype.names or ()):
         return np.ones(len(rows), dtype=bool)
-    return np.asarray(rows["layer_sums"]) != 0.0
+    return cast("np.ndarray", np.asarray(rows["layer_sums"]) != 0.0)
 
 
 def _concat(a: np.dtype, b: np.dtype) -> np.dtype:

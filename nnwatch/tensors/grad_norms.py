@@ -9,6 +9,7 @@ before ``optimizer.step()``; on the CPU it uses one BLAS ``dot`` per parameter, 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
         return math.sqrt(math.fsum(float(n) ** 2 for n in norms))
     wide = any(g.dtype == torch.float64 for g in grads)
     dtype = torch.float64 if wide else torch.float32
-    return torch.linalg.vector_norm(torch.stack([n.to(device=device, dtype=dtype) for n in norms]))
+    return cast("torch.Tensor", torch.linalg.vector_norm(torch.stack([n.to(device=device, dtype=dtype) for n in norms])))
 
 
 def float32_of(t: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ here stay at 0.19 or above, even a tanh regression on targets in the hundreds. O
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
@@ -44,8 +46,8 @@ def derivative_fraction(kind: str, mean: np.ndarray, std: np.ndarray) -> np.ndar
     """Mean local derivative of a tanh or sigmoid layer from its output mean and std (0..1)."""
     second = mean * mean + std * std
     if kind == "tanh":
-        return 1.0 - second
-    return 4.0 * (mean - second)
+        return cast("np.ndarray", 1.0 - second)
+    return cast("np.ndarray", 4.0 * (mean - second))
 
 
 class SaturatedActivationDetector(Detector):

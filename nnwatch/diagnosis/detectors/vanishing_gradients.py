@@ -90,7 +90,7 @@ class VanishingGradientsDetector(Detector):
             and self.ctx.layer_kinds[i] not in RECTIFIER_KINDS
         ]
 
-    def _finding(self, row: Row, g: float, tiny: bool, fl: tuple | None, ratio: float) -> Finding:
+    def _finding(self, row: Row, g: float, tiny: bool, fl: tuple[int, int, float, float] | None, ratio: float) -> Finding:
         ctx = self.ctx
         collapsed = self._collapsed_layers()
         evidence: dict[str, float] = {
