@@ -142,11 +142,9 @@ class GradientRecorder:
         b = self.buf
         scale = loss_scale(self.scaler) if unscale else None
         if not layers and scale is None:  # the global norm alone, cheaply (unmeasured steps)
-            total_only = global_norm(grads, b.dev.device)
-            self.layers_done = False
-            self._write_total(total_only)
-            self.total = total_only
-            return total_only
+            self.layers_done, self.total = False, global_norm(grads, b.dev.device)
+            self._write_total(self.total)
+            return self.total
         sq = squared_norms(grads, b.dev.device)
         if scale is not None:
             sq = sq / scale.to(sq.device, sq.dtype).square()
