@@ -98,12 +98,9 @@ class GradientRecorder:
         self._at_backward_end = False  # the norm was taken when backward ended
         self._other_norm: torch.Tensor | None = None  # torch's non-L2 norm of this model's grads
         self._parts = ClipParts()  # this step's clips of parts of the model
-        #: 1.0/0.0: this step's first backward found the last update's gradients untouched /
-        #: cleared (``grads_kept``); NaN: not observed
-        self.kept = math.nan
+        self.kept = math.nan  # grads_kept: 1.0 not cleared since the last update, 0.0 cleared
         self.layers_done = False  # this step's per-layer gradient norms are in the record
-        #: whether gradients were cleared between updates, or changed between backward and update
-        self.changes = GradChanges()
+        self.changes = GradChanges()  # cleared between updates? changed before the update?
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
