@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from nnwatch.probe.buffers import StepBuffers
+from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 
 
 def _fingerprint(g: torch.Tensor) -> torch.Tensor:
@@ -24,13 +24,28 @@ class GradChanges:
     """Owns the output-side gradient seen at the last update and the fingerprint taken when
     backward ended."""
 
-    __slots__ = ("_after_update", "sentinel")
+    __slots__ = ("_after_update", "had_grad", "sentinel")
 
     def __init__(self) -> None:
         #: one small output-side gradient's parameter and fingerprint, when backward ended
         self.sentinel: tuple[torch.Tensor, torch.Tensor | float] | None = None
         #: the output-side parameter's gradient at the last update, and its version counter then
         self._after_update: tuple[weakref.ref[torch.Tensor], int] | None = None
+        #: the output-side parameter had a gradient when this step's last backward ended
+        self.had_grad = False
+
+    def see_wiped(self, params: Sequence[torch.Tensor], buf: StepBuffers) -> None:
+        """At the optimizer's step: the gradient this step's backward made is gone (a
+        ``zero_grad()`` between ``backward()`` and ``step()``), so the norm the update uses is
+        0. Recorded as the clipped norm (0.0, clipped), which the stall detector reads."""
+        if not (self.had_grad and params and params[-1].grad is None):
+            return
+        host = buf.dev_np
+        if host is not None:
+            host[DEV_INDEX["grad_norm_clipped"]], host[DEV_INDEX["clipped"]] = 0.0, 1.0
+        else:
+            buf.slot("grad_norm_clipped").fill_(0.0)
+            buf.slot("clipped").fill_(1.0)
 
     def remember(self, params: Sequence[torch.Tensor]) -> None:
         """A cheap fingerprint of one gradient, to see later whether anything changed them.

@@ -167,6 +167,7 @@ class GradientRecorder:
     def on_backward_end(self) -> None:
         """The autograd engine finished a backward pass that reached the model's parameters."""
         self.backwards += 1
+        self.changes.had_grad = bool(self.plan.params) and self.plan.params[-1].grad is not None
         if self.torch_clips > 0 or self.backwards < self.micro:
             return
         if not self.measure:
@@ -405,7 +406,7 @@ class GradientRecorder:
         self.backwards = 0
         self.done = self.from_torch = self.clip_seen = self._at_backward_end = False
         self.total = None
-        self.changes.sentinel = None
+        self.changes.sentinel, self.changes.had_grad = None, False
         self._other_norm = None
         if self._parts.norms:
             self._parts = ClipParts()

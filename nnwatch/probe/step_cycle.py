@@ -194,6 +194,7 @@ class StepCycle:
                 rec = self.grads
                 rec.measure = sched.measure
                 total = rec.at_update()
+                rec.changes.see_wiped(self.plan.params, rec.buf)
                 guard_on = self.guard_on
                 if total is None and guard_on and not self.guard.sentinels_finite():
                     total = rec.measure_now()  # a bad step: look at every gradient after all

@@ -256,3 +256,21 @@ def test_the_live_nan_origin_agrees_with_check_on_a_measured_step():
     assert live[0].evidence["forward_layer_index"] == offline[0].evidence["forward_layer_index"] == -1
     assert live[0].evidence["backward_layer_index"] == offline[0].evidence["backward_layer_index"]
     assert "loss" not in live[0].evidence  # the guard runs before the loss reaches w.step()
+
+
+def test_zero_grad_between_backward_and_step_is_a_stall_with_that_cause():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _digits()
+    with nnwatch.watch(model, opt, num_classes=4, name="wiped") as w:
+        for s in range(40):
+            loss = nn.functional.cross_entropy(model(x[s::16]), y[s::16])
+            loss.backward()
+            opt.zero_grad()  # the bug: the gradients go before the update can use them
+            opt.step()
+            w.step(loss)
+    run = nnwatch.load_run(w.run_dir)
+    assert (run["grad_norm"][1:] > 0).all() and (run["grad_norm_clipped"] == 0.0).all()
+    f = [f for f in w.findings if f.kind == "loss_stalled"]
+    assert f and f[0].severity == "warning" and f[0].step <= 5
+    assert "between backward() and step()" in f[0].remedy
