@@ -81,6 +81,44 @@ def columns(rows: np.ndarray, fields: tuple[str, ...]) -> np.ndarray:
     return out
 
 
+def block_stats(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per block (the last axis) of ``blocks``, shaped (series, k, b): the min and max of its
+    finite values, their sum (float64) and count, and its NaN and Inf counts, each (series, k).
+
+    Every min/max bucket of a run's history is made here: the buckets of ``overview.bin`` (remote
+    monitors) and the TUI's whole-run history alike. Min and max survive every merge, so a
+    one-step spike stays visible at any zoom. A series whose blocks are all finite (most) costs
+    three passes; NaN and Inf take the slow path, series by series; a series that is all NaN (one
+    this run never measures: no AMP, no CUDA) costs one.
+    """
+    s, k, b = blocks.shape
+    lo, hi = np.full((s, k), np.nan), np.full((s, k), np.nan)
+    total, nfin = np.zeros((s, k)), np.zeros((s, k))
+    nan, inf = np.zeros((s, k)), np.zeros((s, k))
+    sums = blocks.sum(axis=2, dtype=np.float64)
+    easy = np.isfinite(sums).all(axis=1)
+    if easy.any():
+        e = blocks[easy]
+        lo[easy], hi[easy], total[easy] = e.min(axis=2), e.max(axis=2), sums[easy]
+        nfin[easy] = b
+    hard = np.flatnonzero(~easy)
+    if len(hard):
+        h = blocks[hard]
+        isnan = np.isnan(h)
+        empty = isnan.all(axis=(1, 2))
+        nan[hard[empty]] = b
+        hard, h, isnan = hard[~empty], h[~empty], isnan[~empty]
+    if len(hard):
+        finite = np.isfinite(h)
+        clean = np.where(finite, h, np.nan)
+        nfin[hard] = finite.sum(axis=2)
+        total[hard] = np.where(finite, h, 0.0).sum(axis=2, dtype=np.float64)
+        lo[hard], hi[hard] = np.fmin.reduce(clean, axis=2), np.fmax.reduce(clean, axis=2)
+        nan[hard] = isnan.sum(axis=2)
+        inf[hard] = (~finite & ~isnan).sum(axis=2)
+    return lo, hi, total, nfin, nan, inf
+
+
 def reduce_blocks(
     x: np.ndarray, steps: np.ndarray, level: int, first_index: int, size: int = 0
 ) -> np.ndarray:
@@ -93,31 +131,9 @@ def reduce_blocks(
     if k == 0:
         return out
     blocks = x[:, : k * b].reshape(fields, k, b)
-    lo, hi = np.full((fields, k), np.nan), np.full((fields, k), np.nan)
-    mean, nfin = np.full((fields, k), np.nan), np.zeros((fields, k))
-    nan, inf = np.zeros((fields, k)), np.zeros((fields, k))
-    total = blocks.sum(axis=2)
-    easy = np.isfinite(total).all(axis=1)  # most series: every value finite, three passes
-    if easy.any():
-        e = blocks[easy]
-        lo[easy], hi[easy], mean[easy] = e.min(axis=2), e.max(axis=2), total[easy] / b
-        nfin[easy] = b
-    hard = np.flatnonzero(~easy)
-    if len(hard):
-        h = blocks[hard]
-        isnan = np.isnan(h)
-        empty = isnan.all(axis=(1, 2))  # a series this run never measures (no AMP, no CUDA)
-        nan[hard[empty]] = b
-        hard, h, isnan = hard[~empty], h[~empty], isnan[~empty]
-    if len(hard):
-        finite = np.isfinite(h)
-        clean = np.where(finite, h, np.nan)
-        nfin[hard] = finite.sum(axis=2)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean[hard] = np.where(finite, h, 0.0).sum(axis=2) / nfin[hard]
-        lo[hard], hi[hard] = np.fmin.reduce(clean, axis=2), np.fmax.reduce(clean, axis=2)
-        nan[hard] = isnan.sum(axis=2)
-        inf[hard] = (~finite & ~isnan).sum(axis=2)
+    lo, hi, total, nfin, nan, inf = block_stats(blocks)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / nfin
     out["level"] = level
     out["index"] = np.arange(first_index, first_index + k)
     out["rows"] = b

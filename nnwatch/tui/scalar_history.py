@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nnwatch.store.overview import block_stats
 from nnwatch.store.schema import CHART_FIELDS
 
 #: Fields kept as whole-run buckets (what the charts draw: the store's one list).
@@ -196,26 +197,11 @@ def columns_of(rows: np.ndarray, fields: tuple[str, ...], block: int = 16_384) -
 
 
 def _reduce_rows(x: np.ndarray, nan_is_bad: bool) -> tuple[np.ndarray, ...]:
-    """Reduce each row of ``x`` (k, b): min, max, finite sum, finite count, non-finite count.
-
-    The common case (every value finite) costs three passes; NaN and Inf take the slow path.
-    """
-    k, b = x.shape
-    total = x.sum(axis=1, dtype=np.float64)
-    if np.isfinite(total).all():
-        return x.min(axis=1), x.max(axis=1), total, np.full(k, float(b)), np.zeros(k)
-    nan = np.isnan(x)
-    if not nan_is_bad and nan.all():  # a field this run never measures (no AMP, no CUDA)
-        none = np.full(k, np.nan)
-        return none, none, np.zeros(k), np.zeros(k), np.zeros(k)
-    finite = np.isfinite(x)
-    clean = np.where(finite, x, np.nan)
-    lo = np.fmin.reduce(clean, axis=1)
-    hi = np.fmax.reduce(clean, axis=1)
-    total = np.where(finite, x, 0.0).sum(axis=1, dtype=np.float64)
-    cnt = finite.sum(axis=1).astype(np.float64)
-    isbad = ~finite & ~nan if not nan_is_bad else ~finite
-    return lo, hi, total, cnt, isbad.sum(axis=1).astype(np.float64)
+    """Reduce each row of ``x`` (k, b) with the store's :func:`~nnwatch.store.overview.block_stats`:
+    min, max, finite sum, finite count, and the non-finite count (Inf, and NaN where NaN is a
+    failure rather than "not measured")."""
+    lo, hi, total, cnt, nan, inf = (a[0] for a in block_stats(x[None]))
+    return lo, hi, total, cnt, inf + nan if nan_is_bad else inf
 
 
 class History:
