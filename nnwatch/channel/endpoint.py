@@ -130,6 +130,19 @@ class RunEndpoint:
     def set_status(self, status: str) -> None:
         self.ring.set_status(status)
 
+    def beat(self) -> None:
+        """One heartbeat (for a caller that beats from its own thread: ``heartbeat=None``)."""
+        self.ring.beat()
+
+    def set_log_error(self, why: str) -> None:
+        """Say in the ring header why the run log stopped (monitors show it)."""
+        self.ring.set_log_error(why)
+
+    @property
+    def slots(self) -> int:
+        """Records the ring holds: the log needs to keep at least what a monitor may miss."""
+        return self.ring.slots
+
     def at_step_boundary(
         self,
         apply: Callable[[list[PendingCommand]], None],

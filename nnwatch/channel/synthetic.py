@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         (run_dir / "meta.json").write_text(meta.to_json())
     end = RunEndpoint(meta, run_dir, slots=args.slots or None, subscribe_mode=args.subscribe_mode)
     if log is not None:
-        log.keep_within(end.ring.slots)
+        log.keep_within(end.slots)
     record = np.zeros(1, meta.schema.record_dtype())
     view = record.view(np.uint8).data
     print(json.dumps({

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = ensure_private_dir(root / f"{args.name}-{stamp}-{os.getpid()}-r{r}")
         log = RunLogWriter(run_dir, meta)
         end = RunEndpoint(meta, run_dir, serve=False)
-        log.keep_within(end.ring.slots)
+        log.keep_within(end.slots)
         record = np.zeros(1, meta.schema.record_dtype())
         ranks.append((r, run_dir, log, end, record))
     print(json.dumps({"ready": True, "run_dirs": [str(x[1]) for x in ranks], "pid": os.getpid()}),

@@ -54,10 +54,13 @@ class ChannelLink:
     def __init__(self, w: ChannelOwner, meta: RunMeta, run_dir: Path) -> None:
         self.owner = w
         self.endpoint = RunEndpoint(meta, run_dir, heartbeat=None)
-        self.ring = self.endpoint.ring
         #: one record into the ring (the endpoint's own method, bound once: the hot path)
         self.publish: Callable[[bytes], None] = self.endpoint.publish
-        w.sysmon.beats.append(self.ring.beat)
+        #: the ring's capacity, and where a failed log says why (the ring header)
+        self.slots = self.endpoint.slots
+        self.set_log_error: Callable[[str], None] = self.endpoint.set_log_error
+        self._beat = self.endpoint.beat
+        w.sysmon.beats.append(self._beat)
 
     @property
     def server(self) -> CommandServer | None:
@@ -85,5 +88,5 @@ class ChannelLink:
 
     def close(self, status: str, *, remove_ring: bool = False) -> None:
         with contextlib.suppress(ValueError):
-            self.owner.sysmon.beats.remove(self.ring.beat)
+            self.owner.sysmon.beats.remove(self._beat)
         self.endpoint.close(status, remove_ring=remove_ring)

@@ -185,7 +185,7 @@ class WatchedRun:
         """Show ``why`` in the ring header, where monitors read the run's trouble."""
         channel = self.files.channel
         if channel is not None:
-            channel.ring.set_log_error(why)
+            channel.set_log_error(why)
 
     def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """This step's per-layer output sums and gradient norms, from the step buffers.
