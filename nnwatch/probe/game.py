@@ -12,16 +12,29 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Protocol, TypeVar
 
 TURNS = 3  # steps in a row, each after the other net stepped, before a pair is called a game
 
+
+class Player(Protocol):
+    """What the game needs of a watch: its name, and whether it is still open."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+P = TypeVar("P", bound=Player)
+
 _tick = 0
-_last: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_turns: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_last: weakref.WeakKeyDictionary[Player, int] = weakref.WeakKeyDictionary()
+_turns: weakref.WeakKeyDictionary[Player, int] = weakref.WeakKeyDictionary()
 
 
-def note_step(w: Any, open_watches: Iterable[Any], on_game: Callable[[Any], None]) -> None:
+def note_step(w: P, open_watches: Iterable[P], on_game: Callable[[P], None]) -> None:
     """``w`` stepped: count it as a turn when another open watch stepped since ``w`` last did."""
     global _tick
     _tick += 1
@@ -30,7 +43,7 @@ def note_step(w: Any, open_watches: Iterable[Any], on_game: Callable[[Any], None
     partner = None
     if prev:
         for other in open_watches:
-            if other is not w and not getattr(other, "closed", True) and _last.get(other, -1) > prev:
+            if other is not w and not other.closed and _last.get(other, -1) > prev:
                 partner = other
                 break
     if partner is None:
@@ -39,8 +52,8 @@ def note_step(w: Any, open_watches: Iterable[Any], on_game: Callable[[Any], None
     n = _turns[w] = _turns.get(w, 0) + 1
     if n == TURNS:
         print(
-            f"nnwatch: {getattr(w, 'name', '?')} and {getattr(partner, 'name', '?')} step in turn: "
-            f"{getattr(w, 'name', '?')} is judged as one side of a game (a GAN), where a rising "
+            f"nnwatch: {w.name} and {partner.name} step in turn: "
+            f"{w.name} is judged as one side of a game (a GAN), where a rising "
             "loss is the other side learning",
             file=sys.stderr,
         )
