@@ -14,11 +14,9 @@ from nnwatch.tui import format as fmt
 from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.screens.events import EventsScreen
 from nnwatch.tui.screens.snapshot import SnapshotScreen
+from nnwatch.tui.widgets.base import panes_reading
 from nnwatch.tui.widgets.compare import chart_window
 from nnwatch.tui.widgets.layers import LayersPane
-
-#: The panes that draw the step cursor.
-CURSOR_PANES = ("header", "loss", "grad", "amp", "layers")
 
 
 class ViewActions(MonitorBase):
@@ -37,12 +35,12 @@ class ViewActions(MonitorBase):
 
     def action_toggle_zoom(self) -> None:
         self.view.zoomed = not self.view.zoomed
-        self.state.touch("loss", "grad", "amp")
+        self.state.touch(*panes_reading("zoomed"))
         self.refresh_panes()
 
     def action_toggle_log_scale(self) -> None:
         self.view.log_scale = not self.view.log_scale
-        self.state.touch("loss", "grad")
+        self.state.touch(*panes_reading("log_scale"))
         self.refresh_panes()
 
     def action_show_events(self) -> None:
@@ -172,7 +170,7 @@ class ViewActions(MonitorBase):
             if step >= last and self.state.status.state in ("live", "paused"):
                 step = None  # at the newest step of a live run: follow it
         self.view.cursor = step
-        self.state.touch(*CURSOR_PANES)
+        self.state.touch(*panes_reading("cursor"))
         self.refresh_panes()
 
     def action_move_cursor(self, columns: int) -> None:
@@ -192,5 +190,5 @@ class ViewActions(MonitorBase):
 
     def action_cursor_follow(self) -> None:
         self.view.cursor = None
-        self.state.touch(*CURSOR_PANES)
+        self.state.touch(*panes_reading("cursor"))
         self.refresh_panes()

@@ -18,9 +18,7 @@ from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.picker import default_lister
 from nnwatch.tui.run_sources import source_for
 from nnwatch.tui.screens.compare import CompareScreen
-from nnwatch.tui.widgets.base import Overlay
-
-CHART_PANES = ("header", "loss", "grad")
+from nnwatch.tui.widgets.base import Overlay, panes_reading
 
 
 def open_listed(info: Any) -> RunSource:
@@ -88,7 +86,7 @@ class OverlayActions(MonitorBase):
         )
 
     def _overlay_changed(self) -> None:
-        self.state.touch(*CHART_PANES)
+        self.state.touch(*panes_reading("overlay"))
         self.refresh_panes()
         self.refresh_bindings()
 
@@ -100,9 +98,9 @@ class OverlayActions(MonitorBase):
             return  # about an overlay already dropped or swapped
         inner = message.message
         if isinstance(inner, RecordsArrived):
-            self.state.touch(*CHART_PANES)  # drawn at the next tick, as the main run's records
+            self.state.touch(*panes_reading("overlay"))  # drawn at the next tick, as the main run's
         elif isinstance(inner, RunStateChanged):
-            self.state.touch("header")
+            self.state.touch(*panes_reading("overlay_state"))
             if inner.state in ("crashed", "lost"):
                 note = f": {inner.message}" if inner.message else ""
                 self.notify(

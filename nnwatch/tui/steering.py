@@ -18,6 +18,7 @@ from nnwatch.tui.bindings import STEERING_BINDINGS, steer_action
 from nnwatch.tui.messages import CommandFinished
 from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
+from nnwatch.tui.widgets.base import panes_reading
 
 #: The commands with an exchange (or an outcome line) of their own in the TUI.
 CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = SNAPSHOT, PAUSE, RESUME, SET_CLIP, ANOMALY
@@ -29,7 +30,7 @@ class SteeringActions(MonitorBase):
     def _send(self, name: str, **args: Any) -> None:
         self.view.outcome = f"{name}: sent, waiting for the trainer…"
         self.view.outcome_error = False
-        self.state.touch("header")
+        self.state.touch(*panes_reading("outcome"))
         self.refresh_panes()
         self.collector.command(name, args)
 

@@ -34,6 +34,7 @@ def pow2_axis(
 
 class AmpPane(Pane):
     key = "amp"
+    reads = frozenset({"cursor", "zoomed"})
 
     def build(self) -> RenderResult:
         st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette

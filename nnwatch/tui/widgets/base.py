@@ -123,10 +123,29 @@ def _solid(value: str, background: Color | None) -> Color:
     return color.with_alpha(1.0)
 
 
+def panes_reading(*settings: str) -> tuple[str, ...]:
+    """The keys of the dashboard panes that draw from any of ``settings`` (their ``reads``), to
+    mark changed in ``RunState.versions`` when one of those settings changes. Every pane class is
+    defined by then: the dashboard screen imports them all."""
+    found: list[str] = []
+    todo = list(Pane.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.key and cls.key not in found and cls.reads & set(settings):
+            found.append(cls.key)
+    return tuple(sorted(found))
+
+
 class Pane(Widget):
     """A bordered dashboard pane that rebuilds its picture only when told its data changed."""
 
     key: ClassVar[str] = ""  # its entry in RunState.versions
+    #: What this pane draws from besides the run's records: fields of :class:`ViewSettings`
+    #: (``zoomed``, ``cursor``...), ``overlay`` (the overlaid run's records) and ``overlay_state``.
+    #: Declared here, by the pane that reads them: whoever changes a setting asks
+    #: :func:`panes_reading` which panes to redraw, and never names them.
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     DEFAULT_CSS = """
     Pane {

@@ -56,6 +56,7 @@ def spike_columns(
 
 class GradPane(Pane):
     key = "grad"
+    reads = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
 
     def build(self) -> RenderResult:
         st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette

@@ -52,6 +52,7 @@ def badge_style(state: str, pal: Palette) -> Style:
 
 class RunHeader(Pane):
     key = "header"
+    reads = frozenset({"cursor", "layer_filter", "outcome", "overlay", "overlay_state"})
 
     DEFAULT_CSS = """
     RunHeader {

@@ -23,7 +23,7 @@ from textual.widget import Widget
 from textual.widgets import Input
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
+from nnwatch.tui.widgets.base import Palette, Pane, PaneContext, panes_reading
 from nnwatch.tui.widgets.gpu import bar
 
 COLUMNS = ("#", "layer", "kind", "dead", "std", "max|x|", "grad", "nonfin")
@@ -239,6 +239,7 @@ class LayerTable(Widget, can_focus=True):
 
 class LayersPane(Pane):
     key = "layers"
+    reads = frozenset({"cursor"})
 
     DEFAULT_CSS = """
     LayersPane { padding: 0 1; }
@@ -265,7 +266,7 @@ class LayersPane(Pane):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "layer-filter":
             self.ctx.view.layer_filter = event.value
-            self.ctx.state.touch("header")  # the header names the active filter
+            self.ctx.state.touch(*panes_reading("layer_filter"))  # the header names the filter
             self.redraw()
             self.app.refresh_bindings()  # the footer offers Escape to clear it
 
@@ -283,7 +284,7 @@ class LayersPane(Pane):
         """Show every layer again (Escape in the filter, or on the dashboard)."""
         self.query_one("#layer-filter", Input).value = ""
         self.ctx.view.layer_filter = ""  # at once, not only when Input.Changed arrives
-        self.ctx.state.touch("header")
+        self.ctx.state.touch(*panes_reading("layer_filter"))
         self.redraw()
         self.app.refresh_bindings()
 

@@ -70,6 +70,7 @@ def window_caption(zoomed: bool, log: bool, cursor: float | None, compact: bool 
 
 class LossPane(Pane):
     key = "loss"
+    reads = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
 
     def build(self) -> RenderResult:
         st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
