@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +77,12 @@ def two_runs(run_root: Path) -> tuple[Path, Path]:
         FixtureSource(1500, **LR_HIGH),  # type: ignore[arg-type]
         run_root / "runs" / "lr-high",
     )
+    # killed on this machine: a run written on another host and never ended cannot be judged
+    # from here (its trainer may still run there), so the killed run's meta names this host
+    meta_path = Path(other) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["host"] = socket.gethostname()
+    meta_path.write_text(json.dumps(meta))
     return main, other
 
 
