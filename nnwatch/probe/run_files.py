@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from nnwatch.diagnosis.live import Diagnosis
     from nnwatch.export.tensorboard import LiveExport
     from nnwatch.probe.channel_link import ChannelLink
+    from nnwatch.store.finding import Finding
 
 RECENT_STEPS = 500  # records kept in memory for snapshots
 
@@ -307,7 +308,9 @@ class RunFiles:
             unpin_dir(self._pin)
             self._pin = None
 
-    def summary(self, name: str, status: str, steps: int, schema: RunSchema, findings: list[Any]) -> RunSummary:
+    def summary(
+        self, name: str, status: str, steps: int, schema: RunSchema, findings: list[Finding]
+    ) -> RunSummary:
         """The run in a few lines (a notebook's view): the last loss and grad norm from the tail."""
         rows = self.recent_records(schema)
         names = rows.dtype.names or () if len(rows) else ()
@@ -316,7 +319,7 @@ class RunFiles:
             loss=last_finite(rows["loss"]) if "loss" in names else None,
             grad_norm=last_finite(rows["grad_norm"]) if "grad_norm" in names else None,
             run_dir=str(self.dir),
-            findings=[f.to_dict() if hasattr(f, "to_dict") else dict(f) for f in findings],
+            findings=[f.to_dict() for f in findings],
         )
 
     def recent_records(self, schema: RunSchema) -> np.ndarray:
