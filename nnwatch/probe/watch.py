@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -296,4 +297,7 @@ def watch(model: nn.Module, optimizer: Any = None, scaler: Any = None, **options
     optimizer that already holds state: a resumed run goes on where it left off).
     The environment variable ``NNWATCH_DISABLE=1`` makes this an inert watch (no hooks, no files).
     """
+    unknown = sorted(set(options) - {f.name for f in fields(WatchOptions)})
+    if unknown:  # as Python says it for a function's own keywords
+        raise TypeError(f"watch() got an unexpected keyword argument {unknown[0]!r}")
     return Watch(model, optimizer, scaler, WatchOptions(**options))
