@@ -152,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(delay)
                 last = time.perf_counter()
     finally:
+        # stopped by a monitor's `stop`: the loop ended as a watched loop that breaks on
+        # w.should_stop does, "finished" (the ring's "stopped" is a Ctrl-C's word)
+        ended = "finished" if status == "stopped" else status
         if log is not None:
-            log.close(status, step)
-        end.close(status)
+            log.close(ended, step)
+        end.close(ended)
     if args.times_out:
         times[: min(step, len(times))].tofile(args.times_out)
     print(json.dumps({"done": True, "steps": step, "status": status}), flush=True)
