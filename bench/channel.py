@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nnwatch.channel.client import ChannelClient  # noqa: E402
-from nnwatch.channel.synthetic import make_meta  # noqa: E402
 from nnwatch.store.ring import RingWriter  # noqa: E402
+from nnwatch.testing.synthetic import make_meta  # noqa: E402
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -181,7 +181,7 @@ def latency(root: Path, seconds: float, *, probe: bool) -> dict[str, dict[str, f
         info = {"ring": found.ring, "socket": found.socket}  # type: ignore[attr-defined]
     else:
         trainer = subprocess.Popen(
-            [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "1000",
+            [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "1000",
              "--layers", "128", "--name", "latency"],
             stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip

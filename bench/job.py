@@ -6,7 +6,7 @@ per world size: the median step with the summary off and on, their ratio, and th
 training thread spends launching the summary (fill one row, launch one async all-reduce), per
 launch and amortized per step. The beat thread's store traffic runs beside training, not in it.
 
-Part 2: a synthetic 64-rank job on 8 simulated hosts (``nnwatch.channel.synthetic_job``, each rank
+Part 2: a synthetic 64-rank job on 8 simulated hosts (``nnwatch.testing.synthetic_job``, each rank
 a real ring + run log at 10 steps/s) followed by a ``JobMonitor`` polling once a second, as the
 ranks pane does: its CPU time over wall time, in percent of one core; and the same for reading
 rank 0's ``job.json`` (the job-summary route) with 64 rows.
@@ -112,7 +112,7 @@ def summary_part(args: argparse.Namespace) -> None:
 def monitor_part(args: argparse.Namespace) -> None:
     env = {**os.environ, "NNWATCH_RUN_DIR": args.run_dir, "PYTHONPATH": str(REPO)}
     job = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic_job", "--ranks", "64", "--hosts", "8",
+        [sys.executable, "-m", "nnwatch.testing.synthetic_job", "--ranks", "64", "--hosts", "8",
          "--rate", "10", "--seconds", "0", "--straggler", "5"],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip

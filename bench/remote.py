@@ -41,7 +41,7 @@ from nnwatch.tui.model import RunState  # noqa: E402
 class Synthetic:
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nnwatch.channel.synthetic", *args],
+            [sys.executable, "-m", "nnwatch.testing.synthetic", *args],
             stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert self.proc.stdout is not None
@@ -120,7 +120,7 @@ def writer_cost(rows: int = 200_000, drain: int = 250, rounds: int = 5) -> dict[
     """The summaries' cost per row in the log writer thread, in drains of ``drain`` records (a
     0.25 s drain at 1,000 steps/s), median over rounds; beside it the cost of a bare copy of the
     same records (what the writer already does per drain), as a ratio."""
-    from nnwatch.channel.synthetic import make_meta
+    from nnwatch.testing.synthetic import make_meta
 
     schema = make_meta("cost", 16).schema
     rec = np.zeros(rows, schema.record_dtype())

@@ -133,7 +133,7 @@ def bench_follow(seconds: float, rate: float, layers: int) -> dict[str, float]:
     root = Path(tempfile.mkdtemp(prefix="nnw-bench-follow-"))
     env = monitor_env(root)
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", str(rate),
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", str(rate),
          "--layers", str(layers), "--name", "bench-follow"],
         env=env, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
@@ -185,7 +185,7 @@ def _rows(run_dir: Path, scalar_size: int) -> int:
 
 def make_big_run(path: Path, steps: int) -> float:
     """Write a finished fixture run of ``steps`` steps (bulk); returns the seconds it took."""
-    from nnwatch.sources.fixture import FixtureSource, write_run
+    from nnwatch.testing.fixture import FixtureSource, write_run
 
     done = path / "end.json"
     if done.exists() and json.loads(done.read_text()).get("steps") == steps:
@@ -235,7 +235,7 @@ def bench_open(run_dir: Path, steps: int, cold: bool) -> dict[str, float]:
 
 def bench_baseline() -> dict[str, float]:
     """Start-up alone: the same command on a 3,000-step run."""
-    from nnwatch.sources.fixture import FixtureSource, write_run
+    from nnwatch.testing.fixture import FixtureSource, write_run
 
     tmp = Path(tempfile.mkdtemp(prefix="nnw-bench-small-"))
     run_dir = write_run(FixtureSource(3000), tmp / "small")

@@ -1,6 +1,6 @@
 """Make the README's ranks-pane screenshot: ``python scripts/screenshot_ranks.py``.
 
-A synthetic 64-rank job on 8 simulated hosts (``nnwatch.channel.synthetic_job``: real rings and
+A synthetic 64-rank job on 8 simulated hosts (``nnwatch.testing.synthetic_job``: real rings and
 run logs, 10 steps/s a rank) with a straggler (rank 37) and a rank whose loss is off (rank 5),
 followed by the real ``JobMonitor`` and drawn by the job screen (``attach --job``'s ranks pane) at
 160x48, written to ``screenshots/ranks-64-160x48.svg`` (Textual's export).
@@ -24,7 +24,7 @@ def main() -> int:
         os.environ["NNWATCH_RUN_DIR"] = root
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "nnwatch.channel.synthetic_job", "--ranks", "64", "--hosts",
+            [sys.executable, "-m", "nnwatch.testing.synthetic_job", "--ranks", "64", "--hosts",
              "8", "--rate", "10", "--seconds", "0", "--layers", "2", "--straggler", "37",
              "--loss-rank", "5"],
             env=env, stdout=subprocess.PIPE, text=True,

@@ -111,9 +111,9 @@ async def drive(app: Any, size: tuple[int, int], body: Callable[[Any], Awaitable
 
 def live_shots(steps_before_clip: int) -> None:
     from nnwatch.sources.live import LiveSource
+    from nnwatch.testing.tui import settle, wait_until
     from nnwatch.tui.app import NNWatchApp
     from nnwatch.tui.launch import gpu_uuids_for
-    from nnwatch.tui.testing import settle, wait_until
 
     proc = start_demo("exploding", 100_000, 0.02, dict(os.environ))
     try:
@@ -168,9 +168,9 @@ def kept_demo(name: str) -> Path:
 
 def recorded_shots() -> None:
     from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import settle
     from nnwatch.tui.app import NNWatchApp
     from nnwatch.tui.model import is_finding
-    from nnwatch.tui.testing import settle
 
     run_dir = kept_demo("dead_relu")
 
@@ -192,9 +192,9 @@ def recorded_shots() -> None:
 
 def inspector_shots() -> None:
     from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import fixed_hardware, settle, wait_until
     from nnwatch.tui.app import NNWatchApp
     from nnwatch.tui.screens.snapshot import SnapshotScreen
-    from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 
     nan_run = kept_demo("nan_log")
     from tests.fixtures.snapshot_runs import image_run
@@ -232,8 +232,8 @@ def compare_shots() -> None:
     """The dead_relu run with the healthy one overlaid (``o``), the layers filtered to its ReLUs
     (``/``); and the same overlay in an 80x24 terminal."""
     from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import fixed_hardware, settle, wait_until
     from nnwatch.tui.app import NNWatchApp
-    from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 
     dead, healthy = kept_demo("dead_relu"), kept_demo("healthy")
     for size, name in (((160, 48), "compare-160x48"), ((80, 24), "compare-80x24")):

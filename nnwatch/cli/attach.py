@@ -157,7 +157,7 @@ def ssh_options(args: argparse.Namespace, host: str) -> dict[str, Any]:
     return configured(host, **ssh_flags(args))
 
 
-def _remote_spec(spec: str) -> tuple[str, str] | None:
+def remote_spec(spec: str) -> tuple[str, str] | None:
     """``HOST:RUN`` (or ``HOST:`` for the only live run there) as (host, run); None otherwise.
     Only asked once ``spec`` matched no local run, so ``NAME:RANK`` of a local job wins."""
     host, sep, run_spec = spec.partition(":")
@@ -184,7 +184,7 @@ def open_live(
     try:
         info, job = resolve(spec)
     except SourceError:
-        remote = _remote_spec(spec)
+        remote = remote_spec(spec)
         if remote is None:
             raise
         from nnwatch.sources.remote import RemoteSource

@@ -127,11 +127,11 @@ def _targets(args: argparse.Namespace, spec: str | None) -> list[tuple[str, Path
 def _remote_target(args: argparse.Namespace, spec: str) -> tuple[str, Path, Any] | None:
     """``HOST:RUN`` when no run here matches it: (label, a private local socket forwarded to
     the run's socket there, the tunnel to close); None when ``spec`` names no host."""
-    from nnwatch.cli.attach import _remote_spec, ssh_options
+    from nnwatch.cli.attach import remote_spec, ssh_options
     from nnwatch.sources.remote import SshTunnel, pick_run, remote_runs
     from nnwatch.store.registry import find_runs
 
-    remote = _remote_spec(spec)
+    remote = remote_spec(spec)
     if remote is None or find_runs(spec):
         return None
     if args.all_ranks:

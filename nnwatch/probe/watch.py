@@ -188,12 +188,6 @@ class Watch:
     def _repr_html_(self) -> str:
         return self.summary().html()
 
-    @property
-    def _consistency(self) -> Any:
-        # TODO(issue 34): tests/trainers/job_trainer.py still reads this; it moves to
-        # internals(w).consistency once that file is free to edit, and this goes.
-        return self._run.consistency
-
 
 def internals(w: Watch) -> WatchedRun:
     """The run behind ``w``: its parts and state.

@@ -32,7 +32,7 @@ from typing import Any
 
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.job_findings import job_findings, lag_limit
-from nnwatch.sources.job_table import _Seen
+from nnwatch.sources.job_table import SeenRank
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
@@ -261,7 +261,7 @@ class JobFanout:
             if not d["reachable"]:
                 d["status"], d["note"] = "unreachable", f"as last seen over ssh ({link.host})"
             rows.append(RankSummary(**d))
-            seen.append(_Seen(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
+            seen.append(SeenRank(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
                               r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
                               r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
         stops = judge_job(seen, now=now, known_first=self._first_seen)

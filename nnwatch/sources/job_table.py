@@ -29,7 +29,7 @@ STALE_AFTER_S = 3.0
 
 
 @dataclass(frozen=True)
-class _Seen:
+class SeenRank:
     """One rank as rank 0 saw it, in the shape :func:`judge_job` reads."""
 
     rank: int
@@ -76,7 +76,7 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         step_time = _num(r.get("step_time"))
         steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
         step = max(steps) if steps else None
-        seen.append(_Seen(
+        seen.append(SeenRank(
             rank, state, step, beat_at, r.get("step_seen_at"),
             step_time if math.isfinite(step_time) else None, ended,
             False if (quiet and ended is None) else None,

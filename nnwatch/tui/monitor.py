@@ -41,7 +41,7 @@ from nnwatch.tui.messages import (
 from nnwatch.tui.model import RunState
 from nnwatch.tui.screens.dashboard import DashboardScreen
 from nnwatch.tui.screens.help import HelpScreen
-from nnwatch.tui.widgets.base import Overlay, Palette, PaneContext, ViewSettings
+from nnwatch.tui.widgets.base import Overlay, Palette, PaneContext, ViewSettings, panes_reading
 from nnwatch.tui.widgets.ranks import RanksPane
 
 DEFAULT_FPS = 3.0
@@ -222,7 +222,7 @@ class MonitorBase(App[int]):
             self.notify("The run is live again.", title="live")
         if state != "paused" and self.view.outcome.startswith(("paused", "pause:")):
             self.view.outcome, self.view.outcome_error = "", False  # the pause it told of ended
-            self.state.touch("header")
+            self.state.touch(*panes_reading("outcome"))
         self.refresh_bindings()
 
     def on_reader_failed(self, message: ReaderFailed) -> None:
@@ -272,7 +272,7 @@ class MonitorBase(App[int]):
         self.outcomes.append(text)
         self.view.outcome = text
         self.view.outcome_error = error
-        self.state.touch("header")
+        self.state.touch(*panes_reading("outcome"))
         self.refresh_panes()
         self.notify(text, severity="error" if error else "information", timeout=6)
 

@@ -112,8 +112,8 @@ def test_the_job_view_keeps_its_story_after_the_teardown_and_one_node_opens_the_
 
         # a rank's dashboard opened from the job view: its ranks pane shows the job view's rows
         from nnwatch.sources.remote import RemoteSource
+        from nnwatch.testing.tui import fixed_hardware
         from nnwatch.tui.app import NNWatchApp
-        from nnwatch.tui.testing import fixed_hardware
 
         host, run_dir = fanout.where[0]
         link = fanout.link_for(host)
@@ -168,8 +168,8 @@ def test_the_job_view_keeps_its_story_after_the_teardown_and_one_node_opens_the_
         assert d00 is not None and Path(d00) == dirs[0]
 
         from nnwatch.sources.recorded import RecordedSource
+        from nnwatch.testing.tui import fixed_hardware
         from nnwatch.tui.app import NNWatchApp
-        from nnwatch.tui.testing import fixed_hardware
 
         shown = _ranks_pane_text(NNWatchApp(RecordedSource(d0), hardware=fixed_hardware, fps=10, job=job))
         assert "rank 1: other node" not in shown and "rank 0-1" not in shown, shown

@@ -18,9 +18,9 @@ import pytest
 from nnwatch.sources.recorded import RecordedSource
 from nnwatch.sources.remote import RemoteSource
 from nnwatch.store.registry import find_runs
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.screens.snapshot import SnapshotScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from tests.e2e.test_pull_ssh import files_of, train
 from tests.e2e.test_remote_ssh import remote  # noqa: F401 - fixture
 from tests.e2e.test_ssh_forward import Tunnel, pytestmark, tunnel  # noqa: F401 - fixture, skip mark

@@ -28,12 +28,12 @@ from textual.pilot import Pilot
 
 import nnwatch
 from nnwatch.sources.base import RunSource
-from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.live import LiveSource
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import FixtureSource, write_run
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.model import RunState
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.layers import LayersPane

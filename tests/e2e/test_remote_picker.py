@@ -14,8 +14,8 @@ from pathlib import Path
 from nnwatch.cli import _looks_like_host
 from nnwatch.sources.remote import RemoteRun, RemoteSource, remote_runs
 from nnwatch.store.run_reader import load_run
+from nnwatch.testing.tui import wait_until
 from nnwatch.tui.picker import RunPickerApp
-from nnwatch.tui.testing import wait_until
 from tests.e2e.test_remote_ssh import remote  # noqa: F401 - fixture
 from tests.e2e.test_ssh_forward import pytestmark, tunnel  # noqa: F401 - fixture, skip mark
 from tests.integration.test_channel_faults import Trainer, wait_for
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _finished_run(env: dict[str, str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "60", "--rate", "0",
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "60", "--rate", "0",
          "--name", "done-before"],
         env=env, capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip

@@ -23,15 +23,15 @@ from textual.pilot import Pilot
 
 from nnwatch.cli import main as cli_main
 from nnwatch.sources.base import SourceError
-from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.live import LiveSource
 from nnwatch.sources.recorded import RecordedSource
 from nnwatch.store.registry import list_runs
+from nnwatch.testing.fixture import FixtureSource, write_run
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.model import is_finding
 from nnwatch.tui.run_sources import open_run_spec
 from nnwatch.tui.screens.compare import CompareScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.chart import GUTTER, Plot, Trace, render_plot, y_range
 from nnwatch.tui.widgets.grad import GradPane
 from nnwatch.tui.widgets.header import RunHeader
@@ -187,7 +187,7 @@ def test_a_live_overlay_keeps_growing(
 ) -> None:
     main_dir, _ = two_runs
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "100", "--name", "live-one"],
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "100", "--name", "live-one"],
         env=subprocess_env, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:
@@ -288,7 +288,7 @@ def test_live_runs_are_found_by_name_before_directories(
     run_root: Path, subprocess_env: dict[str, str]
 ) -> None:
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "50", "--name", "live-two"],
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "50", "--name", "live-two"],
         env=subprocess_env, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nnwatch.sources.fixture import FixtureSource, write_run
+from nnwatch.testing.fixture import FixtureSource, write_run
 from tests.terminal import Terminal
 
 REPO = Path(__file__).resolve().parents[2]

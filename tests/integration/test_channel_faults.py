@@ -1,7 +1,7 @@
 """Process-level faults, each with real subprocesses: frozen and killed readers, a trainer killed
 with ``kill -9``, a trainer that stops stepping, two monitors at once, a late monitor.
 
-The trainer here is ``nnwatch.channel.synthetic``: the real ring, run log, command socket and
+The trainer here is ``nnwatch.testing.synthetic``: the real ring, run log, command socket and
 registry, driven by a loop that needs no torch (tests/integration/test_channel_probe.py repeats the key faults
 with a real ``nnwatch.watch`` training loop).
 """
@@ -36,7 +36,7 @@ class Trainer:
 
     def __init__(self, env: dict[str, str], *args: str) -> None:
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "nnwatch.channel.synthetic", *args],
+            [PYTHON, "-m", "nnwatch.testing.synthetic", *args],
             stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert self.proc.stdout is not None

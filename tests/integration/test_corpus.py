@@ -375,8 +375,8 @@ def test_every_corpus_run_opens_in_the_monitor(corpus: dict[str, Outcome]) -> No
     import asyncio
 
     from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import fixed_hardware, settle
     from nnwatch.tui.app import NNWatchApp
-    from nnwatch.tui.testing import fixed_hardware, settle
     from nnwatch.tui.widgets.base import Pane
 
     async def check(name: str) -> None:

@@ -178,9 +178,9 @@ def test_ranks_pane_names_the_first_rank_and_the_waiting_ones() -> None:
 
     from rich.console import Console
 
-    from nnwatch.sources.fixture import FixtureSource
     from nnwatch.sources.job_monitor import RankState, build_view
     from nnwatch.store.jobs import Job
+    from nnwatch.testing.fixture import FixtureSource
     from nnwatch.tui.model import RunState
     from nnwatch.tui.widgets.base import PaneContext, ViewSettings
     from nnwatch.tui.widgets.ranks import RanksPane

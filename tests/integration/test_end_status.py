@@ -202,8 +202,8 @@ def test_ctrl_c_reads_interrupted_in_open_and_attach_too(
 
     from nnwatch.sources.live import LiveSource
     from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import fixed_hardware
     from nnwatch.tui.app import NNWatchApp
-    from nnwatch.tui.testing import fixed_hardware
     from nnwatch.tui.widgets.header import RunHeader
 
     program = FOREVER.replace("pass", "raise KeyboardInterrupt") + (

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.store.run_reader import iter_events, load_run
 from nnwatch.store.runlog import END_FILE, RunLogWriter
+from nnwatch.testing.synthetic import make_meta
 from tests.small_disk import fill
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.store import registry
 from nnwatch.store.paths import RunDirError, make_run_dir, write_private_file
 from nnwatch.store.ring import RingWriter
@@ -30,6 +29,7 @@ from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log, load_run
 from nnwatch.store.runlog import END_FILE, MAGIC_V1, SCALARS_FILE, RunLogWriter, crc_path
 from nnwatch.store.schema import RunMeta
+from nnwatch.testing.synthetic import make_meta
 from tests.small_disk import ROOT, fill
 
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root: mounts a tmpfs / switches uid")

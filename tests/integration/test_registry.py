@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.cli import main as cli_main
 from nnwatch.store import registry, registry_entry
 from nnwatch.store.identity import own_start_time, process_start_time, same_process, this_host
 from nnwatch.store.paths import ensure_private_dir
+from nnwatch.testing.synthetic import make_meta
 
 
 def _endpoint(root: Path, name: str = "reg") -> RunEndpoint:

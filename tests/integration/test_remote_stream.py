@@ -1,7 +1,7 @@
 """The subscribe stream at real scale, over real Unix sockets: late attach with a ring far smaller
 than the history, 0-row messages, resume instead of restart, events once, a stalled link.
 
-The trainer is ``nnwatch.channel.synthetic`` (the real ring, run log and command socket); every
+The trainer is ``nnwatch.testing.synthetic`` (the real ring, run log and command socket); every
 test compares what the monitor holds with the run log, step by step.
 """
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from nnwatch.channel.client import Subscription
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.live import ConnectedSource
 from nnwatch.store.run_reader import load_run
+from nnwatch.testing.synthetic import make_meta
 from tests.integration.test_channel_faults import Trainer, poll_until, steps_of, wait_for
 
 

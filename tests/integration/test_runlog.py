@@ -161,8 +161,8 @@ def test_full_disk_is_reported_and_training_goes_on(subprocess_env: dict[str, st
 
 def test_a_fast_loop_wakes_the_writer_before_its_interval(tmp_path: Path) -> None:
     """The log may lag the ring by less than the ring holds: ``wake_at`` records drain at once."""
-    from nnwatch.channel.synthetic import make_meta
     from nnwatch.store.runlog import RunLogWriter
+    from nnwatch.testing.synthetic import make_meta
 
     meta = make_meta("fast", 2)
     writer = RunLogWriter(tmp_path, meta, interval=60.0)  # the timer alone would wait a minute

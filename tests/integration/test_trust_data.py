@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import SCALARS_FILE, RunLogWriter, crc_path
 from nnwatch.store.schema import RunMeta
+from nnwatch.testing.synthetic import make_meta
 from tests.fixtures import snapshot_runs
 from tests.small_disk import fill
 

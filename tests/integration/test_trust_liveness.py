@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.store import registry, registry_entry
 from nnwatch.store.identity import this_host
 from nnwatch.store.paths import ensure_private_dir
@@ -31,6 +30,7 @@ from nnwatch.store.ring import RingWriter
 from nnwatch.store.ring_layout import CONST_OFF
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta
+from nnwatch.testing.synthetic import make_meta
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -64,7 +64,7 @@ def start_trainer(root: Path, *prefix: str) -> tuple[subprocess.Popen[str], dict
     """The synthetic trainer (ring, heartbeat, socket, registry entry), stepping until stopped."""
     env = dict(os.environ, NNWATCH_RUN_DIR=str(root), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [*prefix, PYTHON, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "50",
+        [*prefix, PYTHON, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "50",
          "--layers", "2"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

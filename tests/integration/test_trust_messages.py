@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.sources.recorded import RecordedSource
 from nnwatch.store import registry
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError, RunLogWriter
+from nnwatch.testing.synthetic import make_meta
 from tests.conftest import PYTHON
 from tests.integration.test_run_status import LOOP
 from tests.small_disk import fill
@@ -168,8 +168,8 @@ def test_a_symlink_to_a_file_for_run_dir_is_called_a_symlink(tmp_path: Path) -> 
 
 
 def test_the_log_failed_row_in_open_shows_its_text(tmp_path: Path) -> None:
+    from nnwatch.testing.tui import fixed_hardware
     from nnwatch.tui.app import NNWatchApp
-    from nnwatch.tui.testing import fixed_hardware
     from nnwatch.tui.widgets.events import EventsPane
 
     run_dir = tmp_path / "run"

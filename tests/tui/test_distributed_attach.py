@@ -15,8 +15,8 @@ import pytest
 from nnwatch.cli import main as cli_main
 from nnwatch.cli.attach import open_live, resolve
 from nnwatch.sources.base import SourceError
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.ranks import RanksPane
 from tests.conftest import REPO

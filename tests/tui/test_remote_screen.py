@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.sources.base import RunSource, SourceStatus, SourceUpdate
 from nnwatch.store.schema import RunMeta
+from nnwatch.testing.synthetic import make_meta
+from nnwatch.testing.tui import fixed_hardware, wait_until
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, wait_until
 from nnwatch.tui.widgets.header import RunHeader
 
 EVENT = {"type": "command", "name": "pause", "args": {}, "step": 50}

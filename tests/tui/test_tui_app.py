@@ -15,14 +15,14 @@ import pytest
 from textual.pilot import Pilot
 
 from nnwatch.sources.base import RunSource, SourceStatus, SourceUpdate
-from nnwatch.sources.fixture import DYING_LAYER, FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import DYING_LAYER, FixtureSource, write_run
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import STEERING, NNWatchApp, parse_keymap
 from nnwatch.tui.format import nbytes
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
 from nnwatch.tui.screens.events import EventsScreen
 from nnwatch.tui.screens.help import HelpScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.amp import AmpPane
 from nnwatch.tui.widgets.events import EventsPane
 from nnwatch.tui.widgets.gpu import GpuPane

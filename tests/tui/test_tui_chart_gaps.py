@@ -24,10 +24,10 @@ from textual.pilot import Pilot
 
 import nnwatch
 from nnwatch.sources.base import RunSource
-from nnwatch.sources.fixture import FixtureSource
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import FixtureSource
+from nnwatch.testing.tui import fixed_hardware, settle
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle
 from nnwatch.tui.widgets.chart import GUTTER
 from nnwatch.tui.widgets.grad import GradPane
 from nnwatch.tui.widgets.loss import LossPane
@@ -208,7 +208,7 @@ def test_missing_values_in_titles_show_an_en_dash() -> None:
 def test_scrubbing_to_an_unmeasured_step_shows_the_last_measured_norm(tmp_path: Path) -> None:
     """The cursor on a step the budget skipped: the title keeps the last measured norm, exact
     from the run log even far before the monitor's raw tail."""
-    from nnwatch.sources.fixture import write_run
+    from nnwatch.testing.fixture import write_run
 
     src = _NoClip(6000, grad_every=25, amp=False)
     run_dir = write_run(src, tmp_path / "run")

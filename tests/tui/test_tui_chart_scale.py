@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.tui import fixed_hardware, settle
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle
 from nnwatch.tui.widgets.grad import GradPane
 from nnwatch.tui.widgets.loss import LossPane
 from tests.fixtures import snapshot_runs

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import FixtureSource, write_run
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.layers import LayersPane, LayerTable, matches
 

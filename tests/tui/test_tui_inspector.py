@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.screens.events import EventDetailScreen, EventsScreen
 from nnwatch.tui.screens.snapshot import SnapshotScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.grad_before import GradBeforeChart
 from nnwatch.tui.widgets.sample_view import SampleDetail
 from tests.fixtures import snapshot_runs

@@ -10,8 +10,8 @@ from torch import nn
 
 import nnwatch
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.tui import fixed_hardware, settle
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle
 from nnwatch.tui.widgets.layers import LayersPane, LayerTable
 from tests.plain_models import ScaleShift
 

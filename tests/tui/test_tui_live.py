@@ -21,9 +21,9 @@ import pytest
 from textual.pilot import Pilot
 
 from nnwatch.sources.live import LiveSource
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.header import RunHeader
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.cli.pick import source_for
-from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.live import LiveSource
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import FixtureSource, write_run
+from nnwatch.testing.tui import wait_until
 from nnwatch.tui.picker import EMPTY_HELP, RunPickerApp, default_lister
-from nnwatch.tui.testing import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ def test_picker_lists_live_and_finished_runs_and_enter_opens_one(
 ) -> None:
     finished = write_run(FixtureSource(500), run_root / "runs" / "finished-run")
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "50", "--name", "live-one"],
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "50", "--name", "live-one"],
         env=subprocess_env, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:
@@ -108,7 +108,7 @@ def test_picker_lists_finished_and_crashed_runs_with_their_findings_and_ls_count
     assert "`nnwatch ls --all` would add 2 finished or crashed runs" in out
 
     crasher = subprocess.run(  # a real trainer killed by SIGKILL mid-run: its entry stays
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "200", "--name", "killed", "--crash-after", "40"],
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "200", "--name", "killed", "--crash-after", "40"],
         env=subprocess_env, capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert crasher.returncode == -9

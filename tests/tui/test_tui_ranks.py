@@ -19,14 +19,14 @@ from typing import Any
 
 from rich.console import Console
 
-from nnwatch.sources.fixture import FixtureSource
 from nnwatch.sources.job_monitor import RankState, build_view
 from nnwatch.sources.live import LiveSource
 from nnwatch.store.jobs import Job
 from nnwatch.store.registry import RunInfo, list_runs
+from nnwatch.testing.fixture import FixtureSource
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.model import RunState
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.base import PaneContext, ViewSettings
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.ranks import RanksPane, missing_ranges, status_style
@@ -178,7 +178,7 @@ def _synthetic_job(env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[s
     import json
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic_job", "--ranks", "64", "--hosts", "8",
+        [sys.executable, "-m", "nnwatch.testing.synthetic_job", "--ranks", "64", "--hosts", "8",
          "--rate", "10", "--seconds", "0", "--layers", "2", *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -18,10 +18,10 @@ from textual.geometry import Region
 from textual.pilot import Pilot
 
 from nnwatch.sources.base import SourceUpdate
-from nnwatch.sources.fixture import FixtureSource
 from nnwatch.sources.hardware import HardwareReading
+from nnwatch.testing.fixture import FixtureSource
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.gpu import GpuPane
 from nnwatch.tui.widgets.header import RunHeader

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import textual
 
-from nnwatch.sources.fixture import FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import FixtureSource, write_run
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots"
 UPDATE = bool(os.environ.get("NNWATCH_UPDATE_SNAPSHOTS"))

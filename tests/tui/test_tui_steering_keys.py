@@ -56,7 +56,7 @@ from nnwatch.sources.live import LiveSource
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.screens.dialogs import ConfirmScreen
 from nnwatch.tui.screens.help import HelpScreen
-from nnwatch.tui.testing import fixed_hardware, settle, wait_until
+from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 
 app = NNWatchApp(LiveSource.find(sys.argv[1]), hardware=fixed_hardware, fps=10)
 seen = {}
@@ -90,7 +90,7 @@ def test_a_keyed_command_without_a_tui_exchange_asks_then_reaches_the_trainer(
     subprocess_env: dict[str, str],
 ) -> None:
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "nnwatch.channel.synthetic", "--steps", "0", "--rate", "50", "--name", "keyed"],
+        [sys.executable, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "50", "--name", "keyed"],
         env=subprocess_env, stdout=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:

@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nnwatch.channel.commands import CommandError, parse_request
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.diagnosis.snapshot import SnapshotError, read_manifest, read_record
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import clean_end, read_end
@@ -30,6 +29,7 @@ from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import iter_events, load_run
 from nnwatch.store.runlog import RunLogError, RunLogWriter
 from nnwatch.store.schema import RunMeta
+from nnwatch.testing.synthetic import make_meta
 
 FAST = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow],

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nnwatch.sources.base import SourceError
-from nnwatch.sources.fixture import DYING_LAYER, FixtureSource, write_run
 from nnwatch.sources.recorded import RecordedSource
+from nnwatch.testing.fixture import DYING_LAYER, FixtureSource, write_run
 from nnwatch.tui.model import RunState
 from nnwatch.tui.scalar_history import History
 from nnwatch.tui.widgets.chart import Plot, Trace, render_plot, trace_from

@@ -5,7 +5,7 @@ on demand: stop stepping (hung), die by ``kill -9`` (crashed), or step at a fixe
 amount of busy work per step (for step-time ratios). It applies commands the way the probe does:
 at a step boundary, replying with the step they apply at. Run it as::
 
-    python -m nnwatch.channel.synthetic --steps 1000 --rate 200 --layers 128
+    python -m nnwatch.testing.synthetic --steps 1000 --rate 200 --layers 128
 
 It prints one JSON line when ready (run_dir, ring, socket, entry), and one at the end (steps,
 step times) so a parent process can measure it.

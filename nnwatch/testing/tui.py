@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nnwatch.sources.fixture import FIXED_START
 from nnwatch.sources.hardware import HardwareReading, HostReading
+from nnwatch.testing.fixture import FIXED_START
 
 GiB = float(1 << 30)
 

@@ -6,7 +6,7 @@ benchmark can follow 64 or 1,024 ranks on a 2-core machine. Faults on demand: on
 than the rest (a straggler), one rank whose loss is off by a factor (a data-sharding bug), one
 rank that stops stepping. Run it as::
 
-    python -m nnwatch.channel.synthetic_job --ranks 64 --hosts 8 --rate 10 --seconds 30
+    python -m nnwatch.testing.synthetic_job --ranks 64 --hosts 8 --rate 10 --seconds 30
 
 It prints one JSON line when every rank is ready (``run_dirs``) and one at the end.
 """
@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.channel.synthetic import make_meta
 from nnwatch.store.paths import default_root, ensure_private_dir
 from nnwatch.store.runlog import RunLogWriter
+from nnwatch.testing.synthetic import make_meta
 
 
 def main(argv: list[str] | None = None) -> int:
