@@ -239,7 +239,7 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
             setattr(cls, n, timer.wrap(saved[n]))
         hooks_cls.make = lambda self, i: timer.wrap(make_layer_hook(self, i))  # type: ignore[method-assign]
         try:
-            w = nnwatch.watch(net, opt, name=f"bench-{name}", run_dir=tempfile.mkdtemp(dir=tmp),
+            w = nnwatch.watch(net, opt, name=f"bench-{name}-{v.name}", run_dir=tempfile.mkdtemp(dir=tmp),
                               channel=True, **opts)
         finally:
             for n, f in saved.items():
