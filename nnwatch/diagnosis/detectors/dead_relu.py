@@ -62,13 +62,11 @@ class DeadReluDetector(Detector):
         self.grad_ep = EpisodeArray(P, confirm=ZERO_GRAD_STEPS, release=RELEASE_STEPS)
         self.feeds = feeds_rectifier(ctx)
         self.grad_rule = bool((self.feeds >= 0).any())
-        self._obs = Observations()  # the shared observations, set on each update
         self.sparse_param = np.array(
             [k in ("Embedding", "EmbeddingBag") for k in ctx.param_layer_kinds], dtype=bool
         )
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
-        self._obs = hist.obs
         new_sampled = new_sum = new_grad = None
         if row.act_dead is not None and self.any_rectifier:
             z = row.act_dead.astype(np.float64)
@@ -116,9 +114,11 @@ class DeadReluDetector(Detector):
                 grads = None  # the same incident, already named at the activation
         if not layers.size and (grads is None or not grads.any()):
             return None
-        return self._finding(row, layers, grads)
+        return self._finding(row, layers, grads, hist.obs)
 
-    def _finding(self, row: Row, layers: np.ndarray, new_grad: np.ndarray | None) -> Finding:
+    def _finding(
+        self, row: Row, layers: np.ndarray, new_grad: np.ndarray | None, obs: Observations
+    ) -> Finding:
         ctx = self.ctx
         dead_now = self.sampled_ep.active | self.sum_ep.active
         evidence: dict[str, float] = {"dead_layers": int(dead_now.sum())}
@@ -165,7 +165,6 @@ class DeadReluDetector(Detector):
                 "still learn, so every unit of the ReLU is inactive."
             )
         summary += " Dead units pass no gradient, so they never recover on their own."
-        obs = self._obs
         summary += causes_sentence(obs)
         remedy = remedy_text(obs, [
             ("", "use LeakyReLU (or GELU) instead of ReLU"),

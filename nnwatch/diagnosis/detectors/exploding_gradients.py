@@ -82,7 +82,6 @@ class ExplodingGradientsDetector(Detector):
         self.far_steps: list[int] = []  # recent steps at 100x the start (no clip)
         self.recent: deque[float] = deque(maxlen=RECENT)  # the last log10 norms
         self.far = False  # this episode was opened by the far rule (the loss may improve)
-        self._obs = Observations()  # the shared observations, set on each update
 
     def _spread(self, ref: float) -> float:
         """The baseline's spread (MAD as a sigma): only needed once the norm is well above it."""
@@ -91,7 +90,6 @@ class ExplodingGradientsDetector(Detector):
         return MAD_TO_SIGMA * median([abs(v - ref) for v in self.base.values()])
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
-        self._obs = hist.obs
         if row.amp_skipped == 1.0:
             return None  # the GradScaler overflowed on purpose and skipped the step
         g = row.grad_norm
@@ -141,7 +139,7 @@ class ExplodingGradientsDetector(Detector):
                     if len(self.far_steps) >= FAR_HITS:
                         self.active, self.calm, self.far = True, 0, True
                         self.frozen = (ref, self._spread(ref))
-                        return self._finding(row, ref, rise, finite)
+                        return self._finding(row, ref, rise, finite, hist.obs)
         else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
             hit = any(h for h, _ in self.recent_hits)
         if self.active:
@@ -165,7 +163,7 @@ class ExplodingGradientsDetector(Detector):
         self.active = True
         self.calm = 0
         self.frozen = (ref, sig if math.isfinite(sig) else self._spread(ref))
-        return self._finding(row, ref, rise, finite)
+        return self._finding(row, ref, rise, finite, hist.obs)
 
     def _loss_worse(self, row: Row, hist: RunHistory) -> bool:
         """The loss is above its recent usual level by more than its own noise (and 1% of its scale)."""
@@ -212,7 +210,9 @@ class ExplodingGradientsDetector(Detector):
             upd = ok & ~fresh
             ema[upd] += 0.3 * (lg[upd] - ema[upd])
 
-    def _finding(self, row: Row, ref: float, rise: float, finite: bool) -> Finding:
+    def _finding(
+        self, row: Row, ref: float, rise: float, finite: bool, obs: Observations
+    ) -> Finding:
         ctx = self.ctx
         usual = 10**ref
         layer = None
@@ -260,7 +260,6 @@ class ExplodingGradientsDetector(Detector):
         else:
             loss_part = f" while the loss got worse ({fmt(row.loss)})"
         summary = f"gradient norm {fmt(row.grad_norm)} is {times}{grew}{loss_part}."
-        obs = self._obs
         summary += causes_sentence(obs)
         clip_rate = obs.clip_rate
         candidates: list[tuple[str, str]] = []
