@@ -62,13 +62,21 @@ def test_a_rank_whose_framework_exits_1_is_crashed_and_named_first(tmp_path: Pat
         NNWATCH_RUN_DIR=str(tmp_path), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )  # fmt: skip
-    done = subprocess.run(
-        [*TORCHRUN, "-m", "tests.trainers.ddp_trainer", "--steps", "30", "--fail-rank", "1",
-         "--fail-step", "12"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert done.returncode != 0
-    dirs = dict(re.findall(r"rank (\d) run_dir (\S+)", done.stdout))
+    dirs: dict[str, str] = {}
+    for _attempt in range(2):
+        done = subprocess.run(
+            [*TORCHRUN, "-m", "tests.trainers.ddp_trainer", "--steps", "30", "--fail-rank", "1",
+             "--fail-step", "12"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode != 0
+        dirs = dict(re.findall(r"rank (\d) run_dir (\S+)", done.stdout))
+        if "1" in dirs:
+            break
+        # rank 1 never reached its watch: torchrun's rendezvous or gloo's connect failed under
+        # load (seen once in CI), which is not what this test is about; one more try, then fail
+        # with the job's own words
+    assert "1" in dirs, done.stdout[-2000:] + done.stderr[-4000:]
     end = json.loads((Path(dirs["1"]) / "end.json").read_text())
     # the `with` block saw the exception on its way to the framework, which then exited 1
     assert end["status"] == "crashed" and end["steps"] == 12
