@@ -178,7 +178,7 @@ def diagnose_recorded(path: str, as_json: bool) -> int:
     gaps = audit(run)
     findings = diagnose_run(run) if len(run.scalars) else []
     found = {(f.kind, f.step) for f in findings}
-    recorded = [e for e in gaps.recorded_findings if (e.get("kind"), e.get("step")) not in found]
+    recorded = [e for e in gaps.recorded_findings if (e.finding.kind, e.step) not in found]
     bad = [f for f in findings if f.severity in ("error", "critical")]
     errors = len(bad) + len(recorded) + len(gaps.problems)
     if as_json:
@@ -188,7 +188,7 @@ def diagnose_recorded(path: str, as_json: bool) -> int:
             "steps_expected": gaps.steps_expected,
             "missing_steps": gaps.missing_steps,
             "findings": [f.to_dict() for f in findings],
-            "recorded_findings": recorded,
+            "recorded_findings": [e.to_json() for e in recorded],
             "problems": gaps.problems,
             "notes": gaps.notes,
             "errors": errors,
@@ -207,9 +207,9 @@ def diagnose_recorded(path: str, as_json: bool) -> int:
     for f in findings:
         print(f"[{f.severity}] {f.message}")
     for e in recorded:
-        step = e.get("step")
-        text = e.get("summary") or e.get("message") or e.get("kind") or "a finding"
-        print(f"[{e.get('severity')}] step {step}: {text} (recorded during the run)")
+        f = e.finding
+        text = f.summary or f.kind or "a finding"  # an older line's message is its summary
+        print(f"[{f.severity}] step {f.step}: {text} (recorded during the run)")
     for line in gaps.problems:
         print(f"[record] {line}")
     for line in gaps.notes:

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,8 +122,9 @@ def _restore_terminal(saved: list[Any] | None) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-def finding_line(event: dict[str, Any]) -> str:
-    """One finding as one line: kind (the vocabulary's spelling), step, layer, then what and the fix."""
+def finding_line(event: Mapping[str, Any]) -> str:
+    """One finding as one line: kind (the vocabulary's spelling), step, layer, then what and the
+    fix, in the words of its line (an event, or the dict of its line)."""
     layer = event.get("layer") or "-"
     text = str(event.get("summary") or event.get("message") or "")
     if event.get("remedy"):
@@ -134,6 +135,7 @@ def finding_line(event: dict[str, Any]) -> str:
 def follow_headless(trainer: Trainer) -> int:
     """Print each finding as it is written to events.jsonl, until the trainer exits."""
     from nnwatch.store.event_tail import EventTail
+    from nnwatch.store.events import FindingEvent
 
     assert trainer.info is not None, "follow a trainer after it registered"
     tail = EventTail(Path(trainer.info.run_dir) / "events.jsonl")
@@ -142,11 +144,11 @@ def follow_headless(trainer: Trainer) -> int:
     def drain() -> None:
         nonlocal count
         while True:
-            events = tail.read()
+            events = tail.read_events()
             if not events:
                 return
             for ev in events:
-                if ev.get("type", "finding") == "finding" and "kind" in ev:
+                if isinstance(ev, FindingEvent):
                     print(finding_line(ev), flush=True)
                     count += 1
 

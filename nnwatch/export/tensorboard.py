@@ -44,6 +44,7 @@ import numpy as np
 
 from nnwatch.export.event_file import EventFile
 from nnwatch.store.event_tail import EventTail
+from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError, split_records
 from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta, fields_of
@@ -222,19 +223,19 @@ class TensorBoardWriter:
                 self.histograms += 1
         return out
 
-    def add_events(self, events: Iterable[dict[str, Any]]) -> None:
+    def add_events(self, events: Iterable[Event]) -> None:
         """Findings as TensorBoard text, at the step they name."""
         for ev in events:
-            if ev.get("type", "finding") != "finding" or "kind" not in ev:
+            if not isinstance(ev, FindingEvent):
                 continue
-            message = str(ev.get("message") or ev.get("summary") or ev["kind"])
-            text = f"**{ev['kind']}** ({ev.get('severity', 'warning')}): {message}"
-            step = ev.get("step")
+            f = ev.finding
+            # the line's own message (an older writer's wording) before the one rebuilt from it
+            message = str(ev.get("message") or f.summary or f.kind)
+            text = f"**{f.kind}** ({f.severity}): {message}"
             self._add(
-                self._tb.text("findings", text),
-                int(step) if isinstance(step, (int, float)) and math.isfinite(step) else 0,
-                float(ev["time"]) if isinstance(ev.get("time"), (int, float)) else math.nan,
-            )
+                self._tb.text("findings", text), f.step,
+                math.nan if ev.time is None else ev.time,
+            )  # fmt: skip
             self.findings += 1
 
     def _add(self, summary: Any, step: float, walltime: float) -> None:
@@ -339,7 +340,7 @@ class LiveExport:
             self.writer.add_layers(
                 layers, {int(s): float(t) for s, t in zip(rows["step"], rows["time"], strict=True)}
             )
-            self.writer.add_events(self._events.read())
+            self.writer.add_events(self._events.read_events())
             self.writer.flush()  # a live TensorBoard sees each batch as soon as it is drained
         except Exception as exc:  # noqa: BLE001 - an exporter must never stop the run log
             self._fail(exc)
@@ -348,7 +349,7 @@ class LiveExport:
         """Called after the run log has drained its last records."""
         if self.error is None and not self.writer.closed:
             try:
-                self.writer.add_events(self._events.read())
+                self.writer.add_events(self._events.read_events())
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
         try:

@@ -31,6 +31,7 @@ import torch
 
 from nnwatch.integrations import _probe
 from nnwatch.probe.watch import internals, watch
+from nnwatch.store.events import TrainingError
 
 log = logging.getLogger("nnwatch")
 
@@ -95,7 +96,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
         if self.watch is not None and not stopped:
             internals(self.watch).log_event(
-                {"type": "error", "step": self.watch.step_index, "error": repr(exception)}
+                TrainingError(step=self.watch.step_index, error=repr(exception))
             )
         self._close(pl_module, "stopped" if stopped else "crashed")
 

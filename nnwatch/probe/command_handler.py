@@ -24,6 +24,7 @@ from nnwatch.channel.commands import (
 from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.snapshot_taker import SnapshotTaker
+from nnwatch.store.events import CommandApplied, Event
 
 
 class CommandOwner(Protocol):
@@ -32,7 +33,7 @@ class CommandOwner(Protocol):
     @property
     def step_index(self) -> int: ...
 
-    def log_event(self, event: dict[str, Any]) -> None: ...
+    def log_event(self, event: Event) -> None: ...
 
 
 class CommandHandler:
@@ -68,7 +69,7 @@ class CommandHandler:
         error = handler(self, args)
         if error:
             return False, error, at
-        self.owner.log_event({"type": "command", "command": name, "args": args, "step": at})
+        self.owner.log_event(CommandApplied(command=name, args=args, step=at))
         return True, "", at
 
     def reply_data(self, name: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
+from nnwatch.store.events import Event, StepSkipped
 from nnwatch.tensors.grad_norms import sentinel_params, sentinels_finite
 from nnwatch.tensors.layers import LayerPlan
 
@@ -32,7 +33,7 @@ class GuardOwner(Protocol):
     @property
     def diagnosis(self) -> Any: ...
 
-    def log_event(self, event: dict[str, Any]) -> None: ...
+    def log_event(self, event: Event) -> None: ...
 
     def warn_once(self, key: str, message: str) -> None: ...
 
@@ -97,7 +98,7 @@ class Guard:
         if self.skip:
             for p in self.params:
                 p.grad = None  # optimizers skip parameters without a gradient
-            owner.log_event({"type": "skipped_step", "step": step, "reason": "nonfinite"})
+            owner.log_event(StepSkipped(step=step, reason="nonfinite"))
 
     def rerun_forward(self) -> None:
         """Run a bad unmeasured step's forward again with the layer hooks on, to find its origin.

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from nnwatch._version import __version__
+from nnwatch.store.events import Event
 from nnwatch.store.identity import pid_namespace
 from nnwatch.store.jobs import job_extra
 from nnwatch.store.overview import OverviewWriter
@@ -224,7 +225,7 @@ class RunFiles:
         self.exporter: LiveExport | None = None  # the live TensorBoard export (an observer too)
         #: events of the first step that came before its record started the log (a finding the
         #: probe makes during step 0), written when the outputs start; None after
-        self.early: list[dict[str, Any]] | None = []
+        self.early: list[Event] | None = []
 
     def start(
         self, meta: RunMeta, on_error: Callable[[str], None], *, append: bool, warn: Callable[[str, str], None]
@@ -279,7 +280,7 @@ class RunFiles:
         for sink in self.sinks:
             sink(data)
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: Event) -> None:
         early = self.early
         if early is not None and self.log is None:
             if len(early) < EARLY_EVENTS:

@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from nnwatch.diagnosis.snapshot import SnapshotSubject, preflight, write_snapshot
+from nnwatch.store.events import Event, SnapshotFailed, SnapshotTaken
 
 
 class SnapshotOwner(SnapshotSubject, Protocol):
     """What taking a snapshot needs of the run: what the snapshot writer reads of it
     (:class:`~nnwatch.diagnosis.snapshot.SnapshotSubject`), and where events and warnings go."""
 
-    def log_event(self, event: dict[str, Any]) -> None: ...
+    def log_event(self, event: Event) -> None: ...
 
     def warn_once(self, key: str, message: str) -> None: ...
 
@@ -155,7 +156,7 @@ class SnapshotTaker:
         try:
             path = write_snapshot(owner, reason=reason, state=state, rng=rng, batch=batch)
         except Exception as exc:  # noqa: BLE001 - a failed snapshot is a finding, never a crash
-            owner.log_event({"type": "snapshot_failed", "step": owner.step_index, "error": str(exc)})
+            owner.log_event(SnapshotFailed(step=owner.step_index, error=str(exc)))
             owner.warn_once("snapshot-failed", f"could not write the snapshot: {exc}")
             return
-        owner.log_event({"type": "snapshot", "step": owner.step_index, "reason": reason, "path": str(path)})
+        owner.log_event(SnapshotTaken(step=owner.step_index, reason=reason, path=str(path)))

@@ -44,6 +44,7 @@ from nnwatch.probe.run_files import RankInfo as RankInfo
 from nnwatch.probe.schedule import AFTER_TROUBLE as AFTER_TROUBLE
 from nnwatch.probe.schedule import WARMUP_STEPS as WARMUP_STEPS
 from nnwatch.probe.watched_run import WatchedRun
+from nnwatch.store.events import TrainingError
 from nnwatch.store.finding import Finding
 from nnwatch.store.summary import RunSummary
 
@@ -169,7 +170,7 @@ class Watch:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         ending = from_exception(exc_type, exc)
         if ending.status == "crashed" and exc_type is not None and not issubclass(exc_type, SystemExit):
-            self._run.log_event({"type": "error", "step": self._run.step_index, "error": repr(exc)})
+            self._run.log_event(TrainingError(step=self._run.step_index, error=repr(exc)))
         self.close(ending)
 
     def _close_at_exit(self) -> None:

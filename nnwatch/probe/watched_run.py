@@ -19,6 +19,7 @@ import math
 import os
 import time
 from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from nnwatch.probe.run_files import (
     choose_run_dir,
     optimizer_has_state,
 )
+from nnwatch.store.events import Event, FindingEvent, RunEnded
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import RunDirError
 from nnwatch.store.schema import RunMeta, RunSchema
@@ -245,13 +247,13 @@ class WatchedRun:
 
     # ------------------------------------------------------------------------------------------
     # events, findings, failures
-    def log_event(self, event: dict[str, Any]) -> None:
+    def log_event(self, event: Event) -> None:
         self.files.event(event)
 
     def add_finding(self, finding: Finding) -> None:
         """Called by the detectors: keep it, log it once, write it to events.jsonl."""
         self.findings.append(finding)
-        self.log_event({"type": "finding", **finding.to_dict()})
+        self.log_event(FindingEvent(finding=finding))
         log.warning("nnwatch: %s", finding.message)
 
     def on_scaled_norm(self) -> None:
@@ -325,7 +327,7 @@ class WatchedRun:
         self.ending_status = status
         self.closed = True
         if status != "finished":
-            self.log_event({"type": "run_ended", "step": self.step_index, **ending.to_dict()})
+            self.log_event(RunEnded(step=self.step_index, **asdict(ending)))
         self.attachment.remove()
         scaler_discovery.stop_waiting(self._adopt_scaler)
         if self.consistency is not None:

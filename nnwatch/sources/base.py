@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel.commands import CommandReply as CommandReply  # part of the source API
+from nnwatch.store.events import Event
 from nnwatch.store.schema import RunMeta
 
 #: Run states a source can report. "recorded" is a finished run read from disk.
@@ -37,7 +38,8 @@ class SourceUpdate:
 
     scalars: np.ndarray  # rows of meta.schema.scalar_dtype(), in step order
     layers: np.ndarray  # rows of meta.schema.layer_row_dtype() (sampled or non-finite steps)
-    events: list[dict[str, Any]] = field(default_factory=list)  # findings, snapshots, commands
+    #: findings, snapshots, commands... typed (:mod:`nnwatch.store.events`)
+    events: list[Event] = field(default_factory=list)
     status: SourceStatus = SourceStatus("live")
     #: pre-reduced buckets of rows this update stands for (nnwatch.store.overview records, whose
     #: series are ``summary_fields``), before ``scalars``: a remote run's overview, or live

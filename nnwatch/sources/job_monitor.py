@@ -26,6 +26,7 @@ from nnwatch.sources.job_findings import LAG_STEPS, job_findings, lag_limit
 from nnwatch.sources.job_table import view_from_summary
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.live import LiveSource
+from nnwatch.store.events import FindingEvent
 from nnwatch.store.job_health import JobStops, certain_first, judge_job
 from nnwatch.store.jobs import Job, read_job_summary
 from nnwatch.store.registry import RunInfo, note_first_stop, refresh
@@ -174,8 +175,8 @@ class JobMonitor:
             self._states[info.rank].update(update.scalars, update.layers)
             self._run_state[info.rank] = update.status.state
             for ev in update.events:
-                if ev.get("kind") in CROSS_RANK_KINDS:
-                    self._findings.append({**ev, "reported_by": info.rank})
+                if isinstance(ev, FindingEvent) and ev.finding.kind in CROSS_RANK_KINDS:
+                    self._findings.append({**ev.to_json(), "reported_by": info.rank})
         return build_view(
             self.job, self._states, self._run_state, self._findings, self._judge_stops()
         )
@@ -299,7 +300,8 @@ def summarize_runs(job: Job) -> JobView:
         states[info.rank] = st
         run_state[info.rank] = run.status
         findings += [
-            {**e, "reported_by": info.rank} for e in run.events if e.get("kind") in CROSS_RANK_KINDS
+            {**e.to_json(), "reported_by": info.rank}
+            for e in run.findings if e.finding.kind in CROSS_RANK_KINDS
         ]
     stops = judge_stops([refresh(info) for info in job.runs])
     return build_view(job, states, run_state, findings, stops)

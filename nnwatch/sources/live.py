@@ -26,6 +26,7 @@ from nnwatch.channel.client import ChannelError, Subscription
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
 from nnwatch.sources.command_line import CommandLine
 from nnwatch.store.event_tail import EventTail
+from nnwatch.store.events import Event
 from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.log_catchup import gap_rows, load_history
@@ -179,7 +180,7 @@ class LiveSource(RunSource):
                             layer_parts.append(self._filter.layers(gap[1]))
                 scalar_parts.append(self._filter.scalars(scalars))
                 layer_parts.append(self._filter.layers(layers))
-        events = self._events.read()
+        events = self._events.read_events()
         return SourceUpdate(
             scalars=concat_rows(scalar_parts, schema_dtypes(schema)[0]),
             layers=concat_rows(layer_parts, schema_dtypes(schema)[1]),
@@ -297,7 +298,7 @@ class ConnectedSource(RunSource):
         self._attempt = 0
         self._next_try = 0.0
         self._reconnect_error = ""
-        self._pending: tuple[list[np.ndarray], list[np.ndarray], list[dict[str, Any]]] = (
+        self._pending: tuple[list[np.ndarray], list[np.ndarray], list[Event]] = (
             [], [], []
         )  # fmt: skip
         self.subscriptions = 0
@@ -374,7 +375,7 @@ class ConnectedSource(RunSource):
                 if key in self._seen_events:
                     continue  # a reconnect that repeats an event
                 self._seen_events.add(key)
-                events.append(e)
+                events.append(Event.from_json(e))  # the wire carries the lines as written
         elif kind in ("status", "end", "error"):
             self._status_msg = msg
             if kind == "status":

@@ -20,6 +20,7 @@ import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
 from nnwatch.store.copy_note import describe_copy
+from nnwatch.store.events import Event
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import RunMeta
@@ -80,7 +81,7 @@ class RecordedSource(RunSource):
         self._sent = stop
         done = stop >= len(scalars)
         layers = run.layers[:0].copy()
-        events: list[dict[str, Any]] = []
+        events: list[Event] = []
         if done:
             # per-layer rows: only the newest; older ones are read on demand when scrubbing
             n = len(run.layers)

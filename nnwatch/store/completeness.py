@@ -11,10 +11,10 @@ rule out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from nnwatch.store.events import FindingEvent, LogFailed
 from nnwatch.store.run_reader import Run
 
 #: Findings of these severities, recorded live in events.jsonl, make a run fail its check.
@@ -35,7 +35,7 @@ class Audit:
     #: things worth knowing that are not errors (still running, interrupted, recovered steps)
     notes: list[str] = field(default_factory=list)
     #: error and critical findings the run recorded live in events.jsonl
-    recorded_findings: list[dict[str, Any]] = field(default_factory=list)
+    recorded_findings: list[FindingEvent] = field(default_factory=list)
 
 
 def audit(run: Run) -> Audit:
@@ -74,11 +74,11 @@ def audit(run: Run) -> Audit:
     if isinstance(end.get("log_error"), str) and end["log_error"]:
         problems.append(f"the run log stopped during the run: {end['log_error']}")
     for ev in run.events:
-        if ev.get("type") == "log_failed":
-            text = str(ev.get("error") or "the run log stopped")
+        if isinstance(ev, LogFailed):
+            text = ev.error or "the run log stopped"
             if not any(text in p for p in problems):
                 problems.append(f"the run log stopped during the run: {text}")
-        elif ev.get("type", "finding") == "finding" and ev.get("severity") in SERIOUS:
+        elif isinstance(ev, FindingEvent) and ev.finding.severity in SERIOUS:
             result.recorded_findings.append(ev)
     for warning in run.warnings:
         (notes if warning.startswith(_BENIGN) else problems).append(warning)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.events import Event
+
 #: Read at most this much per call, so a huge backlog cannot stall a monitor's poll.
 MAX_READ = 4 * 1024 * 1024
 
@@ -19,7 +21,12 @@ class EventTail:
         self.offset = 0
         self.skipped = 0  # lines that were not JSON objects
 
+    def read_events(self) -> list[Event]:
+        """New events since the previous read, typed (:mod:`nnwatch.store.events`)."""
+        return [Event.from_json(d) for d in self.read()]
+
     def read(self) -> list[dict[str, Any]]:
+        """New lines as JSON objects, as written: what the channel forwards to remote monitors."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
@@ -46,7 +53,7 @@ class EventTail:
                 continue
             try:
                 ev = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nested past the parser's depth too
                 self.skipped += 1
                 continue
             if isinstance(ev, dict):

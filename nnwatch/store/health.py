@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.events import Event, RunEnded, parse_line
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import ENDED
@@ -90,12 +91,12 @@ def read_end(run_dir: Path | None) -> dict[str, Any] | None:
 def _damaged_end(run_dir: Path, why: str) -> dict[str, Any]:
     status = "finished"
     for ev in tail_events(run_dir / EVENTS_FILE):
-        if ev.get("type") == "run_ended" and ev.get("status") in ("crashed", "interrupted", "stopped"):
-            status = str(ev["status"])
+        if isinstance(ev, RunEnded) and ev.status in ("crashed", "interrupted", "stopped"):
+            status = ev.status
     return {"status": status, "damaged": f"{END_FILE} is corrupt ({why})"}
 
 
-def tail_events(path: Path, limit: int = 1 << 16) -> list[dict[str, Any]]:
+def tail_events(path: Path, limit: int = 1 << 16) -> list[Event]:
     """The events in the last ``limit`` bytes of ``events.jsonl`` (unreadable lines skipped)."""
     try:
         with open(path, "rb") as fh:
@@ -104,15 +105,7 @@ def tail_events(path: Path, limit: int = 1 << 16) -> list[dict[str, Any]]:
             data = fh.read(limit)
     except OSError:
         return []
-    out = []
-    for line in data.splitlines():
-        try:
-            ev = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
+    return [ev for ev in map(parse_line, data.splitlines()) if ev is not None]
 
 
 def ended_as(status: object) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from nnwatch.store.copy_note import read_copy_note
+from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
@@ -52,7 +53,8 @@ class Run:
     meta: RunMeta
     scalars: np.ndarray
     layers: np.ndarray
-    events: list[dict[str, Any]] = field(default_factory=list)
+    #: typed events (:mod:`nnwatch.store.events`), each also readable as its line's dict
+    events: list[Event] = field(default_factory=list)
     status: str = "finished"
     end: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -73,7 +75,7 @@ class Run:
         """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
         findings: list[Mapping[str, Any]] = [
             {k: e.get(k) for k in ("kind", "severity", "step", "summary", "remedy")}
-            for e in self.events if e.get("type") == "finding"
+            for e in self.findings if e.get("type") == "finding"
         ]
         return RunSummary(
             name=self.meta.name, status=self.status, steps=len(self),
@@ -132,8 +134,9 @@ class Run:
         return self.layers["step"], self.layers[stat][:, i]
 
     @property
-    def findings(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("type", "finding") == "finding" and "kind" in e]
+    def findings(self) -> list[FindingEvent]:
+        """The detectors' findings as written (``e.finding`` is the :class:`Finding`)."""
+        return [e for e in self.events if isinstance(e, FindingEvent)]
 
 
 def _map_rows(
@@ -251,7 +254,8 @@ def _failed_checksums(
 
 
 def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Events from ``events.jsonl``, skipping (and counting) lines that are not valid JSON objects."""
+    """The lines of ``events.jsonl`` as JSON objects, skipping (and counting) lines that are not;
+    :func:`read_events` types them."""
     if not path.exists():
         return
     bad = 0
@@ -259,7 +263,7 @@ def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[
         for raw in fh:
             try:
                 ev = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nested past the parser's depth too
                 bad += 1
                 continue
             if isinstance(ev, dict):
@@ -268,6 +272,11 @@ def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[
                 bad += 1
     if bad and warnings is not None:
         warnings.append(f"{path.name}: skipped {bad} unreadable line(s)")
+
+
+def read_events(path: Path, warnings: list[str] | None = None) -> list[Event]:
+    """The events of ``events.jsonl``, typed (a line of an unknown type is an ``OtherEvent``)."""
+    return [Event.from_json(d) for d in iter_events(path, warnings)]
 
 
 def _pid_alive(pid: int, started: float) -> bool:
@@ -335,7 +344,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
     ended = status != "running"  # a live writer's newest rows may not have their checksum yet
     scalars = _map_rows(run_dir / SCALARS_FILE, schema.scalar_dtype(), KIND_SCALARS, warnings, ended=ended)
     layers = _map_rows(run_dir / LAYERS_FILE, schema.layer_row_dtype(), KIND_LAYERS, warnings, ended=ended)
-    events = list(iter_events(run_dir / EVENTS_FILE, warnings))
+    events = read_events(run_dir / EVENTS_FILE, warnings)
     if status != "running":
         scalars, layers = _merge_ring_tail(run_dir, meta, scalars, layers, warnings)
     return Run(run_dir, meta, scalars, layers, events, status, end, warnings, copy)

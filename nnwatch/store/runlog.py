@@ -8,7 +8,8 @@ Layout in the run directory:
                   held a non-finite value (``schema.layer_row_dtype()``)
 - ``scalars.crc``, ``layers.crc`` one 16-byte checksum entry per block of rows the writer
                   appended (u64 first row, u32 rows, u32 CRC32 of their bytes); format 2 only
-- ``events.jsonl`` findings, snapshots and commands, one JSON object per line
+- ``events.jsonl`` findings, snapshots and commands, one JSON object per line (the types are in
+                  :mod:`nnwatch.store.events`)
 - ``end.json``    written at a clean close; its absence with a dead pid means the run crashed.
                   Its space is reserved when the run starts (``.end.json.reserve``), so that a
                   disk that fills up during training cannot turn a clean end into "crashed".
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.events import Event, LogFailed
 from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
@@ -280,10 +282,11 @@ class RunLogWriter:
         self.wake_at = max(1, ring_slots // 4)
 
     # -- any thread ------------------------------------------------------------------------------
-    def event(self, event: dict[str, Any]) -> None:
-        """Append one event line; events are rare, so this writes synchronously."""
-        event = {"time": time.time(), **event}
-        line = (json.dumps(event, default=_json_default, sort_keys=True) + "\n").encode()
+    def event(self, event: Event) -> None:
+        """Append one event line; events are rare, so this writes synchronously. The line is
+        stamped with the time it is written, unless the event carries its own."""
+        fields = {"time": time.time(), **event.to_json()}
+        line = (json.dumps(fields, default=_json_default, sort_keys=True) + "\n").encode()
         with self._events_lock:
             if self._fd_e < 0:
                 return
@@ -383,7 +386,7 @@ class RunLogWriter:
         if self.error is None:
             self.error = message
             log.error("nnwatch: %s; training goes on, but this run's history stops here", message)
-            line = json.dumps({"time": time.time(), "type": "log_failed", "error": message}) + "\n"
+            line = json.dumps({"time": time.time(), **LogFailed(error=message).to_json()}) + "\n"
             try:  # an event line is small; on a disk that just filled it may still fit
                 os.write(self._fd_e, line.encode())
             except OSError:

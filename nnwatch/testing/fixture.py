@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.store.events import Event
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
@@ -117,9 +118,11 @@ class FixtureSource(RunSource):
             torch_version="fixture",
             extra={"gpu_uuids": [FIXTURE_GPU_UUID]} if cuda else {},
         )
-        self._events = self._make_events()
+        # lines as an older nnwatch wrote them (findings without a "type", a command's "name"):
+        # every monitor that reads the fixture reads that format too
+        self._events = [Event.from_json(e) for e in self._make_events()]
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         """Every event of the run, in step order."""
         return list(self._events)
 
@@ -139,7 +142,7 @@ class FixtureSource(RunSource):
         self._next = stop
         scalars = self.scalar_rows(start, stop)
         layers = self.layer_rows(start, stop)
-        events = [e for e in self._events if start <= e["step"] < stop]
+        events = [e for e in self._events if e.step is not None and start <= e.step < stop]
         done = self.steps is not None and stop >= self.steps
         state = self.end_state if done else "live"
         status = SourceStatus(

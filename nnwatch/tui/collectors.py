@@ -162,13 +162,7 @@ class SourceCollector(_Loop):
         if got.state_after != got.state_before:
             self.post(RunStateChanged(got.state_after, got.state_before, update.status.message))
         for snap in got.snapshots:
-            self.post(
-                SnapshotWritten(
-                    int(snap.get("step", -1)),
-                    str(snap.get("path", "")),
-                    str(snap.get("reason", "")),
-                )
-            )
+            self.post(SnapshotWritten(snap.step, snap.path, snap.reason))
         return more
 
     def redirect(self, post: Post) -> None:

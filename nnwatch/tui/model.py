@@ -13,6 +13,7 @@ import json
 import math
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from nnwatch.sources.base import SourceStatus, SourceUpdate
 from nnwatch.sources.hardware import HardwareReading
+from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTaken, as_event
 from nnwatch.store.schema import RunMeta
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
@@ -47,13 +49,14 @@ def _sig(*values: float) -> tuple[float | None, ...]:
 MAX_EVENT_KEYS = 100_000
 
 
-def _event_key(event: dict[str, Any]) -> str:
-    """An event's identity: its whole content (events carry their step and time)."""
-    return json.dumps(event, sort_keys=True, default=str)
+def _event_key(event: Event) -> str:
+    """An event's identity: its whole line (events carry their step and time)."""
+    return json.dumps(event.to_json(), sort_keys=True, default=str)
 
 
-def is_finding(event: dict[str, Any]) -> bool:
-    return "kind" in event and event.get("type", "finding") == "finding"
+def is_finding(event: Mapping[str, Any]) -> bool:
+    """A detector's finding (an event, or the dict of its line)."""
+    return isinstance(as_event(event), FindingEvent)
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,8 @@ class Ingested:
 
     rows: int
     panes: frozenset[str]
-    snapshots: tuple[dict[str, Any], ...]
-    commands: tuple[dict[str, Any], ...]
+    snapshots: tuple[SnapshotTaken, ...]
+    commands: tuple[CommandApplied, ...]
     state_before: str
     state_after: str
 
@@ -85,7 +88,7 @@ class RunState:
         self.history = History(capacity=capacity, tail=tail)
         self._layer_dtype = meta.schema.layer_row_dtype()
         self.layer_rows: deque[np.ndarray] = deque(maxlen=max_layer_rows)
-        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+        self.events: deque[Event] = deque(maxlen=max_events)
         self.events_total = 0
         self._event_keys: dict[str, None] = {}  # events seen, oldest first, for de-duplication
         self.findings_by_severity: dict[str, int] = {}
@@ -168,9 +171,10 @@ class RunState:
                 ):
                     self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
                 changed.add("layers")
-            snapshots, commands = [], []
-            fresh = []
-            for ev in update.events:
+            snapshots: list[SnapshotTaken] = []
+            commands: list[CommandApplied] = []
+            fresh: list[Event] = []
+            for ev in map(as_event, update.events):  # a test's source may hand over dicts
                 key = _event_key(ev)
                 if key in self._event_keys:
                     continue  # delivered again by a reconnect: listed once
@@ -181,12 +185,12 @@ class RunState:
             for ev in fresh:
                 self.events.append(ev)
                 self.events_total += 1
-                if is_finding(ev):
-                    sev = str(ev.get("severity", "info"))
+                if isinstance(ev, FindingEvent):
+                    sev = ev.finding.severity
                     self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
-                elif ev.get("type") == "snapshot":
+                elif isinstance(ev, SnapshotTaken):
                     snapshots.append(ev)
-                elif ev.get("type") == "command":
+                elif isinstance(ev, CommandApplied):
                     commands.append(ev)
             if fresh:
                 changed |= {"events", "header"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from nnwatch.sources.base import SourceError
+from nnwatch.store.events import SnapshotTaken
 from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
 from nnwatch.tui import format as fmt
 from nnwatch.tui.monitor import MonitorBase
@@ -57,30 +57,30 @@ class ViewActions(MonitorBase):
         )
 
     # -- the snapshot inspector --------------------------------------------------------------
-    def snapshot_events(self) -> list[dict[str, Any]]:
+    def snapshot_events(self) -> list[SnapshotTaken]:
         with self.state.lock:
-            return [e for e in self.state.events if e.get("type") == "snapshot"]
+            return [e for e in self.state.events if isinstance(e, SnapshotTaken)]
 
-    def snapshot_path(self, event: dict[str, Any]) -> Path | None:
+    def snapshot_path(self, event: SnapshotTaken) -> Path | None:
         """Where a snapshot event's directory is on this machine: a copy pulled from the run's
         host, the path itself (this machine, or a filesystem both share), or the run directory
         it moved with."""
-        path = Path(str(event.get("path") or ""))
+        path = Path(event.path)
         if self.source.files_host is not None:
-            copy = self.source.pulled_snapshot(int(event.get("step") or 0), path.name)
+            copy = self.source.pulled_snapshot(event.step, path.name)
             if copy is not None:
                 return copy
-        if event.get("path") and (path / SNAPSHOT_MANIFEST).exists():
+        if event.path and (path / SNAPSHOT_MANIFEST).exists():
             return path
         run_dir = getattr(self.source, "run_dir", None)
         if run_dir is not None:
-            name = path.name if event.get("path") else f"step-{event.get('step')}"
+            name = path.name if event.path else f"step-{event.step}"
             moved = Path(run_dir) / SNAPSHOTS_DIR / name
             if (moved / SNAPSHOT_MANIFEST).exists():
                 return moved
         return None
 
-    def inspect_snapshot(self, event: dict[str, Any]) -> bool:
+    def inspect_snapshot(self, event: SnapshotTaken) -> bool:
         """Open the inspector on a snapshot event, pulling it first from the run's host when it
         lies there; False (with a note) when it cannot be read here."""
         path = self.snapshot_path(event)
@@ -91,14 +91,14 @@ class ViewActions(MonitorBase):
             self.pull_snapshot(event, then_inspect=True)
             return True
         self.notify(
-            f"The snapshot of step {fmt.count(event.get('step'))} is not on this machine "
-            f"({event.get('path', 'no path')}); `nnwatch show` reads it where it is.",
+            f"The snapshot of step {fmt.count(event.step)} is not on this machine "
+            f"({event.path or 'no path'}); `nnwatch show` reads it where it is.",
             title="inspect",
             severity="warning",
         )
         return False
 
-    def chosen_snapshot(self, what: str) -> dict[str, Any] | None:
+    def chosen_snapshot(self, what: str) -> SnapshotTaken | None:
         """The snapshot at or before the step cursor (the newest without one); None, with a
         note, when the run has none."""
         snaps = self.snapshot_events()
@@ -113,10 +113,10 @@ class ViewActions(MonitorBase):
         cursor = self.view.cursor
         if cursor is None:
             return snaps[-1]
-        before = [e for e in snaps if float(e.get("step", math.inf)) <= cursor]
+        before = [e for e in snaps if e.step <= cursor]
         if before:
-            return max(before, key=lambda e: e["step"])
-        return min(snaps, key=lambda e: abs(float(e.get("step", 0)) - cursor))
+            return max(before, key=lambda e: e.step)
+        return min(snaps, key=lambda e: abs(e.step - cursor))
 
     def action_inspect_snapshot(self) -> None:
         chosen = self.chosen_snapshot("inspect")
@@ -130,12 +130,12 @@ class ViewActions(MonitorBase):
         if chosen is not None:
             self.pull_snapshot(chosen, then_inspect=False)
 
-    def pull_snapshot(self, event: dict[str, Any], *, then_inspect: bool) -> None:
+    def pull_snapshot(self, event: SnapshotTaken, *, then_inspect: bool) -> None:
         """Copy a snapshot from ``source.files_host`` in a worker (ssh may take seconds), then
         say where it lies, or open it in the inspector."""
         host = self.source.files_host
-        step = int(event.get("step") or 0)
-        name = Path(str(event.get("path") or "")).name
+        step = event.step
+        name = Path(event.path).name
         self.notify(
             f"copying the snapshot of step {fmt.count(step)} from {host}…", title="pull", timeout=4
         )

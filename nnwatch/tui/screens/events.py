@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 from rich.style import Style
 from rich.text import Text
@@ -17,10 +16,11 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, Static
 
+from nnwatch.store.events import Event, FindingEvent, SnapshotTaken
 from nnwatch.tui import format as fmt
 from nnwatch.tui.screens.dialogs import dialog_css
 from nnwatch.tui.widgets.base import Palette
-from nnwatch.tui.widgets.events import describe, label_style
+from nnwatch.tui.widgets.events import describe, kind_of, label_style
 
 
 class EventsScreen(ModalScreen[int | None]):
@@ -42,10 +42,10 @@ class EventsScreen(ModalScreen[int | None]):
 
     def __init__(
         self,
-        events: list[dict[str, Any]],
+        events: list[Event],
         palette: Palette,
         total: int,
-        inspect: Callable[[dict[str, Any]], bool] | None = None,
+        inspect: Callable[[SnapshotTaken], bool] | None = None,
     ) -> None:
         super().__init__()
         self.events = list(reversed(events))  # newest first
@@ -71,7 +71,7 @@ class EventsScreen(ModalScreen[int | None]):
             for ev in self.events:
                 label, layer, msg, _remedy = describe(ev)
                 table.add_row(
-                    Text(fmt.count(ev.get("step")), justify="right"),
+                    Text(fmt.count(ev.step), justify="right"),
                     Text(label, style=label_style(label, self.palette)),
                     Text(fmt.shorten_middle(layer, layer_w)),
                     Text(msg),  # wraps: the row is as tall as its message
@@ -105,7 +105,7 @@ class EventsScreen(ModalScreen[int | None]):
         _label, _layer, msg, remedy = describe(ev)
         pal = self.palette
         text = Text()
-        text.append(str(ev.get("kind") or ev.get("type", "")), style=pal.text + Style(bold=True))
+        text.append(kind_of(ev), style=pal.text + Style(bold=True))
         text.append(f"  {msg}")
         if remedy:
             text.append("\nremedy: ", style=pal.muted)
@@ -121,10 +121,9 @@ class EventsScreen(ModalScreen[int | None]):
         if not self.events:
             self.dismiss(None)
             return
-        step = self.events[table.cursor_row].get("step")
-        self.dismiss(int(step) if isinstance(step, int | float) else None)
+        self.dismiss(self.events[table.cursor_row].step)
 
-    def _selected(self) -> dict[str, Any] | None:
+    def _selected(self) -> Event | None:
         row = self.query_one(DataTable).cursor_row
         return self.events[row] if self.events and 0 <= row < len(self.events) else None
 
@@ -143,7 +142,7 @@ class EventsScreen(ModalScreen[int | None]):
         ev = self._selected()
         if ev is None:
             return
-        if ev.get("type") != "snapshot":
+        if not isinstance(ev, SnapshotTaken):
             self.notify(
                 "This event is not a snapshot; pick a SNAP row (or press i on the dashboard for "
                 "the snapshot at the step cursor).",
@@ -178,9 +177,9 @@ class EventDetailScreen(ModalScreen[int | None]):
 
     def __init__(
         self,
-        event: dict[str, Any],
+        event: Event,
         palette: Palette,
-        inspect: Callable[[dict[str, Any]], bool] | None = None,
+        inspect: Callable[[SnapshotTaken], bool] | None = None,
     ) -> None:
         super().__init__()
         self.event = event
@@ -191,17 +190,16 @@ class EventDetailScreen(ModalScreen[int | None]):
         ev, pal = self.event, self.palette
         label, layer, msg, remedy = describe(ev)
         with VerticalScroll(classes="dialog"):
-            kind = str(ev.get("kind") or ev.get("type", "event"))
-            yield Label(f"{label} · {kind} · step {fmt.count(ev.get('step'))}", classes="title")
+            yield Label(f"{label} · {kind_of(ev)} · step {fmt.count(ev.step)}", classes="title")
             yield Static(self.full_text(ev, pal, label, layer, msg, remedy), id="event-full")
             keys = "Enter: go to the step · Esc: back"
-            if ev.get("type") == "snapshot":
+            if isinstance(ev, SnapshotTaken):
                 keys = "i: inspect the batch · " + keys
             yield Label(keys, classes="hint")
 
     @staticmethod
     def full_text(
-        ev: dict[str, Any], pal: Palette, label: str, layer: str, msg: str, remedy: str
+        ev: Event, pal: Palette, label: str, layer: str, msg: str, remedy: str
     ) -> Text:
         text = Text()
         if layer:
@@ -222,24 +220,23 @@ class EventDetailScreen(ModalScreen[int | None]):
         if remedy:
             text.append("remedy    ", style=pal.muted)
             text.append(remedy + "\n", style=pal.success)
-        if ev.get("type") == "snapshot":
+        if isinstance(ev, SnapshotTaken):
             text.append("path      ", style=pal.muted)
-            text.append(str(ev.get("path", "?")) + "\n")
-            if ev.get("reason"):
+            text.append((ev.path or "?") + "\n")
+            if ev.reason:
                 text.append("reason    ", style=pal.muted)
-                text.append(str(ev["reason"]) + "\n")
-        onset = ev.get("onset_step")
-        if onset is not None and onset != ev.get("step"):
+                text.append(ev.reason + "\n")
+        onset = ev.finding.onset_step if isinstance(ev, FindingEvent) else None
+        if onset is not None and onset != ev.step:
             text.append("onset     ", style=pal.muted)
             text.append(f"step {fmt.count(onset)}\n")
         return text
 
     def action_jump(self) -> None:
-        step = self.event.get("step")
-        self.dismiss(int(step) if isinstance(step, int | float) else None)
+        self.dismiss(self.event.step)
 
     def action_inspect(self) -> None:
-        if self.event.get("type") == "snapshot" and self.inspect is not None:
+        if isinstance(self.event, SnapshotTaken) and self.inspect is not None:
             self.inspect(self.event)
 
     def action_close(self) -> None:

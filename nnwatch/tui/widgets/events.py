@@ -4,14 +4,23 @@ snapshots written and commands applied, newest first, one line each."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
 
+from nnwatch.store.events import (
+    CommandApplied,
+    Event,
+    FindingEvent,
+    LogFailed,
+    RunEnded,
+    SnapshotFailed,
+    SnapshotTaken,
+    StepSkipped,
+    TrainingError,
+)
 from nnwatch.tui import format as fmt
-from nnwatch.tui.model import is_finding
 from nnwatch.tui.widgets.base import Palette, Pane
 
 SEVERITY_LABEL = {
@@ -23,46 +32,44 @@ SEVERITY_LABEL = {
 }
 
 
-def describe(ev: dict[str, Any]) -> tuple[str, str, str, str]:
+def kind_of(ev: Event) -> str:
+    """The word that names an event: a finding's kind, else the event's type."""
+    if isinstance(ev, FindingEvent):
+        return ev.finding.kind
+    return str(ev.get("kind") or ev.type or "event")
+
+
+def describe(ev: Event) -> tuple[str, str, str, str]:
     """(kind label, layer, message, remedy) of any event, in the words the panes show."""
-    if is_finding(ev):
-        sev = str(ev.get("severity", "info")).lower()
-        msg = str(ev.get("message") or ev.get("kind", "finding"))
+    if isinstance(ev, FindingEvent):
+        f = ev.finding
+        # the line's own message first: an older writer's words are shown as it wrote them
+        msg = str(ev.get("message") or f.kind)
         msg = re.sub(r"^step \d+:\s*", "", msg)  # the step has its own column
-        return (
-            SEVERITY_LABEL.get(sev, sev.upper()[:5]),
-            str(ev.get("layer") or ""),
-            msg,
-            str(ev.get("remedy") or ""),
-        )
-    kind = str(ev.get("type", "event"))
-    if kind == "snapshot":
-        reason = ev.get("reason")
-        msg = f"snapshot written: {ev.get('path', '?')}" + (f" ({reason})" if reason else "")
+        sev = f.severity.lower()
+        return SEVERITY_LABEL.get(sev, sev.upper()[:5]), str(f.layer or ""), msg, f.remedy
+    if isinstance(ev, SnapshotTaken):
+        msg = f"snapshot written: {ev.path or '?'}" + (f" ({ev.reason})" if ev.reason else "")
         return "SNAP", "", msg, ""
-    if kind == "command":
-        args = ev.get("args") or {}
-        arg_text = (
-            " ".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else str(args)
-        )
-        name = ev.get("command") or ev.get("name") or "?"
-        msg = str(ev.get("message") or " ".join(p for p in (str(name), arg_text, "applied") if p))
+    if isinstance(ev, CommandApplied):
+        arg_text = " ".join(f"{k}={v}" for k, v in ev.args.items())
+        msg = str(ev.get("message") or " ".join(p for p in (ev.command, arg_text, "applied") if p))
         ok = ev.get("ok", True)
         return "CMD", "", msg + ("" if ok else f" (failed: {ev.get('error', '')})"), ""
-    if kind == "snapshot_failed":
-        return "SNAP", "", f"snapshot failed: {ev.get('error', '?')}", ""
-    if kind == "skipped_step":
-        return "SKIP", "", f"step skipped ({ev.get('reason', '')})", ""
-    if kind == "error":
-        return "ERROR", "", f"nnwatch error in the trainer: {ev.get('error', '?')}", ""
-    if kind == "log_failed":
-        return "ERROR", "", f"the run log stopped: {ev.get('error', '?')}", ""
-    if kind == "run_ended":
-        why = ev.get("reason") or ev.get("signal") or ""
-        return "END", "", f"the run ended {ev.get('status', '?')}" + (f": {why}" if why else ""), ""
+    if isinstance(ev, SnapshotFailed):
+        return "SNAP", "", f"snapshot failed: {ev.error}", ""
+    if isinstance(ev, StepSkipped):
+        return "SKIP", "", f"step skipped ({ev.reason})", ""
+    if isinstance(ev, TrainingError):
+        return "ERROR", "", f"nnwatch error in the trainer: {ev.error}", ""
+    if isinstance(ev, LogFailed):
+        return "ERROR", "", f"the run log stopped: {ev.error}", ""
+    if isinstance(ev, RunEnded):
+        why = ev.reason or ev.signal or ""
+        return "END", "", f"the run ended {ev.status}" + (f": {why}" if why else ""), ""
     # an event of a kind this version does not know: whatever text it carries
     text = next((str(ev[k]) for k in ("message", "error", "reason", "summary") if ev.get(k)), "")
-    return kind.upper()[:5], "", text, ""
+    return (ev.type or "event").upper()[:5], "", text, ""
 
 
 def label_style(label: str, pal: Palette) -> Style:
@@ -76,10 +83,10 @@ def label_style(label: str, pal: Palette) -> Style:
     }.get(label, pal.muted)
 
 
-def event_line(ev: dict[str, Any], pal: Palette, width: int, layer_width: int = 14) -> Text:
+def event_line(ev: Event, pal: Palette, width: int, layer_width: int = 14) -> Text:
     label, layer, msg, remedy = describe(ev)
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{fmt.count(ev.get('step')):>9} ", style=pal.muted)
+    t.append(f"{fmt.count(ev.step):>9} ", style=pal.muted)
     t.append(f"{label:<5} ", style=label_style(label, pal))
     if layer_width:
         t.append(f"{layer[:layer_width]:<{layer_width}} ", style=pal.text if layer else pal.muted)
@@ -104,7 +111,7 @@ class EventsPane(Pane):
         w, h = self.size
         with st.lock:
             if h <= 2:  # one line (the narrow layout): the newest finding says the most
-                findings = [e for e in st.events if is_finding(e)]
+                findings: list[Event] = [e for e in st.events if isinstance(e, FindingEvent)]
                 recent = (findings or list(st.events))[-max(h, 1) :]
             else:
                 recent = list(st.events)[-max(h, 1) :]
