@@ -14,9 +14,12 @@ machine swing by several percent between identical loops, nnwatch's *direct* cos
 in place: the time spent inside its hooks and ``step()``, as a share of the bare step (the
 median of the bare blocks' mean steps). The naive hooks and the TensorBoard calls are timed in
 place the same way, so the direct costs compare at a resolution the end-to-end ratios lack.
-``background`` is the CPU time of nnwatch's log-writer thread (the run log, the overview and every
-detector, fed each record) per record, as a share of the bare step: it runs off the training
-thread, but shares the cores and the GIL, and its drains land in whichever block is running.
+``background`` is the CPU time of nnwatch's log-writer thread (the run log, the overview and, until
+they move to their own process, the detectors, fed each record) per record, as a share of the bare
+step: it runs off the training thread, but shares the cores and the GIL, and its drains land in
+whichever block is running. ``detectors proc`` is the CPU time of the detectors' own process per
+record it judged, as a share of the bare step: off this process's GIL, on another core (empty
+where the detectors stayed in the thread: their cost was below half the budget).
 
     python bench/overhead.py                 # all models, 12 rounds
     python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
@@ -33,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import torch
 from torch import nn
 
@@ -172,6 +176,9 @@ class Variant:
     #: CPU seconds nnwatch's log-writer thread spent (log, overview, detectors) and the records
     #: it took in: off the training thread, but on this machine's cores and under its GIL
     background: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    #: CPU seconds of the detectors' own process, when they moved there (off this process's GIL,
+    #: on another core), and the records judged there
+    judge: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
 
 def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Variant]:
@@ -267,8 +274,24 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
 
             run_log._drain, run_log._write = timed_drain, counted_write  # type: ignore[method-assign]
 
+        def judge_cpu() -> tuple[float, float]:
+            diag = internals(w).files.diagnosis
+            link = getattr(diag, "link", None)
+            if link is None or not link.alive:
+                return 0.0, 0.0
+            try:
+                cpu = psutil.Process(link.pid).cpu_times()
+            except psutil.Error:
+                return 0.0, 0.0
+            return cpu.user + cpu.system, v.background[1]
+
         def block() -> None:
+            before = judge_cpu()
             timed_block(v, timer, step, net=net, opt=opt)
+            after = judge_cpu()
+            if before[0] and after[0]:
+                v.judge[0] += after[0] - before[0]
+                v.judge[1] += after[1] - before[1]
             v.intervals.append(internals(w).budget.interval)
             v.layer_intervals.append(internals(w).layer_interval)
 
@@ -357,7 +380,7 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
              f"{rounds} rounds x {len(bare.times[0])} steps per block)"]
     lines.append(
         f"  {'variant':<20} {'time ratio':>10} {'min':>7} {'max':>7} {'step ratio':>11} "
-        f"{'direct cost':>12} {'background':>11} {'k/stats':>9}"
+        f"{'direct cost':>12} {'background':>11} {'k/stats':>9} {'detectors proc':>15}"
     )
     for v in variants.values():
         if v is bare:  # each bare block against the one before it in the same round
@@ -368,13 +391,15 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
         direct = f"{statistics.median(v.direct) / bare_mean * 100:10.2f} %" if v.direct else ""
         cpu, records = v.background
         background = f"{cpu / records / bare_mean * 100:9.2f} %" if records else ""
+        cpu, records = v.judge
+        judge = f"{cpu / records / bare_mean * 100:13.2f} %" if records else ""
         every = (
             f"{statistics.median(v.intervals):>4.0f}/{statistics.median(v.layer_intervals):<4.0f}"
             if v.intervals else ""
         )
         lines.append(
             f"  {v.name:<20} {statistics.median(total):10.3f} {min(total):7.3f} {max(total):7.3f} "
-            f"{statistics.median(step):11.3f} {direct:>12} {background:>11} {every}"
+            f"{statistics.median(step):11.3f} {direct:>12} {background:>11} {every:>9} {judge:>15}"
         )
     return lines
 
@@ -402,7 +427,9 @@ def main() -> int:
           "block's median step, which leaves out work done every few steps (TensorBoard's "
           "histograms, nnwatch's measured steps); direct cost = time inside "
           "nnwatch's hooks and step() (naive: its hooks and .item() norm; tensorboard: its "
-          "norm and writer calls) / bare step. nnwatch_noguard drops the one non-finite "
+          "norm and writer calls) / bare step; background = nnwatch's writer thread's CPU per record, "
+          "detectors proc = the detectors' own process's CPU per record (another core, another "
+          "GIL), both / bare step. nnwatch_noguard drops the one non-finite "
           "check before optimizer.step().")
     return 0
 

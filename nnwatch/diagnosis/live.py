@@ -10,18 +10,29 @@ time that thread came back from a torch kernel (``bench/writer_stalls.py``: the 
 and the time lost in stalls, back to the bare loop's with the hand-back). The one exception is the guard: when the single
 ``isfinite`` check before ``optimizer.step()`` trips, the training thread calls
 :meth:`on_nonfinite_grads` and the NaN finding is issued on the spot, with the weights still clean.
+
+A thread still shares the trainer's GIL. So the detectors time themselves, and once they cost more
+than ``HAND_OVER_SHARE`` of the step time (a fast loop: on a 0.2 ms step they nearly double it),
+they hand their state to a process of their own that reads the ring
+(:mod:`~nnwatch.diagnosis.judge_link`); findings then come back one poll (50 ms) later. Where
+there is no ring or no process can start, they stay here. ``NNWATCH_DETECTORS`` = ``thread`` or
+``process`` (at the first records) overrides the choice.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import threading
 import time
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.judge_link import JudgeLink
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.snapshot import complete_pending
@@ -33,6 +44,17 @@ log = logging.getLogger("nnwatch")
 #: Seconds of one batch during which the detectors hand the GIL back after every record (the
 #: writer drains every 0.25 s; a healthy batch takes a few milliseconds of that).
 HAND_BACK_FOR = 0.1
+#: Detector CPU per record, as a share of the median step time, past which they move to a
+#: process of their own (half the probe's 1% budget)...
+HAND_OVER_SHARE = 0.005
+#: ... judged once this many records and seconds have been seen (a short run never pays a process)
+HAND_OVER_AFTER = (256, 2.0)
+
+
+def _placement() -> str:
+    """``NNWATCH_DETECTORS``: ``thread``, ``process`` or ``auto`` (the default)."""
+    value = os.environ.get("NNWATCH_DETECTORS", "auto").strip().lower()
+    return value if value in ("thread", "process") else "auto"
 
 
 class DiagnosedRun(Protocol):
@@ -66,14 +88,43 @@ class Diagnosis:
         self.rows_seen = 0
         #: give the GIL back after each record (off only for bench/writer_stalls.py's comparison)
         self.hand_back = True
+        #: the run's ring file, where a process of the detectors' own would read the records
+        self.ring: Path | None = None
+        #: the detectors' own process, once they moved there
+        self.link: JudgeLink | None = None
+        self.placement = _placement()
+        self._cost = 0.0  # detector CPU seconds so far (thread time)
+        self._first_seen: float | None = None
         if run.guard_tripped and run.step_index == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
             self.on_nonfinite_grads(0)
 
+    @classmethod
+    def resumed(cls, pipeline: Pipeline, spikes: SpikeTrigger, run: DiagnosedRun) -> Diagnosis:
+        """Detectors handed over with their state (in the detectors' own process)."""
+        diag = cls.__new__(cls)
+        diag.run, diag.context, diag.pipeline, diag.spikes = run, pipeline.ctx, pipeline, spikes
+        diag.findings, diag._lock, diag.rows_seen, diag.hand_back = [], threading.Lock(), 0, False
+        diag.ring, diag.link, diag.placement = None, None, "thread"
+        diag._cost, diag._first_seen = 0.0, None
+        return diag
+
     # -- writer thread ---------------------------------------------------------------------------
     def observe(self, rows: np.ndarray) -> None:
-        """Feed new records (in step order) to every detector."""
+        """Feed new records (in step order) to every detector (or, once they moved to their own
+        process, only complete the snapshots waiting for these records)."""
+        if self.link is not None:
+            complete_pending(self.run, rows)
+            return
+        started = time.thread_time()
+        self._feed(rows)
+        complete_pending(self.run, rows)
+        self._cost += time.thread_time() - started
+        if self.placement != "thread" and self.ring is not None and self._worth_a_process(rows):
+            self._hand_over()
+
+    def _feed(self, rows: np.ndarray) -> None:
         hand_back = self.hand_back
         until = time.perf_counter() + HAND_BACK_FOR
         with self._lock:
@@ -91,15 +142,69 @@ class Diagnosis:
                     # a loop that holds the GIL in Python between kernels would hand it back
                     # only every switch interval: past this, hold it and catch up instead
                     hand_back = time.perf_counter() < until
-        complete_pending(self.run, rows)
+
+    def attach_ring(self, ring: Path) -> None:
+        """The run's ring, where the detectors' own process would read; with
+        ``NNWATCH_DETECTORS=process`` they move there now."""
+        self.ring = ring
+        if self.placement == "process":
+            self._hand_over()
+
+    def _worth_a_process(self, rows: np.ndarray) -> bool:
+        now = time.monotonic()
+        if self._first_seen is None:
+            self._first_seen = now
+        if self.placement == "process":
+            return True
+        records, seconds = HAND_OVER_AFTER
+        if self.rows_seen < records or now - self._first_seen < seconds:
+            return False
+        step_times = rows["step_time"][np.isfinite(rows["step_time"])]
+        if not len(step_times):
+            return False
+        per_record = self._cost / self.rows_seen
+        return per_record > HAND_OVER_SHARE * float(np.median(step_times))
+
+    def _hand_over(self) -> None:
+        """Move the detectors, state and all, to their own process (see the module's docstring)."""
+        assert self.ring is not None
+        self.placement = "thread"  # one try: a process that cannot start is not tried again
+        with self._lock:
+            try:
+                state = pickle.dumps((self.pipeline, self.spikes), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # noqa: BLE001 - a detector's state that will not pickle
+                log.info("nnwatch: the detectors stay in this process: %r", exc)
+                return
+            self.link = JudgeLink.start(
+                ring=self.ring, after_step=self.pipeline.last_step, state=state,
+                on_finding=self._finding_from_process, on_snapshot=self._request_snapshot,
+                on_lost=self._process_lost,
+            )  # fmt: skip
+
+    def _finding_from_process(self, d: dict[str, Any]) -> None:
+        self._emit(Finding.from_dict(d))
+
+    def _process_lost(self, why: str) -> None:
+        log.error("nnwatch: %s", why)
 
     # -- training thread -------------------------------------------------------------------------
     def judge_as_game(self) -> None:
         """This run is one side of a game (a GAN): its loss level means nothing alone."""
         self.pipeline.history.obs.adversarial = True
+        if self.link is not None:
+            self.link.send({"game": True})
 
     def on_nonfinite_grads(self, step: int) -> None:
         """The guard found non-finite gradients before ``optimizer.step()`` of ``step``."""
+        link = self.link
+        if link is not None:  # the detectors' process judges it, with this step's layer values
+            act_sum, grad_layer = self.run.live_layer_state()
+            link.send({
+                "guard": step,
+                "act_sum": None if act_sum is None else act_sum.tolist(),
+                "grad_layer": None if grad_layer is None else grad_layer.tolist(),
+            })  # fmt: skip
+            return
         det = self.pipeline.nan_detector()
         if det is None or (det.episode.active and det.episode.opened_at <= step):
             return
@@ -110,7 +215,12 @@ class Diagnosis:
                 self._emit(finding)
 
     def close(self) -> None:
-        """Nothing to release: the writer flushes its last records after this, and they still count."""
+        """In the thread, nothing to release: the writer flushes its last records after this, and
+        they still count. A process of the detectors' own reads the ring to its end first."""
+        self.placement = "thread"  # the log's last drain comes after this: judged here
+        link = self.link
+        if link is not None:
+            link.close()
 
     # ------------------------------------------------------------------------------------------
     def _emit(self, finding: Finding) -> None:

@@ -58,6 +58,8 @@ class ChannelLink:
         self.publish: Callable[[bytes], None] = self.endpoint.publish
         #: the ring's capacity, and where a failed log says why (the ring header)
         self.slots = self.endpoint.slots
+        #: the ring file (the detectors' own process, when they move there, reads it)
+        self.ring_path: Path = self.endpoint.ring_path
         self.set_log_error: Callable[[str], None] = self.endpoint.set_log_error
         self._beat = self.endpoint.beat
         w.sysmon.beats.append(self._beat)

@@ -73,6 +73,9 @@ def start_outputs(run: OutputsOwner) -> None:
         files.add_channel(_make_channel(run))
     if opts.detectors:
         files.diagnosis = _make_diagnosis(run, run_log)
+        if files.diagnosis is not None and files.channel is not None:
+            # the ring holds every record: what the detectors read if they move to a process
+            files.diagnosis.attach_ring(files.channel.ring_path)
     if opts.tensorboard is not None:
         from nnwatch.export.tensorboard import attach_live  # lazy: only if asked for
 

@@ -19,11 +19,14 @@ import nnwatch
 pytestmark = pytest.mark.usefixtures("nnwatch_run_dir")
 
 
-@pytest.fixture
-def nnwatch_run_dir(tmp_path, monkeypatch):
+@pytest.fixture(params=["thread", "process"])
+def nnwatch_run_dir(request, tmp_path, monkeypatch):
+    """Each loop twice: the detectors in the writer thread, and moved at once to a process of
+    their own (what a fast loop does by itself): both must judge alike."""
     d = tmp_path / "runs"
     d.mkdir(mode=0o700)
     monkeypatch.setenv("NNWATCH_RUN_DIR", str(d))
+    monkeypatch.setenv("NNWATCH_DETECTORS", request.param)
     torch.set_num_threads(1)
 
 
