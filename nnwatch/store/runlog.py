@@ -35,12 +35,13 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nnwatch.store.events import Event, LogFailed
+from nnwatch.store.events import Event, LogFailed, as_event
 from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
@@ -282,10 +283,11 @@ class RunLogWriter:
         self.wake_at = max(1, ring_slots // 4)
 
     # -- any thread ------------------------------------------------------------------------------
-    def event(self, event: Event) -> None:
-        """Append one event line; events are rare, so this writes synchronously. The line is
-        stamped with the time it is written, unless the event carries its own."""
-        fields = {"time": time.time(), **event.to_json()}
+    def event(self, event: Event | Mapping[str, Any]) -> None:
+        """Append one event line (a typed event, or the dict of a line, as callers before the
+        types wrote); events are rare, so this writes synchronously. The line is stamped with
+        the time it is written, unless the event carries its own."""
+        fields = {"time": time.time(), **as_event(event).to_json()}
         line = (json.dumps(fields, default=_json_default, sort_keys=True) + "\n").encode()
         with self._events_lock:
             if self._fd_e < 0:

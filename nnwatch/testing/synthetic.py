@@ -26,7 +26,6 @@ import numpy as np
 from nnwatch.channel.commands import PAUSE, RESUME, SET_CLIP, SET_LAYER_INTERVAL, STOP
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.channel.server import PendingCommand
-from nnwatch.store.events import CommandApplied
 from nnwatch.store.paths import default_root, ensure_private_dir
 from nnwatch.store.schema import RunMeta, RunSchema
 
@@ -114,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             elif c.name == SET_CLIP:
                 clip = float("nan") if c.args["max_norm"] is None else c.args["max_norm"]
             if log is not None:
-                log.event(CommandApplied(command=c.name, args=c.args, step=step))
+                # the line as nnwatch once wrote it ("name", not "command"): monitors and tests
+                # read that older form too (nnwatch.store.events types it the same)
+                log.event({"type": "command", "name": c.name, "args": c.args, "step": step})
             c.reply(step, paused=paused)
 
     try:
