@@ -167,6 +167,8 @@ class JudgeLink:
                     self._on_finding(message["finding"])
                 elif "snapshot" in message:
                     self._on_snapshot(str(message["snapshot"]))
+                elif "notice" in message:
+                    log.warning("nnwatch: %s", message["notice"])
                 elif "done" in message:
                     self.done = message["done"]
             except Exception as exc:  # noqa: BLE001 - reporting must never stop the reading

@@ -53,15 +53,15 @@ class _Answers:
         return False
 
     def add_finding(self, finding: Finding) -> None:
-        self._say({"finding": finding.to_dict()})
+        self.say({"finding": finding.to_dict()})
 
     def request_snapshot(self, reason: str) -> None:
-        self._say({"snapshot": reason})
+        self.say({"snapshot": reason})
 
     def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         return self.layer_state
 
-    def _say(self, message: dict[str, Any]) -> None:
+    def say(self, message: dict[str, Any]) -> None:
         if self.gone:
             return
         try:
@@ -135,7 +135,7 @@ class Judge:
         going = True
         while going:
             batch = self.reader.read_batch()  # first the ring, then the messages (see _Inbox)
-            self.dropped += batch.dropped
+            self.count_dropped(batch.dropped)
             rows = batch.records
             for message in inbox.drain():
                 if message.get("end"):
@@ -158,11 +158,20 @@ class Judge:
                 inbox.wait(POLL_S)  # a message wakes it early; a ring filling up does not wait
         while True:  # what the ring still holds
             batch = self.reader.read_batch()
-            self.dropped += batch.dropped
+            self.count_dropped(batch.dropped)
             if not len(batch.records):
                 break
             self.feed(batch.records)
-        self.answers._say({"done": {"rows": self.rows, "dropped": self.dropped}})
+        self.answers.say({"done": {"rows": self.rows, "dropped": self.dropped}})
+
+    def count_dropped(self, n: int) -> None:
+        """Records the trainer overwrote before this process read them: said once, in words."""
+        if n and not self.dropped:
+            self.answers.say({"notice": (
+                f"the detectors' process fell behind the ring and missed {n} record(s); the "
+                "detectors judge the run with gaps from here (the run log keeps every record)"
+            )})  # fmt: skip
+        self.dropped += n
 
     def feed(self, rows: np.ndarray) -> None:
         if len(rows):

@@ -217,8 +217,9 @@ class Diagnosis:
     def close(self) -> None:
         """In the thread, nothing to release: the writer flushes its last records after this, and
         they still count. A process of the detectors' own reads the ring to its end first."""
-        self.placement = "thread"  # the log's last drain comes after this: judged here
-        link = self.link
+        with self._lock:  # a hand-over under way in the writer thread finishes first
+            self.placement = "thread"  # the log's last drain comes after this: judged here
+            link = self.link
         if link is not None:
             link.close()
 
