@@ -75,7 +75,7 @@ class Run:
         """Name, status, steps, the last loss and grad norm, the findings: what a notebook shows."""
         findings: list[Mapping[str, Any]] = [
             {k: e.get(k) for k in ("kind", "severity", "step", "summary", "remedy")}
-            for e in self.findings if e.get("type") == "finding"
+            for e in self.findings if e.get("type") == "finding"  # typed lines, as it always listed
         ]
         return RunSummary(
             name=self.meta.name, status=self.status, steps=len(self),
