@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 import nnwatch
+from nnwatch.diagnosis.live import HAND_OVER_AFTER
 from nnwatch.probe.budget import UPDATE_EVERY
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.schedule import WARMUP_STEPS
@@ -257,6 +258,11 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
+        # ... and past the detectors' placement (they judge their cost over 256 records and 2 s,
+        # then stay in the writer thread or move to their own process): the steady state
+        placed = time.monotonic() + HAND_OVER_AFTER[1] + 1.0
+        while time.monotonic() < placed and internals(w).files.diagnosis.link is None:
+            train_steps(16, step, net=net, opt=opt)
         run_log = internals(w).files.log
         if run_log is not None:  # (the run files exist from the first step) the writer thread's CPU time per record it wrote and diagnosed
             drain, write = run_log._drain, run_log._write
