@@ -70,7 +70,6 @@ class JudgeLink:
         cls,
         *,
         ring: Path,
-        after_step: int,
         state: bytes,
         on_finding: Callable[[dict[str, Any]], None],
         on_snapshot: Callable[[str], None],
@@ -88,8 +87,8 @@ class JudgeLink:
             log.info("nnwatch: the detectors stay in this process: %s", exc)
             return None
         header = {
-            "protocol": PROTOCOL, "ring": str(ring), "after_step": int(after_step),
-            "state_len": len(state), "parent": os.getpid(),
+            "protocol": PROTOCOL, "ring": str(ring), "state_len": len(state),
+            "parent": os.getpid(),
         }  # fmt: skip
         try:
             assert proc.stdin is not None

@@ -1,7 +1,7 @@
 """The detectors in a process of their own: ``python -m nnwatch.diagnosis.judge_process``.
 
 Started by :class:`~nnwatch.diagnosis.judge_link.JudgeLink` with, on stdin, one JSON header line
-(the ring's path, the last step the detectors saw, the state's length) and the detectors' pickled
+(the ring's path, the state's length, the parent's pid) and the detectors' pickled
 state; then JSON lines: ``{"guard": step, "act_sum": [...], "grad_layer": [...]}`` when the
 trainer's guard trips, ``{"game": true}``, ``{"end": true}``. It reads the ring every
 ``POLL_S`` and answers on stdout, one JSON line each: ``{"finding": {...}}``,
@@ -201,7 +201,7 @@ def main() -> int:
     state, data = data[:need], data[need:]
     pipeline, spikes = pickle.loads(state)  # noqa: S301 - written by our own parent, over a pipe
     answers = _Answers(stdout)
-    diagnosis = Diagnosis.resumed(pipeline, spikes, answers)
+    diagnosis = Diagnosis(pipeline.ctx, answers, handed_over=(pipeline, spikes))
     try:
         judge = Judge(diagnosis, answers, Path(header["ring"]), int(header["parent"]))
     except Exception as exc:  # noqa: BLE001 - said in words, then the link reports it lost

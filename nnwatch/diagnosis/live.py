@@ -78,37 +78,34 @@ class DiagnosedRun(Protocol):
 class Diagnosis:
     """Detectors for one watched run. Findings go to ``run.add_finding`` (and ``self.findings``)."""
 
-    def __init__(self, context: RunContext, run: DiagnosedRun) -> None:
+    def __init__(
+        self,
+        context: RunContext,
+        run: DiagnosedRun,
+        handed_over: tuple[Pipeline, SpikeTrigger] | None = None,
+    ) -> None:
+        """``handed_over``: the state of detectors that moved here (their own process), which
+        go on from it and stay where they are."""
         self.run = run
         self.context = context
-        self.pipeline = Pipeline(self.context)
+        self.pipeline, self.spikes = handed_over or (Pipeline(context), SpikeTrigger())
         self.findings: list[Finding] = []
-        self.spikes = SpikeTrigger()
         self._lock = threading.Lock()
         self.rows_seen = 0
-        #: give the GIL back after each record (off only for bench/writer_stalls.py's comparison)
-        self.hand_back = True
+        #: give the GIL back after each record (off for bench/writer_stalls.py's comparison, and
+        #: in the detectors' own process, where no training thread waits for it)
+        self.hand_back = handed_over is None
         #: the run's ring file, where a process of the detectors' own would read the records
         self.ring: Path | None = None
         #: the detectors' own process, once they moved there
         self.link: JudgeLink | None = None
-        self.placement = _placement()
+        self.placement = "thread" if handed_over is not None else _placement()
         self._cost = 0.0  # detector CPU seconds so far (thread time)
         self._first_seen: float | None = None
         if run.guard_tripped and run.step_index == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
             self.on_nonfinite_grads(0)
-
-    @classmethod
-    def resumed(cls, pipeline: Pipeline, spikes: SpikeTrigger, run: DiagnosedRun) -> Diagnosis:
-        """Detectors handed over with their state (in the detectors' own process)."""
-        diag = cls.__new__(cls)
-        diag.run, diag.context, diag.pipeline, diag.spikes = run, pipeline.ctx, pipeline, spikes
-        diag.findings, diag._lock, diag.rows_seen, diag.hand_back = [], threading.Lock(), 0, False
-        diag.ring, diag.link, diag.placement = None, None, "thread"
-        diag._cost, diag._first_seen = 0.0, None
-        return diag
 
     # -- writer thread ---------------------------------------------------------------------------
     def observe(self, rows: np.ndarray) -> None:
@@ -154,8 +151,6 @@ class Diagnosis:
         now = time.monotonic()
         if self._first_seen is None:
             self._first_seen = now
-        if self.placement == "process":
-            return True
         records, seconds = HAND_OVER_AFTER
         if self.rows_seen < records or now - self._first_seen < seconds:
             return False
@@ -176,7 +171,7 @@ class Diagnosis:
                 log.info("nnwatch: the detectors stay in this process: %r", exc)
                 return
             self.link = JudgeLink.start(
-                ring=self.ring, after_step=self.pipeline.last_step, state=state,
+                ring=self.ring, state=state,
                 on_finding=self._finding_from_process, on_snapshot=self._request_snapshot,
                 on_lost=self._process_lost,
             )  # fmt: skip

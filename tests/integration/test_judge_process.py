@@ -45,7 +45,7 @@ def test_a_lapped_judge_says_so_and_still_reports_the_bad_record(
     lost: list[str] = []
     state = pickle.dumps((Pipeline(RunContext.from_meta(meta)), SpikeTrigger()))
     link = JudgeLink.start(
-        ring=tmp_path / "ring", after_step=-1, state=state, on_finding=findings.append,
+        ring=tmp_path / "ring", state=state, on_finding=findings.append,
         on_snapshot=lambda reason: None, on_lost=lost.append,
     )  # fmt: skip
     assert link is not None
@@ -78,7 +78,7 @@ def test_a_judge_whose_ring_is_gone_is_reported_lost(tmp_path: Path) -> None:
     lost: list[str] = []
     state = pickle.dumps((Pipeline(RunContext.from_meta(make_meta("gone", 1))), SpikeTrigger()))
     link = JudgeLink.start(
-        ring=tmp_path / "no-ring", after_step=-1, state=state, on_finding=lambda d: None,
+        ring=tmp_path / "no-ring", state=state, on_finding=lambda d: None,
         on_snapshot=lambda reason: None, on_lost=lost.append,
     )  # fmt: skip
     assert link is not None
