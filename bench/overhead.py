@@ -260,8 +260,14 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
         # ... and past the detectors' placement (they judge their cost over 256 records and 2 s,
         # then stay in the writer thread or move to their own process): the steady state
+        # (a slow step needs the records as much as the seconds: 256 of 70 ms steps take 18 s)
+        diagnosis = internals(w).files.diagnosis
         placed = time.monotonic() + HAND_OVER_AFTER[1] + 1.0
-        while time.monotonic() < placed and internals(w).files.diagnosis.link is None:
+        enough = HAND_OVER_AFTER[0] + 2 * UPDATE_EVERY
+        give_up = time.monotonic() + 90.0
+        while diagnosis is not None and diagnosis.link is None and time.monotonic() < give_up and (
+            time.monotonic() < placed or diagnosis.rows_seen < enough
+        ):
             train_steps(16, step, net=net, opt=opt)
         run_log = internals(w).files.log
         if run_log is not None:  # (the run files exist from the first step) the writer thread's CPU time per record it wrote and diagnosed

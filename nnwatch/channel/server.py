@@ -83,6 +83,9 @@ class CommandServer(ConnectionLoop):
             "subscribe": self._subscribe,
         }
         self._queue: collections.deque[PendingCommand] = collections.deque()
+        #: the same queue, read-only for the step boundary: empty means nothing to drain (a
+        #: truth test, where ``drain()`` is a call on every step)
+        self.pending: collections.deque[PendingCommand] = self._queue
         self._arrived = threading.Event()
         self._pause_holders: set[Connection] = set()
         self._per_command: dict[str, Bucket] = {}  # for commands with a rate of their own

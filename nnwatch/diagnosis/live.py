@@ -12,7 +12,8 @@ and the time lost in stalls, back to the bare loop's with the hand-back). The on
 :meth:`on_nonfinite_grads` and the NaN finding is issued on the spot, with the weights still clean.
 
 A thread still shares the trainer's GIL. So the detectors time themselves, and once they cost more
-than ``HAND_OVER_SHARE`` of the step time (a fast loop: on a 0.2 ms step they nearly double it),
+than ``HAND_OVER_SHARE`` (0.1 %) of the step time (a fast loop: on a 0.2 ms step they nearly
+double it; a slow one: its records come one by one, each on a cold cache),
 they hand their state to a process of their own that reads the ring
 (:mod:`~nnwatch.diagnosis.judge_link`); findings then come back one poll (50 ms) later. Where
 there is no ring or no process can start, they stay here. ``NNWATCH_DETECTORS`` = ``thread`` or
@@ -45,8 +46,10 @@ log = logging.getLogger("nnwatch")
 #: writer drains every 0.25 s; a healthy batch takes a few milliseconds of that).
 HAND_BACK_FOR = 0.1
 #: Detector CPU per record, as a share of the median step time, past which they move to a
-#: process of their own (half the probe's 1% budget)...
-HAND_OVER_SHARE = 0.005
+#: process of their own (a tenth of the probe's 1% budget: the detectors run on a cold cache
+#: after every batch of steps, 0.2-0.3 ms a record after a 70 ms step, and what stays in this
+#: process adds to the probe's own share; a process costs a core's sliver, not the trainer's GIL)...
+HAND_OVER_SHARE = 0.001
 #: ... judged once this many records and seconds have been seen (a short run never pays a process)
 HAND_OVER_AFTER = (256, 2.0)
 

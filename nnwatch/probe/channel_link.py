@@ -54,8 +54,8 @@ class ChannelLink:
     def __init__(self, w: ChannelOwner, meta: RunMeta, run_dir: Path) -> None:
         self.owner = w
         self.endpoint = RunEndpoint(meta, run_dir, heartbeat=None)
-        #: one record into the ring (the endpoint's own method, bound once: the hot path)
-        self.publish: Callable[[bytes], None] = self.endpoint.publish
+        #: one record into the ring (the ring's own method, bound once: the hot path)
+        self.publish: Callable[[bytes], None] = self.endpoint.ring.publish
         #: the ring's capacity, and where a failed log says why (the ring header)
         self.slots = self.endpoint.slots
         #: the ring file (the detectors' own process, when they move there, reads it)
@@ -74,6 +74,9 @@ class ChannelLink:
 
     def after_step(self) -> None:
         """At the step boundary: apply what monitors sent; hold the thread while paused."""
+        server = self.endpoint.server
+        if server is None or not server.pending:
+            return  # the usual step: no command came (checked here, on every step, for less)
         w = self.owner
         self.endpoint.at_step_boundary(
             self._apply, lambda: w.paused and not w.should_stop and not w.closed

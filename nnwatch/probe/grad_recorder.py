@@ -51,6 +51,7 @@ from nnwatch.tensors.grad_norms import (
     LayerReducer,
     float32_of,
     global_norm,
+    host_sum_of_squares,
     squared_norms,
     total_norm,
 )
@@ -157,6 +158,21 @@ class GradientRecorder:
         self.total = total
         return total
 
+    def light_norm(self) -> torch.Tensor | float | None:
+        """The global norm alone, on an unmeasured step: on the CPU without a scaler, straight
+        from the gradients into the record (no lists built, no torch call); else ``measure_now``."""
+        host = self.buf.dev_np
+        if host is not None and self.scaler is None:
+            sq = host_sum_of_squares(p.grad for p in self.plan.params)
+            if sq is not None:
+                total = math.sqrt(sq)
+                self.done, self.layers_done, self.total = True, False, total
+                finite = total < _INF  # NaN and Inf fail it
+                host[_GRAD_NORM] = total if not finite or total < _F32_MAX else _F32_MAX
+                host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
+                return total
+        return self.measure_now(unscale=True, layers=False)
+
     def _norm_of_now(self) -> torch.Tensor | float | None:
         """The global norm of the current gradients, recorded nowhere (the post-clip check)."""
         _, grads = self.grads()
@@ -171,7 +187,7 @@ class GradientRecorder:
         if self.torch_clips > 0 or self.backwards < self.micro:
             return
         if not self.measure:
-            self.measure_now(unscale=True, layers=False)  # the global norm, every step
+            self.light_norm()  # the global norm, every step
             self.from_torch = False
             return
         self.measure_now(unscale=True)
@@ -417,4 +433,5 @@ class GradientRecorder:
 
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
+_INF = math.inf
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)

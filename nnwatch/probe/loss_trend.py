@@ -63,43 +63,28 @@ class LossTrend:
         self.seen += 1
         level, dev = self.level, self.dev
         scale = max(dev, 1e-3 * abs(level), 1e-12)
-        judged = self.seen > WARMUP
         fast = self.fast
         recent = self.recent
-        # computed only where a rule needs them (this runs on the training thread every step):
-        # the highest loss of the recent past, and whether the recent losses as a whole stand
-        # above the level (a climb, not one heavy-tailed batch, whose mean sits far above its
-        # median: most batches lie below the level)
-        peak: float | None = None
-        shifted: bool | None = None
-
-        def above_peak() -> bool:
-            nonlocal peak
-            if peak is None:
-                peak = max(recent) if recent else -math.inf
-            return loss > peak
-
-        def bulk_above() -> bool:
-            nonlocal shifted
-            if shifted is None:
-                shifted = len(recent) >= SHIFT_N - 1 and (
-                    sorted([loss, *islice(reversed(recent), SHIFT_N - 1)])[SHIFT_N // 2] > level
-                )
-            return shifted
-
-        severe = judged and (
-            (loss > level + SPIKE * scale and above_peak())
-            or (fast > level + RISE * scale and bulk_above())
+        severe = bad = False
+        if self.seen > WARMUP:
+            # the four lines first: on a healthy step (this runs on the training thread every
+            # step) none is crossed, and the recent losses are not looked at
+            spike = loss > level + SPIKE * scale
+            rise = fast > level + RISE * scale
             # a steady climb widens the deviation it is measured in; against the level it shows
-            or (level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale and bulk_above())
-        )
-        # a loss that doubled is worth a closer look, but near convergence minibatch losses are
-        # heavy-tailed (2-4x the level is ordinary there): only a short one unless it persists,
-        # and only above every recent loss or with the bulk of them above the level
-        bad = severe or (
-            judged and level > 0 and loss > 2.0 * level and loss - level > DOUBLED * scale
-            and (above_peak() or bulk_above())
-        )  # fmt: skip
+            climb = level > 0 and fast > CLIMB * level and fast - level > 2.0 * scale
+            # a loss that doubled is worth a closer look, but near convergence minibatch losses
+            # are heavy-tailed (2-4x the level is ordinary there): only a short one unless it
+            # persists, and only above every recent loss or with the bulk of them above the level
+            doubled = level > 0 and loss > 2.0 * level and loss - level > DOUBLED * scale
+            if spike or rise or climb or doubled:
+                # above the highest loss of the recent past; and whether the recent losses as a
+                # whole stand above the level (a climb, not one heavy-tailed batch, whose mean
+                # sits far above its median: most batches lie below the level)
+                above = (spike or doubled) and loss > (max(recent) if recent else -math.inf)
+                bulk = (rise or climb or (doubled and not above)) and _bulk_above(recent, loss, level)
+                severe = (spike and above) or ((rise or climb) and bulk)
+                bad = severe or (doubled and (above or bulk))
         recent.append(loss)
         # a lone spike must not hold the fast average up for the steps after it: it is fed at
         # most the spike line, so only a run of high losses makes it climb
@@ -117,3 +102,10 @@ class LossTrend:
             self.bad_since = None
         self.severe = severe or persists
         return bad
+
+
+def _bulk_above(recent: deque[float], loss: float, level: float) -> bool:
+    """The median of ``loss`` and the ``SHIFT_N - 1`` losses before it stands above ``level``."""
+    return len(recent) >= SHIFT_N - 1 and (
+        sorted([loss, *islice(reversed(recent), SHIFT_N - 1)])[SHIFT_N // 2] > level
+    )

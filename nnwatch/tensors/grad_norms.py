@@ -9,6 +9,7 @@ before ``optimizer.step()``; on the CPU it uses one BLAS ``dot`` per parameter, 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import cast
 
 import numpy as np
@@ -37,10 +38,15 @@ def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tens
 def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor | float:
     """The global L2 norm alone, for steps whose per-layer norms are not wanted.
 
-    One ``_foreach_norm`` call; on the CPU the squares are summed as Python floats (reading a
-    CPU scalar is no sync): about 5 us for a small model, against 35 for the per-parameter
-    stack and numpy sum that the per-layer path needs. On a GPU it stays on the device.
+    On the CPU, float32 and float64 gradients are read through numpy, one BLAS dot each, summed
+    as Python floats: right after a backward (caches cold) that measured 15 us against 19 for
+    one ``_foreach_norm`` on a 3-tensor MLP, and 24 against 34 on a 100k-parameter one. Other
+    dtypes and devices take ``_foreach_norm``; on a GPU the result stays on the device.
     """
+    if device.type == "cpu":
+        total = host_sum_of_squares(grads)
+        if total is not None:
+            return math.sqrt(total)
     try:
         norms = torch._foreach_norm(grads, 2.0)
     except (RuntimeError, TypeError):
@@ -50,6 +56,30 @@ def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
     wide = any(g.dtype == torch.float64 for g in grads)
     dtype = torch.float64 if wide else torch.float32
     return cast("torch.Tensor", torch.linalg.vector_norm(torch.stack([n.to(device=device, dtype=dtype) for n in norms])))
+
+
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def host_sum_of_squares(grads: Iterable[torch.Tensor | None]) -> float | None:
+    """The sum of squares of CPU float32/float64 gradients through numpy, or None where a
+    gradient is of another kind (half precision, sparse, on a device, part of a graph), or none
+    is there. ``grads`` may hold None (a parameter without a gradient), which counts as nothing."""
+    total = 0.0
+    seen = False
+    vdot = np.vdot
+    try:
+        for g in grads:
+            if g is None:
+                continue
+            a = g.numpy()
+            if a.dtype not in _BLAS_DTYPES:
+                return None
+            total += float(vdot(a, a))
+            seen = True
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return total if seen else None
 
 
 def float32_of(t: torch.Tensor) -> torch.Tensor:
