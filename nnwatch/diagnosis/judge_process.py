@@ -4,7 +4,8 @@ Started by :class:`~nnwatch.diagnosis.judge_link.JudgeLink` with, on stdin, one 
 (the ring's path, the state's length, the parent's pid) and the detectors' pickled
 state; then JSON lines: ``{"guard": step, "act_sum": [...], "grad_layer": [...]}`` when the
 trainer's guard trips, ``{"game": true}``, ``{"end": true}``. It reads the ring every
-``POLL_S`` and answers on stdout, one JSON line each: ``{"finding": {...}}``,
+``POLL_S`` while records come (backing off to ``IDLE_POLL_S`` while none do) and answers on
+stdout, one JSON line each: ``{"finding": {...}}``,
 ``{"snapshot": reason}``, and at the end ``{"done": {"rows": n, "dropped": n}}``.
 
 It never outlives the run: at an end message, at its stdin's end (the trainer closed or died) or
@@ -34,6 +35,11 @@ from nnwatch.store.ring_reader import RingReader
 #: Seconds between two reads of the ring while records come (the ring holds thousands of records,
 #: so even a step of 50 us leaves the reader a generous margin).
 POLL_S = 0.05
+#: ... and the longest wait while none come: a slow step (a second, say) finds most reads empty,
+#: and each read costs the process a few hundred microseconds on a cold cache; it backs off
+#: (doubling) to this, the run log's own drain interval, and goes back to ``POLL_S`` at the next
+#: record. Messages wake it at once.
+IDLE_POLL_S = 0.25
 
 
 class _Answers:
@@ -133,6 +139,7 @@ class Judge:
 
     def run(self, inbox: _Inbox) -> None:
         going = True
+        wait = POLL_S
         while going:
             batch = self.reader.read_batch()  # first the ring, then the messages (see _Inbox)
             self.count_dropped(batch.dropped)
@@ -155,7 +162,8 @@ class Judge:
             if inbox.closed or os.getppid() != self.parent:
                 going = False
             if going and len(batch.records) < self.reader.slots // 4:
-                inbox.wait(POLL_S)  # a message wakes it early; a ring filling up does not wait
+                wait = POLL_S if len(batch.records) else min(IDLE_POLL_S, 2 * wait)
+                inbox.wait(wait)  # a message wakes it early; a ring filling up does not wait
         while True:  # what the ring still holds
             batch = self.reader.read_batch()
             self.count_dropped(batch.dropped)

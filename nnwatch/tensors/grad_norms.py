@@ -19,9 +19,25 @@ from torch.nn.parameter import UninitializedParameter
 F32_MAX = float(torch.finfo(torch.float32).max)
 
 
+def stored_values(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``grads`` with each sparse gradient (``nn.Embedding(sparse=True)``) replaced by its stored
+    values, summed per index first: the same L2 norm, in a dense tensor every norm path takes."""
+    if not any(g.layout != torch.strided for g in grads):
+        return grads
+    out = []
+    for g in grads:
+        if g.layout == torch.sparse_coo:
+            g = g.coalesce().values()
+        elif g.layout != torch.strided:
+            g = g.values()  # compressed layouts (CSR, CSC, BSR...) hold each index once
+        out.append(g)
+    return out
+
+
 def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Squared L2 norm of each gradient, stacked on ``device``: float32, or float64 when a
     gradient is float64 (its norm, and more so its square, can be beyond float32's range)."""
+    grads = stored_values(grads)
     if device.type == "cpu" and all(g.dtype == torch.float32 and g.device.type == "cpu" for g in grads):
         flats = [g.reshape(-1) for g in grads]
         return torch.stack([torch.dot(f, f) for f in flats])
@@ -47,6 +63,7 @@ def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
         total = host_sum_of_squares(grads)
         if total is not None:
             return math.sqrt(total)
+    grads = stored_values(grads)
     try:
         norms = torch._foreach_norm(grads, 2.0)
     except (RuntimeError, TypeError):
@@ -59,12 +76,13 @@ def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
 
 
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_TENSOR = torch.Tensor
 
 
 def host_sum_of_squares(grads: Iterable[torch.Tensor | None]) -> float | None:
-    """The sum of squares of CPU float32/float64 gradients through numpy, or None where a
-    gradient is of another kind (half precision, sparse, on a device, part of a graph), or none
-    is there. ``grads`` may hold None (a parameter without a gradient), which counts as nothing."""
+    """The sum of squares of CPU float32/float64 gradients through numpy; None where one is of
+    another kind (half precision, sparse, on a device, part of a graph, a tensor subclass) or
+    none is there. A None in ``grads`` (a parameter without a gradient) counts as nothing."""
     total = 0.0
     seen = False
     vdot = np.vdot
@@ -72,6 +90,8 @@ def host_sum_of_squares(grads: Iterable[torch.Tensor | None]) -> float | None:
         for g in grads:
             if g is None:
                 continue
+            if type(g) is not _TENSOR:
+                return None  # a subclass (a DTensor shard) is not a plain buffer of numbers
             a = g.numpy()
             if a.dtype not in _BLAS_DTYPES:
                 return None
