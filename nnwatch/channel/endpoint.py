@@ -12,6 +12,7 @@ own instance number, so their sockets and entries never collide.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -75,9 +76,13 @@ class RunEndpoint:
         try:
             self._open(root, serve, subscribe_mode, cuda_devices)
         except BaseException:
+            # each step on its own, and none may replace what is propagating: a cleanup error
+            # raised here would turn a Ctrl-C into "live monitoring is off" and training on
             if self.server is not None:
-                self.server.close()
-            self.ring.close("crashed", unlink=True)
+                with contextlib.suppress(Exception):
+                    self.server.close()
+            with contextlib.suppress(Exception):
+                self.ring.close("crashed", unlink=True)
             _open_instances.discard(self.instance)
             raise
         if heartbeat:

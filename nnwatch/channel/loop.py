@@ -136,7 +136,8 @@ class ConnectionLoop:
             return
         self._stop = True
         self._wake()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # start() may have been interrupted before it ran
+            self._thread.join(timeout=5)
         for conn in list(self._conns.values()):
             self._drop(conn, lift_pause=False)
         if self._sel is not None:

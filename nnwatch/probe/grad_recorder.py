@@ -111,20 +111,6 @@ class GradientRecorder:
         """Whether ``grads`` hold all of this model's gradients (others may come with them)."""
         return coverage(self.plan.params, grads, attr)[0] == "all"
 
-    def _write_total(self, total: torch.Tensor | float) -> None:
-        b = self.buf
-        host = b.dev_np
-        if host is not None:
-            value = float(total)  # a CPU tensor or a float: no sync
-            finite = math.isfinite(value)
-            # a float64 norm beyond float32's range is recorded at its largest value, not as Inf
-            host[_GRAD_NORM] = value if not finite or abs(value) < _F32_MAX else _F32_MAX
-            host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
-        else:
-            t = torch.as_tensor(total).detach()
-            b.slot("nonfinite_grads").copy_(~torch.isfinite(t))
-            b.slot("grad_norm").copy_(float32_of(t).to(b.dev.device))
-
     # -- measuring -------------------------------------------------------------------------------
     def measure_now(self, unscale: bool = False, layers: bool = True) -> torch.Tensor | float | None:
         """Global (and with ``layers``, per-layer) norms of the gradients as they are now.
@@ -141,7 +127,7 @@ class GradientRecorder:
         scale = loss_scale(self.scaler) if unscale else None
         if not layers and scale is None:  # the global norm alone, cheaply (unmeasured steps)
             self.layers_done, self.total = False, global_norm(grads, b.dev.device)
-            self._write_total(self.total)
+            _write_total(self.buf, self.total)
             return self.total
         sq = squared_norms(grads, b.dev.device)
         if scale is not None:
@@ -154,7 +140,7 @@ class GradientRecorder:
                 self.reducer.write_host(sq.numpy(), present, host_layers)
             else:
                 self.reducer.write(sq, present, b.grad_layer, squared=True)
-        self._write_total(total)
+        _write_total(self.buf, total)
         self.total = total
         return total
 
@@ -162,16 +148,14 @@ class GradientRecorder:
         """The global norm alone, on an unmeasured step: on the CPU without a scaler, straight
         from the gradients into the record (no lists built, no torch call); else ``measure_now``."""
         host = self.buf.dev_np
-        if host is not None and self.scaler is None:
-            sq = host_sum_of_squares(p.grad for p in self.plan.params)
-            if sq is not None:
-                total = math.sqrt(sq)
-                self.done, self.layers_done, self.total = True, False, total
-                finite = total < _INF  # NaN and Inf fail it
-                host[_GRAD_NORM] = total if not finite or total < _F32_MAX else _F32_MAX
-                host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
-                return total
-        return self.measure_now(unscale=True, layers=False)
+        sq = None if host is None or self.scaler is not None else host_sum_of_squares(
+            p.grad for p in self.plan.params
+        )  # fmt: skip
+        if host is None or sq is None:
+            return self.measure_now(unscale=True, layers=False)
+        self.done, self.layers_done, self.total = True, False, math.sqrt(sq)
+        _write_host_norm(host, self.total)
+        return self.total
 
     def _norm_of_now(self) -> torch.Tensor | float | None:
         """The global norm of the current gradients, recorded nowhere (the post-clip check)."""
@@ -221,7 +205,7 @@ class GradientRecorder:
         if cover == "part":
             self._on_part_norm(ids, total)
             return
-        self._write_total(total)
+        _write_total(self.buf, total)
         if self.measure and not self.done:  # per-layer norms from the same, unclipped gradients
             self._layer_norms(None)
         self._took_torch_total(total)
@@ -275,7 +259,7 @@ class GradientRecorder:
                     torch.cat([sq for _, sq in parts.layers]),
                 )
             whole = parts.whole()
-            self._write_total(whole)
+            _write_total(self.buf, whole)
             self._took_torch_total(whole)
 
     def clip_limit(self, params: list[torch.Tensor], max_norm: float) -> float:
@@ -433,5 +417,24 @@ class GradientRecorder:
 
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
-_INF = math.inf
+
+
+def _write_total(b: StepBuffers, total: torch.Tensor | float) -> None:
+    """The recorded pre-clip norm into the step record: as a number on the CPU (no sync), on
+    the device elsewhere."""
+    host = b.dev_np
+    if host is not None:
+        _write_host_norm(host, float(total))  # a CPU tensor or a float: no sync
+    else:
+        t = torch.as_tensor(total).detach()
+        b.slot("nonfinite_grads").copy_(~torch.isfinite(t))
+        b.slot("grad_norm").copy_(float32_of(t).to(b.dev.device))
+
+
+def _write_host_norm(host: Any, value: float) -> None:
+    """The global norm and its non-finite flag into the CPU record; a float64 norm beyond
+    float32's range is recorded at float32's largest value, not as Inf."""
+    finite = math.isfinite(value)
+    host[_GRAD_NORM] = value if not finite or abs(value) < _F32_MAX else _F32_MAX
+    host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)

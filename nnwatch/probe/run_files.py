@@ -10,6 +10,7 @@ memory, raw, for snapshots and detectors.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -248,7 +249,8 @@ class RunFiles:
         try:
             self.log = RunLogWriter(self.dir, meta)
         except BaseException:
-            unpin_dir(self._pin)
+            with contextlib.suppress(Exception):  # never in place of what is propagating
+                unpin_dir(self._pin)
             self._pin = None
             raise
         self.log.on_error.append(on_error)

@@ -11,6 +11,7 @@ screen, the recent rows, older ones fetched on demand), and when the link drops,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -258,7 +259,8 @@ class RemoteSource(SummarisedSource):
             self.tunnel.start()
             super().__init__(self.tunnel.local, timeout=timeout, max_hz=max_hz)
         except BaseException:
-            self.tunnel.close()
+            with contextlib.suppress(Exception):  # never in place of what is propagating
+                self.tunnel.close()
             raise
 
     @property

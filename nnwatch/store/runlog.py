@@ -26,6 +26,7 @@ a ``kill -9`` can only cut the last row short, which the loader then ignores.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -129,7 +130,8 @@ class RowAppender:
                 if cut:
                     os.ftruncate(self.crc_fd, os.fstat(self.crc_fd).st_size - cut)
         except BaseException:
-            self.close()
+            with contextlib.suppress(Exception):  # never in place of what is propagating
+                self.close()
             raise
 
     def append(self, data: bytes) -> None:

@@ -135,3 +135,38 @@ def test_real_sigint_is_interrupted(subprocess_env: dict[str, str], tmp_path: Pa
     proc.communicate(timeout=60)
     end = json.loads((run / "end.json").read_text())
     assert end["status"] == "interrupted"
+
+
+def test_a_ctrl_c_that_lands_while_the_channel_starts_still_stops_the_loop(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Ctrl-C during the first step's set-up, while the command server's thread starts (where one
+    landed in a full test run: 1 run in 30 there). The set-up's clean-up then joined a thread that
+    never ran, and its RuntimeError replaced the KeyboardInterrupt: nnwatch took it for a broken
+    channel ("live monitoring is off") and the loop trained on, deaf to the Ctrl-C. The interrupt
+    is raised where the signal landed, in ``Thread.start`` before the thread ran."""
+    script = tmp_path / "ctrl_c_at_setup.py"
+    script.write_text(
+        textwrap.dedent(LOOP)
+        + textwrap.dedent("""
+            import threading
+            _start = threading.Thread.start
+            def start(self):
+                if self.name == "nnwatch-commands":
+                    raise KeyboardInterrupt
+                _start(self)
+            threading.Thread.start = start
+            w = nnwatch.watch(model, opt, name='p')
+            train(w, 10**9)
+        """)
+    )
+    proc = subprocess.run(
+        [PYTHON, str(script)], env=subprocess_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0, proc.stderr
+    assert "KeyboardInterrupt" in proc.stderr
+    assert "live monitoring is off" not in proc.stderr
+    run = next(iter(Path(subprocess_env["NNWATCH_RUN_DIR"]).glob("runs/p-*")))
+    end = run / "end.json"
+    if end.exists():  # the run log started before the channel: it says how the run ended
+        assert json.loads(end.read_text())["status"] == "interrupted"
