@@ -14,6 +14,10 @@ the user set explicitly is kept as it is and paid for as asked: the budget then 
 what it can leave out, the measurements (with statistics every step, the "detailed" mode, layer
 sums and gradient norms still follow the budget).
 
+The fraction covers the writer thread as well: the run log's writer (and the detectors, until
+they move to their own process) holds the same GIL on the same cores, so its CPU per record
+(``background``) is counted in every step's base cost.
+
 The budget aims at ``AIM`` (70%) of the fraction, not all of it: it steers by running averages of a
 noisy machine, and the cost it is held to is the measured median, not the average it predicted.
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 
 #: Steps between two decisions.
 UPDATE_EVERY = 16
@@ -73,6 +78,10 @@ class CostBudget:
         # since the last update: [seconds, steps] per kind, and each step's wall time
         self.acc = [0.0, 0] * 4
         self.times: list[float] = []
+        #: seconds of CPU per step spent for nnwatch in this process off the training thread
+        #: (the run log's writer: it holds the same GIL, on the same cores), read at each
+        #: decision; the budget holds that and its own work together to the fraction
+        self.background: Callable[[], float] | None = None
 
     def add(self, own: float, step_time: float, measured: bool, sampled: bool) -> None:
         """One step's own seconds and wall time; decides every ``UPDATE_EVERY`` steps."""
@@ -146,9 +155,17 @@ class CostBudget:
         base, d_meas, d_stats = self.parts()
         return base + d_meas / k + d_stats / layer_interval
 
+    def _background(self) -> float:
+        try:
+            value = float(self.background()) if self.background is not None else 0.0
+        except Exception:  # noqa: BLE001 - a gauge; the budget then counts its own work only
+            return 0.0
+        return value if math.isfinite(value) and value > 0 else 0.0
+
     def _pick(self) -> tuple[int, int]:
         assert self.fraction is not None
         base, d_meas, d_stats = self.parts()
+        base += self._background()
         if not (math.isfinite(self.step_time) and math.isfinite(d_meas)) or (
             d_meas <= 0.0 and math.isnan(self.cost[0])
         ):

@@ -243,6 +243,8 @@ class WatchedRun:
         except (OSError, RunDirError) as exc:
             self.disable(f"cannot write the run log in {self.run_dir}: {exc}")
             return
+        if self.files.log is not None:  # its writer's CPU counts against the same budget
+            self.budget.background = self.files.log.cpu_per_record
         start_outputs(self)
 
     # ------------------------------------------------------------------------------------------

@@ -246,6 +246,11 @@ class RunLogWriter:
         self._wake = threading.Event()
         self.written = 0
         self.lost = 0
+        #: the writer's CPU seconds (log, overview, detectors while in this thread) and the
+        #: records they took: it shares the trainer's GIL and cores, so the probe's cost budget
+        #: counts it as part of every step (see ``cpu_per_record``)
+        self.cpu_seconds = 0.0
+        self.cpu_records = 0
         self.error: str | None = None
         self._events_lock = threading.Lock()
         self.on_error: list[Any] = []
@@ -339,7 +344,18 @@ class RunLogWriter:
                 return  # close() drains what is left, once the thread is gone
             self._drain()
 
+    def cpu_per_record(self) -> float:
+        """The writer's CPU seconds per record so far (0.0 before its first drain)."""
+        return self.cpu_seconds / self.cpu_records if self.cpu_records else 0.0
+
     def _drain(self) -> None:
+        started = time.thread_time()
+        try:
+            self._drain_pending()
+        finally:
+            self.cpu_seconds += time.thread_time() - started
+
+    def _drain_pending(self) -> None:
         records: list[bytes] = []
         pop = self._pending.popleft
         try:
@@ -354,6 +370,7 @@ class RunLogWriter:
         if not good:
             return
         rows = np.frombuffer(b"".join(good), dtype=self._record_dtype)
+        self.cpu_records += len(rows)
         self._write(rows)
         for observer in list(self.observers):
             try:

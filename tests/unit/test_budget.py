@@ -44,6 +44,40 @@ def test_budget_picks_the_smallest_interval_that_fits() -> None:
     assert b.average_cost(b.interval, b.layer_interval) <= AIM * 0.01 * 50e-3
 
 
+def test_the_writer_threads_cpu_counts_against_the_same_budget() -> None:
+    """The run log's writer shares the trainer's GIL and cores: its CPU per record is part of
+    every step's cost, so the probe measures more rarely to keep both within the fraction."""
+    alone = CostBudget(0.01, max_interval=16, layer_interval=10)
+    _feed(alone, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
+    shared = CostBudget(0.01, max_interval=16, layer_interval=10)
+    shared.background = lambda: 100e-6  # 0.2 % of the step in the writer thread
+    _feed(shared, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
+    assert alone.interval == 5
+    # 0.7 % of the ~48.9 ms bare step is 0.342 ms: 0.1 + 0.1 + 1.0 / 8 = 0.325 fits, / 7 would not
+    assert shared.interval == 8
+    assert 100e-6 + shared.average_cost(shared.interval, shared.layer_interval) <= AIM * 0.01 * 50e-3
+    broken = CostBudget(0.01, max_interval=16, layer_interval=10)
+    broken.background = lambda: 1 / 0  # a failing gauge leaves the budget as it was
+    _feed(broken, light=100e-6, full=1.1e-3, sampled=1.1e-3, step=50e-3)
+    assert broken.interval == 5
+
+
+def test_a_real_run_hands_its_writers_cpu_to_the_budget(tmp_path) -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nnwatch.watch(model, opt, run_dir=tmp_path / "run", detectors=False) as w:
+        for _ in range(5):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 8)).square().mean()
+            loss.backward()
+            opt.step()
+            w.step(loss)
+        budget, log = internals(w).budget, internals(w).files.log
+        assert log is not None and budget.background == log.cpu_per_record
+    assert log.cpu_records == 5 and log.cpu_seconds > 0  # close() drained the last ones
+    assert 0 < log.cpu_per_record() < 0.1
+
+
 def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
     b = CostBudget(0.01, max_interval=32, layer_interval=10)
     # full statistics cost 20 ms a time: every 10 steps alone would be 4% of a 50 ms step
