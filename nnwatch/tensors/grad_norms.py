@@ -21,9 +21,8 @@ F32_MAX = float(torch.finfo(torch.float32).max)
 
 def stored_values(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     """``grads`` with each sparse gradient (``nn.Embedding(sparse=True)``) replaced by its stored
-    values, summed per index first: the same L2 norm, in a dense tensor every norm path takes."""
-    if not any(g.layout != torch.strided for g in grads):
-        return grads
+    values, summed per index first: the same L2 norm, in a dense tensor every norm path takes.
+    Called only once a dense path has refused one, so a dense model never pays for the check."""
     out = []
     for g in grads:
         if g.layout == torch.sparse_coo:
@@ -34,18 +33,29 @@ def stored_values(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
+def _norms(grads: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor, ...]:
+    """One L2 norm per gradient: torch's fused ``_foreach_norm``, else one norm each (sparse
+    gradients through their stored values)."""
+    try:
+        return torch._foreach_norm(grads, 2.0)
+    except (RuntimeError, TypeError, NotImplementedError):
+        dense = stored_values(grads)
+    try:
+        return torch._foreach_norm(dense, 2.0)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return [torch.linalg.vector_norm(g, 2.0) for g in dense]
+
+
 def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """Squared L2 norm of each gradient, stacked on ``device``: float32, or float64 when a
     gradient is float64 (its norm, and more so its square, can be beyond float32's range)."""
-    grads = stored_values(grads)
     if device.type == "cpu" and all(g.dtype == torch.float32 and g.device.type == "cpu" for g in grads):
-        flats = [g.reshape(-1) for g in grads]
+        try:
+            flats = [g.reshape(-1) for g in grads]
+        except RuntimeError:  # a sparse gradient has no flat view
+            flats = [g.reshape(-1) for g in stored_values(grads)]
         return torch.stack([torch.dot(f, f) for f in flats])
-    norms: list[torch.Tensor] | tuple[torch.Tensor, ...]
-    try:
-        norms = torch._foreach_norm(grads, 2.0)
-    except (RuntimeError, TypeError):
-        norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]
+    norms = _norms(grads)
     wide = any(g.dtype == torch.float64 for g in grads)
     dtype = torch.float64 if wide else torch.float32
     return torch.stack([n.to(device=device, dtype=dtype) for n in norms]).square_()
@@ -63,11 +73,7 @@ def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor
         total = host_sum_of_squares(grads)
         if total is not None:
             return math.sqrt(total)
-    grads = stored_values(grads)
-    try:
-        norms = torch._foreach_norm(grads, 2.0)
-    except (RuntimeError, TypeError):
-        norms = tuple(torch.linalg.vector_norm(g, 2.0) for g in grads)
+    norms = _norms(grads)
     if device.type == "cpu" and all(n.device.type == "cpu" for n in norms):
         return math.sqrt(math.fsum(float(n) ** 2 for n in norms))
     wide = any(g.dtype == torch.float64 for g in grads)
