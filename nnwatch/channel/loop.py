@@ -136,8 +136,10 @@ class ConnectionLoop:
             return
         self._stop = True
         self._wake()
-        if self._thread.ident is not None:  # start() may have been interrupted before it ran
+        try:
             self._thread.join(timeout=5)
+        except RuntimeError:
+            pass  # start() was interrupted (a Ctrl-C) before the thread ran: it sees _stop and ends
         for conn in list(self._conns.values()):
             self._drop(conn, lift_pause=False)
         if self._sel is not None:

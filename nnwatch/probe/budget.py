@@ -16,7 +16,9 @@ sums and gradient norms still follow the budget).
 
 The fraction covers the writer thread as well: the run log's writer (and the detectors, until
 they move to their own process) holds the same GIL on the same cores, so its CPU per record
-(``background``) is counted in every step's base cost.
+(``background``, over the recent drains) is counted in every step's base cost. Measuring less
+cannot lower it: a writer that alone takes the whole fraction leaves the probe at its longest
+intervals, the most the budget can do.
 
 The budget aims at ``AIM`` (70%) of the fraction, not all of it: it steers by running averages of a
 noisy machine, and the cost it is held to is the measured median, not the average it predicted.
@@ -165,7 +167,7 @@ class CostBudget:
     def _pick(self) -> tuple[int, int]:
         assert self.fraction is not None
         base, d_meas, d_stats = self.parts()
-        base += self._background()
+        background = self._background()
         if not (math.isfinite(self.step_time) and math.isfinite(d_meas)) or (
             d_meas <= 0.0 and math.isnan(self.cost[0])
         ):
@@ -180,10 +182,12 @@ class CostBudget:
             li = self.base_layer_interval
             if math.isnan(self.cost[0]):
                 base = 0.0
+            base += background
             for k in range(1, self.max_interval + 1):
                 if base + d_meas / k <= allowed:
                     return k, li
             return self.max_interval, li
+        base += background
         # gradient norms every few steps matter more than full statistics every few: the
         # statistics interval stretches first
         for k in range(1, self.max_interval + 1):

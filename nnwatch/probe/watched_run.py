@@ -244,7 +244,7 @@ class WatchedRun:
             self.disable(f"cannot write the run log in {self.run_dir}: {exc}")
             return
         if self.files.log is not None:  # its writer's CPU counts against the same budget
-            self.budget.background = self.files.log.cpu_per_record
+            self.budget.background = self.files.log.recent_cpu
         start_outputs(self)
 
     # ------------------------------------------------------------------------------------------

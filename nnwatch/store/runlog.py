@@ -30,6 +30,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import struct
 import threading
@@ -54,6 +55,9 @@ from nnwatch.store.paths import (
     write_private_file,
 )
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
+
+#: Weight of one drain in the writer's recent CPU per record.
+_RECENT = 0.3
 
 log = logging.getLogger("nnwatch")
 
@@ -251,6 +255,9 @@ class RunLogWriter:
         #: counts it as part of every step (see ``cpu_per_record``)
         self.cpu_seconds = 0.0
         self.cpu_records = 0
+        #: the same per record, as a running average over the recent drains: what a record
+        #: costs now (the detectors may have moved to their own process since the first ones)
+        self.recent_cpu_per_record = math.nan
         self.error: str | None = None
         self._events_lock = threading.Lock()
         self.on_error: list[Any] = []
@@ -348,12 +355,23 @@ class RunLogWriter:
         """The writer's CPU seconds per record so far (0.0 before its first drain)."""
         return self.cpu_seconds / self.cpu_records if self.cpu_records else 0.0
 
+    def recent_cpu(self) -> float:
+        """The writer's CPU seconds per record over the recent drains (0.0 before the first)."""
+        value = self.recent_cpu_per_record
+        return value if value == value else 0.0
+
     def _drain(self) -> None:
         started = time.thread_time()
+        before = self.cpu_records
         try:
             self._drain_pending()
         finally:
-            self.cpu_seconds += time.thread_time() - started
+            spent = time.thread_time() - started
+            self.cpu_seconds += spent
+            took = self.cpu_records - before
+            if took:
+                per, avg = spent / took, self.recent_cpu_per_record
+                self.recent_cpu_per_record = per if avg != avg else avg + _RECENT * (per - avg)
 
     def _drain_pending(self) -> None:
         records: list[bytes] = []

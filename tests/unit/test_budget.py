@@ -73,9 +73,9 @@ def test_a_real_run_hands_its_writers_cpu_to_the_budget(tmp_path) -> None:
             opt.step()
             w.step(loss)
         budget, log = internals(w).budget, internals(w).files.log
-        assert log is not None and budget.background == log.cpu_per_record
+        assert log is not None and budget.background == log.recent_cpu
     assert log.cpu_records == 5 and log.cpu_seconds > 0  # close() drained the last ones
-    assert 0 < log.cpu_per_record() < 0.1
+    assert 0 < log.cpu_per_record() < 0.1 and 0 < log.recent_cpu() < 0.1
 
 
 def test_statistics_interval_stretches_before_gradient_norms_thin_out() -> None:
