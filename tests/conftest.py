@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,15 @@ PYTHON = sys.executable
 #: the Hugging Face Trainer) export variables such as MASTER_PORT or LOCAL_RANK; left in place,
 #: they would steer later subprocesses (a torchrun job) and rank detection.
 _SESSION_ENV = dict(os.environ)
+
+# A suite started in the background (``make test &``, ``nohup``) inherits SIGINT (and with nohup
+# SIGHUP) ignored, and an ignored signal stays ignored in every child: the trainers and monitors
+# whose Ctrl-C and hang-up the tests send would never get them, and those tests would time out.
+# The tests set the dispositions a terminal gives, for themselves and so for their children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)
