@@ -29,9 +29,11 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
+
+from nnwatch.store.events import RunEnded
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,9 @@ class Ending:
     signal: str | None = None  # "SIGTERM": ended by that signal
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status}
-        if self.reason:
-            out["reason"] = self.reason
-        if self.signal is not None:
-            out["signal"] = self.signal
-        if self.exception is not None:
-            out["exception"] = {"type": self.exception, "message": self.message or ""}
-        if self.exit_code is not None:
-            out["exit_code"] = self.exit_code
+        """The fields of ``end.json``: the ``run_ended`` event's, written by that event."""
+        out = RunEnded(step=0, **asdict(self)).to_json()
+        del out["type"], out["step"]
         return out
 
 

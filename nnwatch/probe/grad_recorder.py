@@ -102,6 +102,7 @@ class GradientRecorder:
         self.kept = math.nan  # grads_kept: 1.0 not cleared since the last update, 0.0 cleared
         self.layers_done = False  # this step's per-layer gradient norms are in the record
         self.changes = GradChanges()  # cleared between updates? changed before the update?
+        self._host_norm = True  # the light norm through numpy (see ``light_norm``)
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -148,9 +149,11 @@ class GradientRecorder:
         """The global norm alone, on an unmeasured step: on the CPU without a scaler, straight
         from the gradients into the record (no lists built, no torch call); else ``measure_now``."""
         host = self.buf.dev_np
-        sq = None if host is None or self.scaler is not None else host_sum_of_squares(
-            p.grad for p in self.plan.params
-        )  # fmt: skip
+        sq = None
+        if host is not None and self.scaler is None and self._host_norm:
+            sq = host_sum_of_squares(p.grad for p in self.plan.params)
+            # a gradient numpy does not take (half precision, sparse...): torch's norm from now on
+            self._host_norm = sq is not None
         if host is None or sq is None:
             return self.measure_now(unscale=True, layers=False)
         self.done, self.layers_done, self.total = True, False, math.sqrt(sq)

@@ -317,5 +317,4 @@ class StepCycle:
             int(_STEP_FIELD.unpack_from(data, 0)[0]),
             _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
         )
-        for sink in self.files.sinks:  # RunFiles.publish, without its call on every step
-            sink(data)
+        self.files.publish(data)
