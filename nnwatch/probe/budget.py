@@ -167,7 +167,6 @@ class CostBudget:
     def _pick(self) -> tuple[int, int]:
         assert self.fraction is not None
         base, d_meas, d_stats = self.parts()
-        background = self._background()
         if not (math.isfinite(self.step_time) and math.isfinite(d_meas)) or (
             d_meas <= 0.0 and math.isnan(self.cost[0])
         ):
@@ -176,18 +175,18 @@ class CostBudget:
             return self.interval, self.layer_interval
         own_now = self.average_cost(self.interval, self.layer_interval)
         allowed = AIM * self.fraction * max(self.step_time - own_now, 1e-9)  # of the bare step
+        if not self.stretch_stats and math.isnan(self.cost[0]):
+            # statistics on every step as the user asked: no light step is ever seen, and the
+            # base is what the budget cannot tell apart
+            base = 0.0
+        base += self._background()
         if not self.stretch_stats:
-            # statistics at the rate the user asked for are paid as asked; with them on every
-            # step no light step is ever seen, and the base is what the budget cannot tell apart
+            # statistics at the rate the user asked for are paid as asked
             li = self.base_layer_interval
-            if math.isnan(self.cost[0]):
-                base = 0.0
-            base += background
             for k in range(1, self.max_interval + 1):
                 if base + d_meas / k <= allowed:
                     return k, li
             return self.max_interval, li
-        base += background
         # gradient norms every few steps matter more than full statistics every few: the
         # statistics interval stretches first
         for k in range(1, self.max_interval + 1):
