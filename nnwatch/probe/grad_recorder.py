@@ -146,14 +146,12 @@ class GradientRecorder:
         return total
 
     def light_norm(self) -> torch.Tensor | float | None:
-        """The global norm alone, on an unmeasured step: on the CPU without a scaler, straight
-        from the gradients into the record (no lists built, no torch call); else ``measure_now``."""
+        """The global norm alone (unmeasured step): numpy into the CPU record, else measure_now."""
         host = self.buf.dev_np
         sq = None
         if host is not None and self.scaler is None and self._host_norm:
             sq = host_sum_of_squares(p.grad for p in self.plan.params)
-            # a gradient numpy does not take (half precision, sparse...): torch's norm from now on
-            self._host_norm = sq is not None
+            self._host_norm = sq is not None  # else a kind numpy does not take: torch's from now
         if host is None or sq is None:
             return self.measure_now(unscale=True, layers=False)
         self.done, self.layers_done, self.total = True, False, math.sqrt(sq)
