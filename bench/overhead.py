@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 import torch
+from floor_monitor import FloorMonitor
 from torch import nn
 
 import nnwatch
@@ -224,8 +225,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
 
     bare_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     watches: list[Any] = []
-    variants = {n: Variant(n) for n in ("bare", "nnwatch", "nnwatch_detailed", "nnwatch_noguard",
-                                         "naive_item_hooks", "tensorboard")}
+    variants = {n: Variant(n) for n in ("bare", "floor", "nnwatch", "nnwatch_detailed",
+                                         "nnwatch_noguard", "naive_item_hooks", "tensorboard")}
 
     def start_watch(v: Variant, **opts: Any) -> Callable[[], None]:
         """A watch on its own copy of the model, alive for the whole benchmark.
@@ -327,6 +328,13 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
             run()
             v.paired.append(bare_block())
 
+    def run_floor() -> None:  # the least a monitor can do: hooks, the norm, one record a step
+        timer = DirectTimer()
+        floor = FloorMonitor(model, bare_opt, timer.wrap)
+        timed_block(variants["floor"], timer, lambda loss, b, i: floor.step(loss), net=model,
+                    opt=bare_opt)
+        floor.close()
+
     def run_naive() -> None:  # per-layer hooks + a .item() global norm, as in the textbook loop
         timer = DirectTimer()
         remove = naive_hooks(model, timer)
@@ -365,6 +373,7 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
     try:
         for r in range(rounds):
             bare_block()  # the noise floor: consecutive bare blocks
+            paired(variants["floor"], run_floor, r)
             for v, block in nnwatch_blocks:
                 paired(v, block, r)
             paired(variants["naive_item_hooks"], run_naive, r)

@@ -33,6 +33,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
@@ -51,6 +52,7 @@ from nnwatch.tensors.grad_norms import (
     LayerReducer,
     float32_of,
     global_norm,
+    host_squared_norms,
     host_sum_of_squares,
     squared_norms,
     total_norm,
@@ -130,17 +132,14 @@ class GradientRecorder:
             self.layers_done, self.total = False, global_norm(grads, b.dev.device)
             _write_total(self.buf, self.total)
             return self.total
-        sq = squared_norms(grads, b.dev.device)
-        if scale is not None:
-            sq = sq / scale.to(sq.device, sq.dtype).square()
-        total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
+        sq, total = _squares(grads, b, scale)  # numpy on the CPU, device tensors elsewhere
         self.layers_done = layers
         if layers:
             host_layers = b.grad_layer_np
-            if b.dev_np is not None and host_layers is not None:
-                self.reducer.write_host(sq.numpy(), present, host_layers)
+            if isinstance(sq, np.ndarray) and host_layers is not None:
+                self.reducer.write_host(sq, present, host_layers)
             else:
-                self.reducer.write(sq, present, b.grad_layer, squared=True)
+                self.reducer.write(torch.as_tensor(sq), present, b.grad_layer, squared=True)
         _write_total(self.buf, total)
         self.total = total
         return total
@@ -161,9 +160,7 @@ class GradientRecorder:
     def _norm_of_now(self) -> torch.Tensor | float | None:
         """The global norm of the current gradients, recorded nowhere (the post-clip check)."""
         _, grads = self.grads()
-        if not grads:
-            return None
-        return total_norm(squared_norms(grads, self.buf.dev.device))
+        return _squares(grads, self.buf, None)[1] if grads else None
 
     def on_backward_end(self) -> None:
         """The autograd engine finished a backward pass that reached the model's parameters."""
@@ -418,6 +415,22 @@ class GradientRecorder:
 
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _squares(
+    grads: list[torch.Tensor], b: StepBuffers, scale: torch.Tensor | None
+) -> tuple[np.ndarray | torch.Tensor, torch.Tensor | float]:
+    """Each gradient's squared norm and the global norm: through numpy into a CPU record (as
+    the light step's norm, to the bit), else torch's on the record's device (unscaled by the AMP
+    ``scale`` when one is given)."""
+    host = host_squared_norms(grads) if b.dev_np is not None and scale is None else None
+    if host is not None:
+        return host[0], math.sqrt(host[1])
+    sq = squared_norms(grads, b.dev.device)
+    if scale is not None:
+        sq = sq / scale.to(sq.device, sq.dtype).square()
+    total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
+    return (sq.numpy() if b.dev_np is not None else sq), total
 
 
 def _write_total(b: StepBuffers, total: torch.Tensor | float) -> None:

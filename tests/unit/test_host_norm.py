@@ -1,14 +1,22 @@
-"""The light step's global norm on the CPU (``host_sum_of_squares``): numpy's BLAS dot where the
-gradients are plain float32/float64 buffers; ``global_norm`` (torch's) everywhere else."""
+"""The CPU norms through numpy: the light step's global norm (``host_sum_of_squares``), numpy's BLAS
+dot where the gradients are plain float32/float64 buffers and ``global_norm`` (torch's) everywhere
+else; the measured step's per-gradient squares and their per-layer fold."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from nnwatch.tensors.grad_norms import global_norm, host_sum_of_squares
+from nnwatch.tensors import grad_norms
+from nnwatch.tensors.grad_norms import (
+    LayerReducer,
+    global_norm,
+    host_squared_norms,
+    host_sum_of_squares,
+)
 
 CPU = torch.device("cpu")
 
@@ -80,3 +88,45 @@ def test_non_finite_gradients_give_a_non_finite_norm() -> None:
     assert math.isnan(_host_norm([torch.tensor([1.0, float("nan")])]))
     assert math.isinf(_host_norm([torch.tensor([1.0, float("inf")])]))
     assert math.isinf(_host_norm([torch.tensor([3e38, 3e38])]))  # float32 squares overflow
+
+
+# -- the measured step's per-gradient squares and per-layer fold ---------------------------------
+def test_the_measured_steps_squares_sum_to_the_light_norm_bit_for_bit() -> None:
+    for dtype in (torch.float32, torch.float64):
+        grads = _grads(dtype, seed=3)
+        squares, total = host_squared_norms(grads) or (None, math.nan)
+        assert squares is not None and squares.dtype == np.float64
+        assert total == host_sum_of_squares(grads)  # the same sums, in the same order
+        expect = [float(torch.dot(g.reshape(-1), g.reshape(-1)).double()) for g in grads]
+        assert squares.tolist() == pytest.approx(expect, rel=1e-5)
+    assert host_squared_norms([torch.ones(3), torch.ones(3, dtype=torch.bfloat16)]) is None
+    assert host_squared_norms([]) is None
+
+
+def _fold(reducer: LayerReducer, squares: np.ndarray, present: list[int], layers: int) -> list[float]:
+    out = np.full(layers, -1.0, dtype=np.float32)
+    reducer.write_host(squares, present, out)
+    return out.tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_folding_layers_in_python_gives_numpys_values(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small models fold their per-layer norms in Python, large ones in numpy: the same numbers,
+    non-finite gradients (+Inf), layers without a gradient (NaN) and float64 saturation included."""
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(1, 9))
+    owner = tuple(int(x) for x in np.sort(rng.integers(0, layers, size=int(rng.integers(1, 20)))))
+    present = sorted(int(i) for i in rng.choice(len(owner), size=int(rng.integers(1, len(owner) + 1)), replace=False))
+    dtype = np.float64 if seed % 2 else np.float32
+    squares = (rng.random(len(present)) * 10.0 ** rng.integers(-6, 6)).astype(dtype)
+    if seed % 5 == 0:
+        squares[int(rng.integers(0, len(present)))] = np.nan
+    if seed % 7 == 0:
+        squares[int(rng.integers(0, len(present)))] = np.inf
+    if seed % 9 == 0 and dtype == np.float64:
+        squares[0] = 1e300  # a float64 layer norm beyond float32's range: saturated, not Inf
+    python = _fold(LayerReducer(owner, layers), squares, present, layers)
+    monkeypatch.setattr(grad_norms, "PYTHON_FOLD", -1)
+    in_numpy = _fold(LayerReducer(owner, layers), squares, present, layers)
+    np.testing.assert_array_equal(np.array(python), np.array(in_numpy))
+    assert any(math.isnan(v) for v in python) == (len({owner[i] for i in present}) < layers)
