@@ -19,7 +19,11 @@ they move to their own process, the detectors, fed each record) per record, as a
 step: it runs off the training thread, but shares the cores and the GIL, and its drains land in
 whichever block is running. ``detectors proc`` is the CPU time of the detectors' own process per
 record it judged, as a share of the bare step: off this process's GIL, on another core (empty
-where the detectors stayed in the thread: their cost was below half the budget).
+where the detectors stayed in the thread: their cost was below half the budget). ``floor`` is
+the least a live monitor can do per step, written out by hand (``floor_monitor.py``: the hooks,
+the global gradient norm at the end of every backward, one record into an mmap ring): the physical
+limit of a Python probe that takes the norm on every step, measured in the same run, so that
+nnwatch's distance to it is its own bookkeeping.
 
     python bench/overhead.py                 # all models, 12 rounds
     python bench/overhead.py --models mlp --rounds 4 --steps 5   # quick look
