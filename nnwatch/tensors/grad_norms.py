@@ -207,7 +207,7 @@ class LayerReducer:
             absent[owners] = False
             self._host_index, self._host_absent, self._host_key = np.array(owners), absent, key
             self._host_owners = owners
-            self._host_empty = [0.0 if a else math.nan for a in (~absent).tolist()]
+            self._host_empty = [math.nan if a else 0.0 for a in absent.tolist()]
         if len(present) <= PYTHON_FOLD:
             out[:] = self._fold_in_python(per_param.tolist(), per_param.dtype == np.float64)
             return
@@ -229,16 +229,16 @@ class LayerReducer:
         sums = self._host_empty.copy()  # 0.0 where a layer has a gradient, NaN where it has none
         for layer, sq in zip(self._host_owners, squares, strict=True):
             sums[layer] += sq
-        for j, s in enumerate(sums):
-            if s != s:  # a gradient held NaN, or the layer has none (left NaN below)
-                sums[j] = math.inf
+        out = []
+        for s, start in zip(sums, self._host_empty, strict=True):
+            if start != start:  # no gradient in this layer: absent
+                out.append(math.nan)
+            elif s != s:  # a gradient held NaN
+                out.append(math.inf)
             else:
                 norm = math.sqrt(s)
-                sums[j] = F32_MAX if wide and math.isfinite(norm) and norm > F32_MAX else norm
-        for j, absent in enumerate(self._host_empty):
-            if absent != absent:
-                sums[j] = math.nan
-        return sums
+                out.append(F32_MAX if wide and math.isfinite(norm) and norm > F32_MAX else norm)
+        return out
 
     def write(
         self,
