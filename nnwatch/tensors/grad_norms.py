@@ -161,6 +161,19 @@ def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
     return sq.sum().sqrt()
 
 
+
+def recorded_global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor | float:
+    """The global norm as the probe records it where no clip hands it torch's: numpy's BLAS dots
+    for CPU float gradients (the light and the measured step's path, equal to the bit), else
+    :func:`squared_norms` and :func:`total_norm`. Replay takes it from here: a kernel other than
+    the recording one (``torch.dot`` against BLAS ``sdot``) can differ in the last bit on some
+    CPUs, and a reproduced step must not read as different for that."""
+    if device.type == "cpu":
+        sq = host_sum_of_squares(grads)
+        if sq is not None:
+            return math.sqrt(sq)
+    return total_norm(squared_norms(grads, device))
+
 #: Parameters up to which :meth:`LayerReducer.write_host` folds in Python rather than numpy.
 PYTHON_FOLD = 64
 

@@ -38,10 +38,18 @@ async def wait_until(pilot: Any, condition: Callable[[], bool], timeout: float =
 
 
 async def settle(pilot: Any, app: Any, rows: int | None = None, timeout: float = 20.0) -> None:
-    """Wait for the first poll (and ``rows`` records), then draw every pane once more."""
+    """Wait for the first poll (and ``rows`` records), then draw every pane once more.
+
+    Drawn only once no collector is half-way through a poll (a run's rows are counted before its
+    layers, events and end are taken in) and the app has heard that the history is loaded (while
+    it loads, only the header is redrawn): otherwise two renders of one run can differ.
+    """
 
     def ready() -> bool:
-        if app.collector.polls < 1:
+        if app.collector.polls < 1 or not app.collector.caught_up or getattr(app, "loading", False):
+            return False
+        overlay = app.overlay
+        if overlay is not None and not overlay.collector.caught_up:
             return False
         return rows is None or app.state.history.rows >= rows
 

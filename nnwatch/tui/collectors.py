@@ -18,7 +18,7 @@ from typing import Any
 
 from textual.message import Message
 
-from nnwatch.sources.base import CommandReply, RunSource, SourceError
+from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceUpdate
 from nnwatch.sources.hardware import Hardware, HardwareReading
 from nnwatch.sources.job_monitor import JobMonitor
 from nnwatch.store.jobs import Job, group_jobs, run_info_from_dir
@@ -136,6 +136,7 @@ class SourceCollector(_Loop):
         self.state = state
         self.post = post
         self.polls = 0
+        self.ingested = 0  # polls fully taken in: polls > ingested while one is half-way
         self.failing = False
         self._source_lock = threading.Lock()  # poll, reconnect and commands never overlap
 
@@ -154,6 +155,12 @@ class SourceCollector(_Loop):
             return False
         self.polls += 1
         self.failing = False
+        try:
+            return self._take_in(update)
+        finally:
+            self.ingested = self.polls  # taken in, or failed (posted as ReaderFailed by the loop)
+
+    def _take_in(self, update: SourceUpdate) -> bool:
         got = self.state.ingest(update)
         more = got.rows >= INGEST_CHUNK
         if got.panes:
@@ -164,6 +171,13 @@ class SourceCollector(_Loop):
         for snap in got.snapshots:
             self.post(SnapshotWritten(snap.step, snap.path, snap.reason))
         return more
+
+    @property
+    def caught_up(self) -> bool:
+        """No poll half taken in (its rows counted, its layers, events or state not yet): a
+        headless test draws the screen only then."""
+        polls = self.polls  # read first: a poll that starts after this is not half-way yet
+        return self.ingested >= polls
 
     def redirect(self, post: Post) -> None:
         """Post to ``post`` from now on: the run went from overlay to main run, or back."""

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import nnwatch
+from nnwatch.tensors.grad_norms import recorded_global_norm
 
 pytestmark = pytest.mark.usefixtures("nnwatch_run_dir")
 
@@ -89,7 +90,7 @@ def test_the_global_norm_is_recorded_on_every_step_without_a_clip():
     model = _mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = _digits()
-    norms = []
+    norms, replays = [], []
     with nnwatch.watch(model, opt, name="every", budget=1e-9, max_interval=8) as w:
         for s in range(120):
             opt.zero_grad()
@@ -97,11 +98,15 @@ def test_the_global_norm_is_recorded_on_every_step_without_a_clip():
             loss.backward()
             norms.append(float(torch.linalg.vector_norm(torch.stack(
                 [p.grad.norm() for p in model.parameters()]))))  # fmt: skip
+            grads = [p.grad for p in model.parameters()]
+            replays.append(np.float32(recorded_global_norm(grads, torch.device("cpu"))))
             opt.step()
             w.step(loss)
     run = nnwatch.load_run(w.run_dir)
     assert (run["layer_sums"] == 0.0).any()  # the budget left steps unmeasured ...
     assert np.allclose(run["grad_norm"], norms, rtol=1e-5)  # ... yet every norm is there
+    # and replay's norm is the recorded one to the bit, on measured and unmeasured steps alike
+    np.testing.assert_array_equal(np.asarray(run["grad_norm"], dtype=np.float32), replays)
 
 
 def test_missing_zero_grad_is_observed_and_never_blamed_on_the_lr():

@@ -98,7 +98,10 @@ def test_dashboard_matches_its_baseline(
 ) -> None:
     other = other_run if compare else None
     svg = render(recorded_run, size, keys, other)
-    assert render(recorded_run, size, keys, other) == svg, "two renders of the same run differ"
+    again = render(recorded_run, size, keys, other)
+    if again != svg:
+        text = "\n".join(difflib.unified_diff(_visible(svg), _visible(again), lineterm="", n=0))
+        pytest.fail(f"two renders of the same run differ:\n{text or '(in colour or style only)'}")
     baseline = SNAPSHOTS / f"{name}.svg"
     if UPDATE or not baseline.exists():
         SNAPSHOTS.mkdir(exist_ok=True)
