@@ -257,11 +257,11 @@ def _grad_norms(grads: list[Any], params: Any, dev: Any) -> tuple[np.float32, np
     import torch
 
     from nnwatch.tensors import torch_clip as gradmath  # lazy: pulls torch
-    from nnwatch.tensors.grad_norms import recorded_global_norm  # lazy: pulls torch
+    from nnwatch.tensors.grad_norms import recorded_squares  # lazy: pulls torch
 
     if not grads:
         return np.float32(np.nan), np.float32(np.nan)
-    probe = float(recorded_global_norm(grads, dev))
+    probe = float(recorded_squares(grads, dev)[1])
     with_grad = [p for p in params if p.grad is not None]
     total = gradmath.global_norm(with_grad, 2.0)
     return (

@@ -52,8 +52,8 @@ from nnwatch.tensors.grad_norms import (
     LayerReducer,
     float32_of,
     global_norm,
-    host_squared_norms,
     host_sum_of_squares,
+    recorded_squares,
     squared_norms,
     total_norm,
 )
@@ -420,17 +420,15 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 def _squares(
     grads: list[torch.Tensor], b: StepBuffers, scale: torch.Tensor | None
 ) -> tuple[np.ndarray | torch.Tensor, torch.Tensor | float]:
-    """Each gradient's squared norm and the global norm: through numpy into a CPU record (as
-    the light step's norm, to the bit), else torch's on the record's device (unscaled by the AMP
-    ``scale`` when one is given)."""
-    host = host_squared_norms(grads) if b.dev_np is not None and scale is None else None
-    if host is not None:
-        return host[0], math.sqrt(host[1])
-    sq = squared_norms(grads, b.dev.device)
-    if scale is not None:
+    """Each gradient's squared norm and the global norm (see :func:`recorded_squares`), unscaled
+    by the AMP ``scale`` when one is given; numpy arrays for a CPU record."""
+    if scale is None:
+        sq, total = recorded_squares(grads, b.dev.device)
+    else:
+        sq = squared_norms(grads, b.dev.device)
         sq = sq / scale.to(sq.device, sq.dtype).square()
-    total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
-    return (sq.numpy() if b.dev_np is not None else sq), total
+        total = total_norm(sq)  # a float on the CPU, a device tensor on a GPU
+    return (sq.numpy() if isinstance(sq, torch.Tensor) and b.dev_np is not None else sq), total
 
 
 def _write_total(b: StepBuffers, total: torch.Tensor | float) -> None:

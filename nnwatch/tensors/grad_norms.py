@@ -152,8 +152,8 @@ def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
     """The global L2 norm from per-parameter squared norms, as the probe records it.
 
     On the CPU it is summed in numpy (float64), a few microseconds against two torch calls on a
-    cold cache; on a GPU it stays a device tensor (no sync). Replay recomputes it with this same
-    function, so that a reproduced step matches the record bit for bit.
+    cold cache; on a GPU it stays a device tensor (no sync). Replay recomputes it the same way
+    (:func:`recorded_squares`), so that a reproduced step matches the record bit for bit.
     """
     if sq.device.type == "cpu":
         with np.errstate(over="ignore"):
@@ -161,18 +161,21 @@ def total_norm(sq: torch.Tensor) -> torch.Tensor | float:
     return sq.sum().sqrt()
 
 
-
-def recorded_global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor | float:
-    """The global norm as the probe records it where no clip hands it torch's: numpy's BLAS dots
-    for CPU float gradients (the light and the measured step's path, equal to the bit), else
-    :func:`squared_norms` and :func:`total_norm`. Replay takes it from here: a kernel other than
-    the recording one (``torch.dot`` against BLAS ``sdot``) can differ in the last bit on some
-    CPUs, and a reproduced step must not read as different for that."""
+def recorded_squares(
+    grads: list[torch.Tensor], device: torch.device
+) -> tuple[np.ndarray | torch.Tensor, torch.Tensor | float]:
+    """Each gradient's squared norm and the global norm, as the probe's measured step records
+    them where no clip hands it torch's: through numpy for CPU float gradients (the light step's
+    norm to the bit), else torch's on ``device``. Replay takes its norm from here too: another
+    kernel (``torch.dot`` against BLAS ``sdot``) can differ in the last bit on some CPUs, and a
+    reproduced step must not read as different for that."""
     if device.type == "cpu":
-        sq = host_sum_of_squares(grads)
-        if sq is not None:
-            return math.sqrt(sq)
-    return total_norm(squared_norms(grads, device))
+        host = host_squared_norms(grads)
+        if host is not None:
+            return host[0], math.sqrt(host[1])
+    sq = squared_norms(grads, device)
+    return sq, total_norm(sq)
+
 
 #: Parameters up to which :meth:`LayerReducer.write_host` folds in Python rather than numpy.
 PYTHON_FOLD = 64

@@ -46,7 +46,7 @@ async def settle(pilot: Any, app: Any, rows: int | None = None, timeout: float =
     """
 
     def ready() -> bool:
-        if app.collector.polls < 1 or not app.collector.caught_up or getattr(app, "loading", False):
+        if app.collector.polls < 1 or not app.collector.caught_up or app.loading:
             return False
         overlay = app.overlay
         if overlay is not None and not overlay.collector.caught_up:

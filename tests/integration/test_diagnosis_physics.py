@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import nnwatch
-from nnwatch.tensors.grad_norms import recorded_global_norm
+from nnwatch.tensors.grad_norms import recorded_squares
 
 pytestmark = pytest.mark.usefixtures("nnwatch_run_dir")
 
@@ -99,7 +99,7 @@ def test_the_global_norm_is_recorded_on_every_step_without_a_clip():
             norms.append(float(torch.linalg.vector_norm(torch.stack(
                 [p.grad.norm() for p in model.parameters()]))))  # fmt: skip
             grads = [p.grad for p in model.parameters()]
-            replays.append(np.float32(recorded_global_norm(grads, torch.device("cpu"))))
+            replays.append(np.float32(recorded_squares(grads, torch.device("cpu"))[1]))
             opt.step()
             w.step(loss)
     run = nnwatch.load_run(w.run_dir)
