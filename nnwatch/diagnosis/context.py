@@ -73,6 +73,16 @@ class RunContext:
     """For watched layer i: leaf modules nnwatch does not hook that are registered between layer
     i-1 and layer i (custom modules, functional wrappers): suspects when layer i's output is the
     first non-finite one. None when unknown (offline)."""
+    loss_form: str = ""
+    """What the first loss's graph showed: ``cross_entropy`` (plain or label-smoothed),
+    ``terms`` (other parts added: a distillation KL, an auxiliary loss), ``other``, or ``""``
+    when unknown (a float was passed, an older run)."""
+    loss_broadcast: str = ""
+    """A prediction broadcast against a target of another shape in the loss, in words."""
+    weight_decay: float = 0.0
+    """The largest weight decay of the optimizer's parameter groups."""
+    half_precision_share: float = 0.0
+    """The share of trainable elements held in float16/bfloat16."""
 
     @property
     def num_layers(self) -> int:
@@ -113,6 +123,7 @@ class RunContext:
             num_classes=meta.num_classes,
             resumed=bool(meta.extra.get("resumed", False)),
             micro_batches=_count(meta.extra.get("micro_batches")),
+            **_setup(meta.extra),
         )
 
     @classmethod
@@ -171,7 +182,25 @@ class RunContext:
             total_numel=int(numel.sum()),
             optimizer_on_copy=_optimizer_on_copy(optimizer, tuple(params)),
             unwatched_before=_unwatched_before(model, base.layer_names),
+            loss_form=base.loss_form,
+            loss_broadcast=base.loss_broadcast,
+            weight_decay=base.weight_decay,
+            half_precision_share=base.half_precision_share,
         )
+
+
+def _setup(extra: dict[str, Any]) -> dict[str, Any]:
+    """The loss's form and the update set-up from meta.json's extra, checked (a hand edit or an
+    older run gives the defaults)."""
+    out: dict[str, Any] = {}
+    for key in ("loss_form", "loss_broadcast"):
+        if isinstance(extra.get(key), str):
+            out[key] = extra[key][:500]
+    for key in ("weight_decay", "half_precision_share"):
+        v = extra.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            out[key] = float(v)
+    return out
 
 
 def _count(value: Any) -> int:

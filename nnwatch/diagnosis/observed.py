@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.update_evidence import UpdateEvidence
 
 KEPT_STEPS = 3  # updates in a row whose gradients were not cleared before the next backward
 ZERO_STEPS = 5  # steps in a row with an exactly-zero gradient norm, or a bit-identical loss
@@ -50,6 +51,8 @@ class Observations:
         self.clip_threshold = math.nan
         self.adversarial = False
         """This run is one side of a game (two watched nets stepping in turn: a GAN)."""
+        self.update = UpdateEvidence()
+        """What the measured updates did to the weights (the mechanisms)."""
         self._active: set[str] = set()
         #: where the open kinds come from (the pipeline's detectors), asked only when a finding
         #: is worded: scanning every detector on every row would cost more than the detectors
@@ -61,6 +64,7 @@ class Observations:
         return self.active_source() if self.active_source is not None else self._active
 
     def push(self, row: Row) -> None:
+        self.update.push(row)
         lr = row.lr
         if lr.size:
             lr0 = float(lr[0])

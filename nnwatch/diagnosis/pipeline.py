@@ -49,6 +49,7 @@ class Pipeline:
         self.history = RunHistory()
         self.detectors: list[Detector] = [cls(ctx) for cls in detectors]
         self.history.obs.active_source = self._open_kinds
+        self.history.obs.update.configure(ctx)
         self.last_step = -1
 
     def feed(self, rows: np.ndarray, act_known: np.ndarray | None = None) -> list[Finding]:

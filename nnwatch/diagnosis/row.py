@@ -27,8 +27,15 @@ _SCALARS = (
     "samples_per_sec",
     "step_time",
     "grads_kept",
+    "params_no_grad",
+    "params_unoptimized",
+    "update_frozen",
+    "label_entropy",
+    "weight_drift",
 )
 _LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite", "act_dead")
+#: what each measured update did, per parameter-owning layer (None on rows without an update)
+_UPDATE = ("weight_layer", "update_layer", "frozen_layer")
 
 
 class Row:
@@ -56,6 +63,14 @@ class Row:
         "grad_layer",
         "batch_size",
         "grads_kept",
+        "params_no_grad",
+        "params_unoptimized",
+        "update_frozen",
+        "label_entropy",
+        "weight_drift",
+        "weight_layer",
+        "update_layer",
+        "frozen_layer",
     )
     step: int
     loss: float
@@ -80,6 +95,22 @@ class Row:
     batch_size: float
     grads_kept: float
     """1.0: this step's backward added to the last update's gradients (no zero_grad between)."""
+    params_no_grad: float
+    """Measured updates: the share of the optimizer's trainable elements without a gradient."""
+    params_unoptimized: float
+    """Measured updates: the share of the model's gradient-carrying elements in no group."""
+    update_frozen: float
+    """Measured updates: the share of sampled elements the update left unchanged."""
+    label_entropy: float
+    """Measured steps of a classifier: the entropy of the batch's labels (nats)."""
+    weight_drift: float
+    """Measured updates: ||w - w_start|| since the first measured update."""
+    weight_layer: np.ndarray | None
+    """Per parameter-owning layer, on a measured update: the weights' norm after it."""
+    update_layer: np.ndarray | None
+    """... the norm of the change the update made."""
+    frozen_layer: np.ndarray | None
+    """... the share of sampled elements it left unchanged."""
 
     def __init__(self, rec: Any, act_known: bool = True) -> None:
         """One row from a single structured record (see :meth:`batch` for many at once)."""
@@ -101,6 +132,11 @@ class Row:
         per_layer = {f: rows[f] for f in _LAYER if f in names}
         measured = sums_measured(rows)
         grad = rows["grad_layer"] if "grad_layer" in names else np.zeros((n, 0), np.float32)
+        upd = {f: rows[f] for f in _UPDATE if f in names}
+        updated = (
+            np.isfinite(upd["update_layer"]).any(axis=1) if "update_layer" in upd
+            else np.zeros(n, dtype=bool)
+        )
         out: list[Row] = []
         for i in range(n):
             r = Row.__new__(Row)
@@ -131,6 +167,17 @@ class Row:
                 r.act_dead = None
             r.grad_layer = grad[i]
             r.grads_kept = cols.get("grads_kept", nan)[i]
+            r.params_no_grad = cols.get("params_no_grad", nan)[i]
+            r.params_unoptimized = cols.get("params_unoptimized", nan)[i]
+            r.update_frozen = cols.get("update_frozen", nan)[i]
+            r.label_entropy = cols.get("label_entropy", nan)[i]
+            r.weight_drift = cols.get("weight_drift", nan)[i]
+            if updated[i]:
+                r.weight_layer = upd["weight_layer"][i]
+                r.update_layer = upd["update_layer"][i]
+                r.frozen_layer = upd["frozen_layer"][i]
+            else:
+                r.weight_layer = r.update_layer = r.frozen_layer = None
             out.append(r)
         return out
 

@@ -59,7 +59,7 @@ def record_clip_after(w: Watch, max_norm: float | None) -> None:
         return
     try:
         b = run.buffers
-        post = gradmath.global_norm(list(run.plan.params)).to(b.dev.device, torch.float32)
+        post = gradmath.global_norm(list(run.plan.params)).to(b.dev.device, torch.float64)
         pre = b.slot("grad_norm")
         b.slot("grad_norm_clipped").copy_(post)
         limits = [x for x in (max_norm, run.clip_override) if x is not None and math.isfinite(x)]
@@ -82,7 +82,7 @@ def rebase_on_pre_clip(w: Watch, pre_total: Any, max_norm: float | None) -> None
         return
     try:
         b = run.buffers
-        pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float32)
+        pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float64)
         measured = b.slot("grad_norm").clone()
         scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
         b.grad_layer.mul_(scale)

@@ -20,6 +20,7 @@ from nnwatch.probe.command_handler import CommandHandler, CommandOwner
 from nnwatch.probe.consistency import CheckOwner, ConsistencyCheck
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard, GuardOwner
+from nnwatch.probe.label_mix import LabelMix
 from nnwatch.probe.layer_hooks import HookOwner, LayerHooks
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
@@ -29,6 +30,7 @@ from nnwatch.probe.snapshot_taker import SnapshotOwner, SnapshotTaker
 from nnwatch.probe.step_cycle import CycleOwner, StepCycle
 from nnwatch.probe.step_record import StepRecord
 from nnwatch.probe.sysmon import SystemSampler
+from nnwatch.probe.update_recorder import UpdateRecorder
 from nnwatch.store.schema import RunSchema
 from nnwatch.tensors.grad_norms import LayerReducer
 from nnwatch.tensors.layers import LayerPlan, plan_layers, sequence_first
@@ -98,6 +100,7 @@ def build(
     cycle = StepCycle(
         run, plan=plan, optimizer=optimizer.hook, scaler=scaler, schedule=schedule,
         buffers=buffers, layers=layers, grads=grads, guard=guard, guard_on=guard_on,
+        updates=UpdateRecorder(plan, buffers, source), labels=LabelMix(buffers, options.num_classes),
         snapshots=snapshots, commands=commands, record=record, files=run.files,
         start_step=first_step, batch_size=options.batch_size, seq_first=sequence_first(model),
     )

@@ -23,15 +23,25 @@ DEV_INDEX = {name: i for i, name in enumerate(DEV_FIELDS)}
 
 
 class StepBuffers:
-    """Record memory for one run. Views are named after the schema's fields."""
+    """Record memory for one run. Views are named after the schema's fields.
+
+    The device block is one float64 buffer: the scalars (float64, so that a float64 model's loss
+    and norms keep their range), then the per-layer block as float32 in the same memory. One
+    buffer is one copy per step to the host.
+    """
 
     def __init__(self, schema: RunSchema, device: torch.device) -> None:
         self.schema = schema
-        self.record = np.zeros(schema.record_size, dtype=np.uint8)
-        self.record_view = self.record.data  # for struct.pack_into of the host block
+        self._nd = len(schema.dev_scalar_dtype().names or ())
+        layer_bytes = schema.layer_dtype().itemsize
+        self._nl = layer_bytes // 4
+        self._raw_len = self._nd + (self._nl + 1) // 2  # float64 words: scalars, then layers
         hs = schema.host_size
+        # the raw block may end 4 bytes past the record (an odd count of float32 layer values)
+        self.record = np.zeros(hs + 8 * self._raw_len, dtype=np.uint8)
+        self.record_view = self.record.data[: schema.record_size]  # what gets published
         self.host = self.record[:hs].view(np.float64)
-        self._dev_view = self.record[hs:].view(np.float32)
+        self._raw_view = self.record[hs:].view(np.float64)
         self._pending: deque[tuple[torch.cuda.Event, int, np.ndarray]] = deque()
         self._pinned: list[torch.Tensor] = []
         self._next = 0
@@ -40,39 +50,50 @@ class StepBuffers:
 
     # -- layout ----------------------------------------------------------------------------------
     def _allocate(self, device: torch.device) -> None:
-        s = self.schema
-        n = self._dev_view.size
+        nd, nl = self._nd, self._nl
         self.device = device
         self.on_cuda = device.type == "cuda"
-        #: On the CPU, the device block as numpy (the same memory): a scalar written from Python
+        #: On the CPU, the scalars as numpy (the same memory): a scalar written from Python
         #: here costs a microsecond, against tens for a torch ``copy_`` on a cold cache.
         self.dev_np: np.ndarray | None = None
         self.grad_layer_np: np.ndarray | None = None
         if device.type == "cpu":
-            self.dev = torch.from_numpy(self._dev_view)
-            self.dev_np = self._dev_view
+            self.dev = torch.from_numpy(self._raw_view)
+            self.dev_np = self._raw_view[:nd]
             self._pinned = []
         else:
-            self.dev = torch.empty(n, dtype=torch.float32, device=device)
+            self.dev = torch.empty(self._raw_len, dtype=torch.float64, device=device)
             self._pinned = [
-                torch.empty(n, dtype=torch.float32, pin_memory=True) for _ in range(PIPELINE)
+                torch.empty(self._raw_len, dtype=torch.float64, pin_memory=True)
+                for _ in range(PIPELINE)
             ]
-        nd, L, P = len(DEV_FIELDS), s.num_layers, s.num_param_layers
         self.scalars = self.dev[:nd]
-        self.act_sum = self.dev[nd : nd + L]
-        self.act_stats = self.dev[nd + L : nd + 6 * L].view(5, L)
-        #: per-unit dead fraction of rectifier layers (schema 3), right after the five stats
-        self.act_dead = self.dev[nd + 6 * L : nd + 7 * L]
-        g0 = nd + 7 * L
-        self.grad_layer = self.dev[g0 : g0 + P]
-        self.loss = self.scalars[DEV_INDEX["loss"]]
+        layer = self.dev[nd:].view(torch.float32)[:nl]
+        self._layer_views(layer)
         if self.dev_np is not None:
-            self.grad_layer_np = self.dev_np[g0 : g0 + P]
+            self.grad_layer_np = self.grad_layer.numpy()
         # every value starts absent (NaN), layer sums included: a step the cost budget leaves
         # unmeasured publishes them as NaN without touching them
-        self.template = torch.full((n,), math.nan, dtype=torch.float32, device=device)
+        self.template = torch.full((self._raw_len,), math.nan, dtype=torch.float64, device=device)
+        self.template[nd:].view(torch.float32).fill_(math.nan)
         self._template_np = self.template.numpy() if self.dev_np is not None else None
         self.dev.copy_(self.template)
+
+    def _layer_views(self, layer: torch.Tensor) -> None:
+        """Name the per-layer block's parts (the schema's ``layer_dtype`` order)."""
+        s = self.schema
+        L, P = s.num_layers, s.num_param_layers
+        self.act_sum = layer[:L]
+        self.act_stats = layer[L : 6 * L].view(5, L)
+        #: per-unit dead fraction of rectifier layers (schema 3), right after the five stats
+        self.act_dead = layer[6 * L : 7 * L]
+        g0 = 7 * L
+        self.grad_layer = layer[g0 : g0 + P]
+        #: what each update did (schema 4): weight norm, update norm, frozen share, per layer
+        self.weight_layer = layer[g0 + P : g0 + 2 * P]
+        self.update_layer = layer[g0 + 2 * P : g0 + 3 * P]
+        self.frozen_layer = layer[g0 + 3 * P : g0 + 4 * P]
+        self.loss = self.scalars[DEV_INDEX["loss"]]
 
     def slot(self, name: str) -> torch.Tensor:
         """The 0-d device view of one scalar field, e.g. ``slot("loss")``."""
@@ -100,7 +121,7 @@ class StepBuffers:
         if not self._pinned:
             publish(self.record_view)
             if reset:  # numpy on the same memory: a microsecond where torch's copy_ takes tens
-                self._dev_view[:] = self._template_np
+                self._raw_view[:] = self._template_np
             return
         if len(self._pending) >= PIPELINE:
             ev, k, host = self._pending.popleft()
@@ -127,6 +148,6 @@ class StepBuffers:
     def _emit(self, k: int, host: np.ndarray, publish: Callable[[memoryview], None]) -> None:
         saved = self.host.copy()
         self.host[:] = host
-        self._dev_view[:] = self._pinned[k].numpy()
-        publish(self.record.data)
+        self._raw_view[:] = self._pinned[k].numpy()
+        publish(self.record_view)
         self.host[:] = saved

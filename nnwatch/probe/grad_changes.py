@@ -122,7 +122,8 @@ class GradChanges:
         if post is None:
             return
         changed = _fingerprint(g) != before
-        post_t = torch.as_tensor(post).to(buf.dev.device, torch.float32)
-        nan = torch.full((), math.nan, device=buf.dev.device)
+        post_t = torch.as_tensor(post).to(buf.dev.device, torch.float64)
+        nan = torch.full((), math.nan, device=buf.dev.device, dtype=torch.float64)
         buf.slot("grad_norm_clipped").copy_(torch.where(changed, post_t, nan))
-        buf.slot("clipped").copy_(torch.where(changed, torch.ones((), device=buf.dev.device), nan))
+        one = torch.ones((), device=buf.dev.device, dtype=torch.float64)
+        buf.slot("clipped").copy_(torch.where(changed, one, nan))

@@ -50,7 +50,6 @@ from nnwatch.probe.grad_changes import GradChanges
 from nnwatch.tensors import torch_clip as gradmath
 from nnwatch.tensors.grad_norms import (
     LayerReducer,
-    float32_of,
     global_norm,
     host_sum_of_squares,
     recorded_squares,
@@ -306,9 +305,9 @@ class GradientRecorder:
             host[_NORM_CLIPPED] = base * coef
             host[_CLIPPED] = 1.0 if t > max_norm else 0.0
             return
-        tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float32)
+        tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float64)
         coef_t = (max_norm / (tt + CLIP_EPS)).clamp(max=1.0)
-        base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float32)
+        base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float64)
         b.slot("grad_norm_clipped").copy_(base_t * coef_t)
         b.slot("clipped").copy_(tt > max_norm)
 
@@ -322,8 +321,8 @@ class GradientRecorder:
             b.dev_np[_NORM_CLIPPED] = float(post)
             b.dev_np[_CLIPPED] = float(hit)
             return
-        b.slot("grad_norm_clipped").copy_(torch.as_tensor(post).to(b.dev.device, torch.float32))
-        b.slot("clipped").copy_(torch.as_tensor(hit).to(b.dev.device, torch.float32))
+        b.slot("grad_norm_clipped").copy_(torch.as_tensor(post).to(b.dev.device, torch.float64))
+        b.slot("clipped").copy_(torch.as_tensor(hit).to(b.dev.device, torch.float64))
 
     def clip(
         self,
@@ -356,14 +355,14 @@ class GradientRecorder:
             gradmath.clip_grads_with_norm_(params, limit, total, foreach)
         try:
             b = self.buf
-            tot32 = total.to(device=b.dev.device, dtype=torch.float32)
-            b.slot("grad_norm").copy_(tot32)
-            b.slot("nonfinite_grads").copy_(~torch.isfinite(tot32))
+            tot = total.to(device=b.dev.device)
+            b.slot("grad_norm").copy_(tot)
+            b.slot("nonfinite_grads").copy_(~torch.isfinite(tot))
             if per_layer and norms:
-                self.reducer.write(torch.stack([n.float() for n in norms]), present, b.grad_layer, norm_type)
+                self.reducer.write(torch.stack([n.double() for n in norms]), present, b.grad_layer, norm_type)
             if limit is not None:
-                self.record_clip(tot32, float(limit))
-            self.done, self.total = True, tot32
+                self.record_clip(tot, float(limit))
+            self.done, self.total = True, tot
         except Exception as exc:  # noqa: BLE001 - clipping happened; recording must not raise
             warn("clip-record", f"could not record the clip: {exc!r}")
         return total
@@ -374,7 +373,7 @@ class GradientRecorder:
         if total is None or self.override is None:
             return
         _, grads = self.grads()
-        t = torch.as_tensor(total, dtype=torch.float32)
+        t = torch.as_tensor(total)
         coef = (self.override / (t + CLIP_EPS)).clamp(max=1.0)
         torch._foreach_mul_(grads, coef.to(grads[0].device))
         self.record_clip(t, self.override)
@@ -414,9 +413,6 @@ class GradientRecorder:
         self.layers_done = False
 
 
-_F32_MAX = float(torch.finfo(torch.float32).max)
-
-
 def _squares(
     grads: list[torch.Tensor], b: StepBuffers, scale: torch.Tensor | None
 ) -> tuple[np.ndarray | torch.Tensor, torch.Tensor | float]:
@@ -440,13 +436,11 @@ def _write_total(b: StepBuffers, total: torch.Tensor | float) -> None:
     else:
         t = torch.as_tensor(total).detach()
         b.slot("nonfinite_grads").copy_(~torch.isfinite(t))
-        b.slot("grad_norm").copy_(float32_of(t).to(b.dev.device))
+        b.slot("grad_norm").copy_(t.to(b.dev.device))
 
 
 def _write_host_norm(host: Any, value: float) -> None:
-    """The global norm and its non-finite flag into the CPU record; a float64 norm beyond
-    float32's range is recorded at float32's largest value, not as Inf."""
-    finite = math.isfinite(value)
-    host[_GRAD_NORM] = value if not finite or abs(value) < _F32_MAX else _F32_MAX
-    host[_NONFINITE_GRADS] = 0.0 if finite else 1.0
+    """The global norm and its non-finite flag into the CPU record (float64: kept as it is)."""
+    host[_GRAD_NORM] = value
+    host[_NONFINITE_GRADS] = 0.0 if math.isfinite(value) else 1.0
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)

@@ -28,17 +28,20 @@ from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard
+from nnwatch.probe.label_mix import LabelMix
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.run_files import RunFiles
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
-from nnwatch.probe.step_record import StepRecord, batch_size_of
+from nnwatch.probe.step_record import NO_SHARES, StepRecord, batch_size_of
+from nnwatch.probe.update_recorder import UpdateRecorder
 from nnwatch.store.schema import HOST_FIELDS
 from nnwatch.tensors.layers import LayerPlan
+from nnwatch.tensors.loss_graph import LossShape, describe_loss
 
 _LOSS = DEV_INDEX["loss"]
 _STEP_FIELD = struct.Struct("<d")  # the first host field
-_LOSS_FIELD = struct.Struct("<f")  # the first device field
+_LOSS_FIELD = struct.Struct("<d")  # the first device field (float64 from schema 4)
 assert HOST_FIELDS[0] == "step" and _LOSS == 0, "StepCycle.publish reads these two by offset"
 _ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
 _clock = time.perf_counter
@@ -79,6 +82,8 @@ class StepCycle:
         buffers: StepBuffers,
         layers: LayerHooks,
         grads: GradientRecorder,
+        updates: UpdateRecorder,
+        labels: LabelMix,
         guard: Guard,
         guard_on: bool,
         snapshots: SnapshotTaker,
@@ -97,6 +102,8 @@ class StepCycle:
         self.buffers = buffers
         self.layers = layers
         self.grads = grads
+        self.updates = updates  # what each measured update did to the weights
+        self.labels = labels  # the batch's label entropy, on measured steps
         self.guard = guard
         self.guard_on = guard_on  # the non-finite check before each update
         self.snapshots = snapshots
@@ -119,6 +126,8 @@ class StepCycle:
         self.updated = False
         self.without_update = 0
         self.closure_step = False  # the optimizer's step ran before this step's forward
+        #: the first step's loss, read from its graph: its form and any broadcast in it
+        self.loss_shape = LossShape()
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -172,6 +181,8 @@ class StepCycle:
             rec = self.grads
             rec.measure = sched.measure
             rec.on_backward_end()
+            if self.optimizer is None and sched.measure:
+                self.updates.before()  # a hand-written update: it happens before w.step()
         except Exception as exc:  # noqa: BLE001
             self.owner.disable(f"internal error after backward: {exc!r}")
         sched.own += _clock() - t0
@@ -202,6 +213,8 @@ class StepCycle:
                     if not rec.layers_done:
                         rec.measure_now()  # a bad step: every layer's gradient, for the origin
                     self.guard.hit()
+                if sched.measure:
+                    self.updates.before()  # after the guard: a skipped step's gradients are gone
         except Exception as exc:  # noqa: BLE001
             self.owner.disable(f"internal error before optimizer.step(): {exc!r}")
         sched.own += _clock() - t0
@@ -244,6 +257,12 @@ class StepCycle:
                 )
         if self.scaler is not None:
             record.amp()
+        shares = NO_SHARES
+        if measure:
+            if self.updates.after():
+                shares = self.updates.shares
+            if batch is not None:
+                self.labels.record(batch)
         dt = now - self.last_time
         bs = batch_size or self.batch_size
         if bs is None and batch is not None:
@@ -256,8 +275,11 @@ class StepCycle:
                 measured = layers.sums_stored  # a step whose forward ran no watched layer is not
             if sched.sampled:
                 sampled = layers.stats.finish(self.buffers.act_stats, self.buffers.act_dead)
-        record.write_host(self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept)
+        record.write_host(
+            self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
+        )
         if not self.layers.finalized:
+            self.loss_shape = describe_loss(loss)
             self.owner.start_run()
         snaps = self.snapshots
         if snaps.reason is not None and snaps.armed:

@@ -18,27 +18,19 @@ import torch
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import HOST_FIELDS
-from nnwatch.tensors.grad_norms import F32_MAX, float32_of
 
 N_HOST = len(HOST_FIELDS)
 _NO_CUDA = (math.nan, math.nan, math.nan)
 _LOSS = DEV_INDEX["loss"]
 _AMP_SCALE, _AMP_SKIPPED = DEV_INDEX["amp_scale"], DEV_INDEX["amp_skipped"]
-assert HOST_FIELDS[5:13] == (
+assert HOST_FIELDS[5:15] == (
     "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss",
-    "layer_sums", "grads_kept",
+    "layer_sums", "grads_kept", "params_no_grad", "params_unoptimized",
 ), "StepRecord.write_host writes the host block in this order"
+NO_SHARES = (math.nan, math.nan)
 _NO_LRS: list[float] = []
 _Tensor = torch.Tensor
 MEMORY_EVERY = 0.2  # seconds between two reads of the CUDA allocator's statistics
-
-
-def _f32(value: float) -> float:
-    """A loss read as a Python float, saturated at float32's largest value when it is finite but
-    beyond float32's range (a float64 model): never an overflow to Inf, never a numpy warning."""
-    if -F32_MAX <= value <= F32_MAX or value != value:
-        return value
-    return value if math.isinf(value) else math.copysign(F32_MAX, value)
 
 
 def batch_size_of(batch: Any, seq_first: bool = False) -> int | None:
@@ -103,7 +95,7 @@ class StepRecord:
     def loss(self, loss: Any) -> None:
         host = self.buf.dev_np
         if type(loss) is _Tensor and host is not None and loss.is_cpu and loss.dim() == 0:
-            host[_LOSS] = _f32(loss.item())  # the usual CPU case: a scalar, no sync, no torch copy
+            host[_LOSS] = loss.item()  # the usual CPU case: a scalar, no sync, no torch copy
             return
         slot = self.buf.loss
         if loss is None:
@@ -112,9 +104,9 @@ class StepRecord:
         if isinstance(loss, torch.Tensor):
             if loss.dim() == 0:
                 if host is not None and loss.is_cpu:
-                    host[_LOSS] = _f32(loss.item())  # a CPU scalar: no sync, cheaper than copy_
+                    host[_LOSS] = loss.item()  # a CPU scalar: no sync, cheaper than copy_
                 else:
-                    slot.copy_(float32_of(loss.detach()))  # the usual case on a GPU
+                    slot.copy_(loss.detach())  # the usual case on a GPU (float64 slot: no range lost)
                 return
             value = loss.detach()
             if value.numel() != 1:
@@ -123,11 +115,11 @@ class StepRecord:
                     f"the loss passed to w.step() has shape {tuple(value.shape)}, not a scalar; "
                     "nnwatch records its mean (pass loss.mean() to silence this)",
                 )
-                value = value.float().mean()
-            slot.copy_(float32_of(value.reshape(())))
+                value = value.double().mean()
+            slot.copy_(value.reshape(()))
         else:
             try:
-                slot.fill_(_f32(float(loss)))
+                slot.fill_(float(loss))
             except (TypeError, ValueError):
                 self.warn("loss-type", f"w.step() got a loss of type {type(loss).__name__}; pass the loss tensor")
 
@@ -151,12 +143,12 @@ class StepRecord:
             host[_AMP_SKIPPED] = 1.0 if value < prev_value else 0.0
             self._prev_value = value
             return
-        s = scale.detach().reshape(()).to(b.dev.device, torch.float32)
+        s = scale.detach().reshape(()).to(b.dev.device, torch.float64)
         b.slot("amp_scale").copy_(s)
         prev = self._prev_scale
         if prev is None:
             init = float(getattr(sc, "_init_scale", math.inf) or math.inf)
-            prev = self._prev_scale = torch.full((), init, device=b.dev.device)
+            prev = self._prev_scale = torch.full((), init, device=b.dev.device, dtype=torch.float64)
         b.slot("amp_skipped").copy_(s < prev)  # the scale only drops when a step was skipped
         prev.copy_(s)
 
@@ -170,6 +162,7 @@ class StepRecord:
         sampled: bool,
         measured: bool,
         kept: float = math.nan,
+        shares: tuple[float, float] = NO_SHARES,
     ) -> None:
         """The host block in schema order and the optimizer's LRs after it, in one call."""
         b = self.buf
@@ -191,6 +184,7 @@ class StepRecord:
             sysmon.rss,
             1.0 if measured else 0.0,
             kept,
+            *shares,
             *lrs,
         )
 

@@ -39,6 +39,7 @@ from nnwatch.probe.run_files import (
     choose_run_dir,
     optimizer_has_state,
 )
+from nnwatch.probe.update_recorder import update_setup
 from nnwatch.store.events import Event, FindingEvent, RunEnded
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import RunDirError
@@ -236,7 +237,8 @@ class WatchedRun:
             num_classes=self.num_classes, rank=self.rank,
             extra={"layer_interval": self.layer_interval, "resumed": self.resumed,
                    "start_step": self.start_step, "tied": dict(plan.tied),
-                   "micro_batches": max(1, self.grads.backwards)},
+                   "micro_batches": max(1, self.grads.backwards),
+                   **self.cycle.loss_shape.to_extra(), **update_setup(plan, self.optimizer.source)},
         )
         try:
             self.files.start(self.meta, self._on_log_error, append=self._append, warn=self.warn_once)

@@ -39,7 +39,7 @@ from nnwatch.store.runlog import (
     crc_path,
     split_records,
 )  # fmt: skip
-from nnwatch.store.schema import GRAD_LAYER_FIELD, RunMeta
+from nnwatch.store.schema import PARAM_LAYER_FIELDS, RunMeta
 from nnwatch.store.summary import RunSummary, last_finite
 
 log = logging.getLogger("nnwatch")
@@ -126,12 +126,23 @@ class Run:
         return self.meta.schema.layer_names
 
     def layer_stat(self, stat: str, layer: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of one per-layer stat (``act_zero``, ``grad_layer``, ...) for one layer."""
-        names = self.meta.schema.param_layer_names if stat == GRAD_LAYER_FIELD else self.layer_names
+        """(steps, values) of one per-layer stat (``act_zero``, ``grad_layer``, ``update_layer``,
+        ...) for one layer."""
+        names = self.meta.schema.param_layer_names if stat in PARAM_LAYER_FIELDS else self.layer_names
         if layer not in names:
             raise KeyError(f"no layer {layer!r}; layers are: {', '.join(names)}")
+        if stat not in (self.layers.dtype.names or ()):
+            raise KeyError(f"{stat!r} is not recorded in this run (schema {self.meta.schema.version})")
         i = names.index(layer)
         return self.layers["step"], self.layers[stat][:, i]
+
+    def update_ratio(self, layer: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, update norm / weight norm) of one parameter-owning layer, on measured updates:
+        about 1e-3 is the classic healthy band (NaN where the layer was not updated)."""
+        steps, update = self.layer_stat("update_layer", layer)
+        _, weight = self.layer_stat("weight_layer", layer)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return steps, update.astype(np.float64) / weight.astype(np.float64)
 
     @property
     def findings(self) -> list[FindingEvent]:

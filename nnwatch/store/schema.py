@@ -3,8 +3,10 @@
 A record is three contiguous blocks, so that the probe can fill the last two with one device copy:
 
     host   float64 fields the training thread sets from Python (step, time, LR, memory, ...)
-    dev    float32 scalars computed on the device (loss, grad norms, AMP scale, ...)
-    layers float32 per-layer arrays (activation stats, per-layer grad norms)
+    dev    float64 scalars computed on the device (loss, grad norms, AMP scale, ...): a float64
+           model's loss of 5e40 is stored as 5e40 (float32 in runs of schema 3 and older)
+    layers float32 per-layer arrays (activation stats, per-layer gradient, weight and update
+           norms); a finite value beyond float32's range is saturated at its largest value
 
 NaN means "not measured" everywhere, never zero: a run without a scaler has a NaN ``amp_scale``.
 The layout is described in ``meta.json`` so that any reader can rebuild it without importing torch.
@@ -20,7 +22,9 @@ from typing import Any, cast
 
 import numpy as np
 
-SCHEMA_VERSION = 3  # 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"
+SCHEMA_VERSION = 4
+# 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"; 4 made the device scalars float64 and
+# added what each update did (the update fields below) and the batch's label entropy
 
 HOST_FIELDS: tuple[str, ...] = (
     "step",  # 0-based index of the optimizer step this record describes
@@ -39,6 +43,10 @@ HOST_FIELDS: tuple[str, ...] = (
     "grads_kept",  # 1.0 when this step's first backward found the previous update's gradients
     # still there, untouched (no zero_grad() between two updates), 0.0 when they were cleared,
     # NaN when not observed (the first step, a closure optimizer)
+    "params_no_grad",  # measured updates: the share of the optimizer's trainable elements whose
+    # gradient was None at the update (the optimizer holds them, backward never reached them)
+    "params_unoptimized",  # measured updates: the share of the model's elements that got a
+    # gradient but are in no parameter group of the optimizer (nothing ever updates them)
 )
 DEV_FIELDS: tuple[str, ...] = (
     "loss",  # the loss passed to w.step()
@@ -48,6 +56,11 @@ DEV_FIELDS: tuple[str, ...] = (
     "amp_scale",  # GradScaler scale after this step's update
     "amp_skipped",  # 1.0 when the scaler skipped optimizer.step() (its scale went down)
     "nonfinite_grads",  # 1.0 when any gradient held NaN or Inf
+    "update_frozen",  # measured updates: the share of the optimizer's sampled elements (those
+    # with a gradient) that the update left bit for bit unchanged (updates that round away)
+    "label_entropy",  # measured steps of a classifier: the entropy (nats) of the batch's labels
+    "weight_drift",  # measured updates: how far the weights are from where the first measured
+    # update found them, ||w - w_start|| (from the same samples as the update norms)
 )
 LAYER_FIELDS_ACT: tuple[str, ...] = (
     "act_mean",
@@ -68,8 +81,21 @@ CHART_FIELDS: tuple[str, ...] = (
     "amp_scale",
     "amp_skipped",
 )
+#: Per parameter-owning layer, on measured updates (schema 4): what the optimizer did to the
+#: weights, beside ``grad_layer``. ``weight_layer`` is the L2 norm of the layer's parameters
+#: after the update; ``update_layer`` the norm of (after - before), from a fixed sample of each
+#: large parameter scaled to its size; ``frozen_layer`` the share of those sampled elements the
+#: update left bit for bit unchanged. NaN where the layer was not updated (no optimizer step, a
+#: skipped AMP step, a step not measured).
+LAYER_FIELDS_UPDATE: tuple[str, ...] = ("weight_layer", "update_layer", "frozen_layer")
 #: Fields that a schema version added, so that older runs keep their own layout.
-_ADDED_IN = {"layer_sums": 2, "grads_kept": 3, "act_dead": 3}
+_ADDED_IN = {
+    "layer_sums": 2, "grads_kept": 3, "act_dead": 3, "params_no_grad": 4,
+    "params_unoptimized": 4, "update_frozen": 4, "label_entropy": 4, "weight_drift": 4, "weight_layer": 4,
+    "update_layer": 4, "frozen_layer": 4,
+}  # fmt: skip
+#: The first schema whose device scalars are float64.
+WIDE_SCALARS = 4
 
 
 def fields_of(fields: tuple[str, ...], version: int) -> tuple[str, ...]:
@@ -84,6 +110,9 @@ ACT_SUM_FIELD = "act_sum"
 #: gradient (or the step was not measured); +Inf means its gradient held NaN or Inf (so the two
 #: never look alike).
 GRAD_LAYER_FIELD = "grad_layer"
+#: The per-layer fields indexed by parameter-owning layer (``param_layer_names``), not by watched
+#: layer (``layer_names``).
+PARAM_LAYER_FIELDS: tuple[str, ...] = (GRAD_LAYER_FIELD, *LAYER_FIELDS_UPDATE)
 
 
 @dataclass(frozen=True)
@@ -111,13 +140,15 @@ class RunSchema:
         return np.dtype(fields)
 
     def dev_scalar_dtype(self) -> np.dtype:
-        return np.dtype([(n, "<f4") for n in DEV_FIELDS])
+        kind = "<f8" if self.version >= WIDE_SCALARS else "<f4"
+        return np.dtype([(n, kind) for n in fields_of(DEV_FIELDS, self.version)])
 
     def layer_dtype(self) -> np.dtype:
         L, P = self.num_layers, self.num_param_layers
         fields: list[tuple[Any, ...]] = [(ACT_SUM_FIELD, "<f4", (L,))]
         fields += [(n, "<f4", (L,)) for n in fields_of(LAYER_FIELDS_ACT, self.version)]
         fields.append((GRAD_LAYER_FIELD, "<f4", (P,)))
+        fields += [(n, "<f4", (P,)) for n in fields_of(LAYER_FIELDS_UPDATE, self.version)]
         return np.dtype(fields)
 
     def scalar_dtype(self) -> np.dtype:
@@ -139,7 +170,7 @@ class RunSchema:
 
     @functools.cached_property
     def dev_size(self) -> int:
-        """Bytes of the device-computed tail (dev scalars + layers), all float32."""
+        """Bytes of the device-computed tail (dev scalars, then the float32 layer block)."""
         return self.dev_scalar_dtype().itemsize + self.layer_dtype().itemsize
 
     @functools.cached_property

@@ -449,7 +449,7 @@ def test_a_loss_128x_its_start_at_step_1_diverges_within_three_steps():
     loss = np.concatenate(([1.0], 128.0 * np.geomspace(1.0, 0.3, 59)))
     f = [f for f in run(records(60, loss=loss)) if f.kind == "loss_diverging"]
     assert f and f[0].step <= 3
-    assert "where the run began (1)" in f[0].summary
+    assert "from its first loss (1)" in f[0].summary
 
 
 def test_divergence_names_the_level_it_compares_with():

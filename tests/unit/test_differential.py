@@ -65,5 +65,8 @@ def test_a_warmup_from_zero_is_not_an_lr_fault() -> None:
         row = Row.__new__(Row)
         row.step, row.loss, row.grad_norm, row.clip_threshold = step, 2.0, 1.0, np.nan
         row.grads_kept, row.lr = 0.0, np.array([lr])
+        row.label_entropy = row.params_no_grad = row.params_unoptimized = np.nan
+        row.update_frozen = row.batch_size = np.nan
+        row.update_layer = row.weight_layer = row.frozen_layer = None
         o.push(row)
     assert observed_causes(o) == []

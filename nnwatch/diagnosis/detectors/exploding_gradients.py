@@ -246,7 +246,7 @@ class ExplodingGradientsDetector(Detector):
         elif rise >= HIT_DECADES or not math.isfinite(start) or start <= 0:
             times = f"{fmt(10**rise)}x this run's usual {fmt(usual)}"
         else:  # fired against where the run began (a slow pile-up the usual level followed up)
-            times = f"{fmt(row.grad_norm / start)}x where the run began ({fmt(start)})"
+            times = f"{fmt(row.grad_norm / start)}x its level over the first steps (median {fmt(start)})"
             evidence["times_start"] = row.grad_norm / start
         grew = (
             f" ({layer} grew most, {fmt(layer_growth)}x)" if layer and math.isfinite(layer_growth) else ""

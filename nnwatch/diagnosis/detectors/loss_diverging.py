@@ -27,6 +27,18 @@ the run against its own past, never against a fixed number:
 
 One finding per episode; it ends after 50 steps back near the base. ``oscillating_loss`` defers to
 this: a loss that swings while it climbs is diverging.
+
+A rise is an error only when a mechanism backs it: something in the set-up or the updates that
+makes a loss climb (the LR now well above the one the run was stable at, an update ratio several
+times its stable level, weights that grow fast, exploding or non-finite gradients, gradients never
+cleared, a negative LR), or a ten-fold runaway in the first steps. A loss moves for other reasons
+too: a curriculum that adds harder examples, a loss term switched on, the other side of a game
+getting better. Without a mechanism the rise is a note, re-judged while it lasts: a mechanism
+that appears makes it an error, a loss that stays up for ``PATIENCE`` steps without falling back
+a warning, and a loss that falls again stays a note.
+
+A loss that falls without bound below zero is diverging too, downward: a loss with a floor stops
+at it. That is named as such, with its usual cause (a term whose sign is flipped).
 """
 
 from __future__ import annotations
@@ -37,7 +49,12 @@ from collections import deque
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
+from nnwatch.diagnosis.differential import (
+    causes_evidence,
+    causes_sentence,
+    observed_causes,
+    remedy_text,
+)
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
@@ -47,6 +64,7 @@ from nnwatch.diagnosis.history import (
     median,
 )
 from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 16  # the newest losses, judged against the stretch before them
@@ -66,6 +84,11 @@ SLOW_TREND_TAU = 0.3
 #: a run that has learned diverges when it gives back at least half of what it learned (a bump
 #: of a converged loss, or a transient instability it recovers from, gives back less)
 LEARNED_SHARE = 0.5
+PATIENCE = 100  # steps a rise with no mechanism may last before it is a warning
+#: Kinds whose open episode is a mechanism for a rising loss
+RISE_KINDS = ("exploding_gradients", "nan_or_inf", "amp_scale_collapse")
+UNBOUNDED = 10.0  # a negative loss this many times the scale it started at, and still falling
+UNBOUNDED_TAU = -0.4
 
 
 def noise_sigma(ref: list[float]) -> float:
@@ -101,6 +124,10 @@ class LossDivergingDetector(Detector):
         self.best = math.inf
         self._best_window: list[float] = []
         self._best_noise: float | None = 0.0
+        self.severity = "error"  # of the open episode: "info" while no mechanism backs the rise
+        self.peak = -math.inf  # the highest median of 5 in the open episode
+        self.unbounded = Episode(confirm=3, release=RELEASE)
+        self.mechanism: Mechanism | None = None  # what backs the open episode's rise
 
     @property
     def active(self) -> bool:
@@ -136,6 +163,37 @@ class LossDivergingDetector(Detector):
         loss = row.loss
         if not math.isfinite(loss):
             return None  # a NaN is nan_or_inf's; an unlogged loss says nothing
+        found = self._rise(row, hist, loss)
+        below = self._below(row, hist)
+        return found or below
+
+    def _below(self, row: Row, hist: RunHistory) -> Finding | None:
+        """A loss that falls without bound below zero (see the module docstring)."""
+        hit = falls_without_bound(list(self.losses), self.start)
+        if not self.unbounded.update(hit, row.step):
+            return None
+        level = median(list(itertools.islice(reversed(self.losses), LAST)))
+        return Finding(
+            kind=self.kind,
+            severity="error",
+            step=row.step,
+            summary=(
+                f"the loss falls without bound below zero: from {fmt(self.start)} at the start to "
+                f"{fmt(level)}, and still falling. A loss with a floor (cross-entropy, a squared "
+                "error, a KL divergence) stops at it; one that can fall forever has a term that "
+                "rewards growing outputs, and its gradients grow with it."
+            ),
+            remedy=(
+                "check the sign of each term of the loss: a KL divergence or a log-likelihood "
+                "added where it should be subtracted (KL >= 0 is added to a loss), a reward "
+                "maximised by gradient descent without a minus; a learned variance that can "
+                "shrink to zero needs a floor"
+            ),
+            evidence={"loss_now": level, "loss_at_start": self.start, "lr": row.lr0},
+            onset_step=self.unbounded.first_hit,
+        )
+
+    def _rise(self, row: Row, hist: RunHistory, loss: float) -> Finding | None:
         self.seen += 1
         if len(self.first) < LAST:
             self.first.append(loss)
@@ -192,11 +250,48 @@ class LossDivergingDetector(Detector):
             self.frozen = (base, unit)
         elif not self.episode.active:
             self.frozen = None
-        if not opened:
+        if not self.episode.active:
+            return None
+        self.peak = max(self.peak, level) if not opened else level
+        if opened:
+            early = self.seen < EARLY_N
+            self.mechanism = None if early else self._mechanism(row, hist, base, unit)
+            self.severity = "error" if early or self.mechanism is not None else "info"
+        elif self.severity != "error":
+            return self._rejudge(row, hist, base, unit, level)
+        else:
             return None
         if math.isnan(tau):
             tau = kendall_tau(list(self.losses)[-TREND_N:])
         return self._finding(row, hist, base, unit, level, tau)
+
+    def _mechanism(self, row: Row, hist: RunHistory, base: float, unit: float) -> Mechanism | None:
+        """What backs the rise: the set-up, another detector's open episode, the updates."""
+        obs = hist.obs
+        if observed_causes(obs):
+            return Mechanism("observed", "", "")  # worded by causes_sentence
+        for kind in RISE_KINDS:
+            if kind in obs.active:
+                return Mechanism(kind, f"{kind.replace('_', ' ')} came with it", "")
+        return obs.update.rise(self._onset(base, unit), row.lr0)
+
+    def _rejudge(
+        self, row: Row, hist: RunHistory, base: float, unit: float, level: float
+    ) -> Finding | None:
+        """A rise with no mechanism, while it lasts: an error once one appears, a warning once it
+        has stayed up for PATIENCE steps without falling back."""
+        mech = self._mechanism(row, hist, base, unit)
+        if mech is not None:
+            self.mechanism, self.severity = mech, "error"
+        elif self.severity == "info" and row.step - self._onset(base, unit) >= PATIENCE:
+            back = self.peak - level >= 0.5 * (self.peak - base)
+            tau = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
+            if back or tau <= -SLOW_TREND_TAU:
+                return None  # it is falling again: a jump the run recovers from
+            self.severity = "warning"
+        else:
+            return None
+        return self._finding(row, hist, base, unit, level, kendall_tau(list(self.losses)[-TREND_N:]))
 
     def _onset(self, base: float, unit: float) -> int:
         """The first step of the current climb: where the loss last sat within half a unit of base."""
@@ -228,8 +323,10 @@ class LossDivergingDetector(Detector):
         shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"
         if base == self.best and base < self.start:
             ref = f"its best level {fmt(base)}"
-        elif self.seen <= EARLY_N or base == self.start:
-            ref = f"where the run began ({fmt(base)})"
+        elif self.seen <= EARLY_N:
+            ref = f"its first loss ({fmt(base)})"
+        elif base == self.start:
+            ref = f"the level of its first steps (median {fmt(base)})"
         else:
             ref = f"the level it held before ({fmt(base)})"
         summary = f"the loss rose from {ref} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
@@ -238,7 +335,28 @@ class LossDivergingDetector(Detector):
             summary += f"; it is worse than chance (ln({k}) = {fmt(math.log(k))})"
         summary += "."
         summary += causes_sentence(hist.obs)
-        candidates: list[tuple[str, str]] = [("lower_lr", f"lower the LR{lr_now(row)} by 10x (the usual cause)")]
+        mech = self.mechanism
+        if mech is not None and mech.text:
+            summary += f" Behind it: {mech.text}."
+            evidence.update(mech.evidence)
+        if self.severity == "info":
+            summary += (
+                " Nothing in the updates explains it (the LR, the size of the updates and the "
+                "weights' norm are as they were while the run was stable): a change in the data "
+                "or the objective (a curriculum stage, a loss term switched on, the other side "
+                "of a game) raises a loss this way too. A note for now: it becomes a warning if "
+                "the loss stays up, an error if a cause appears in the updates."
+            )
+        elif self.severity == "warning":
+            summary += (
+                f" It has stayed up for {row.step - onset} steps without falling back, though "
+                "nothing in the updates explains it: look at what changed in the data or the loss "
+                f"around step {onset}."
+            )
+        candidates: list[tuple[str, str]] = []
+        if mech is not None and mech.remedy:
+            candidates.append(("", mech.remedy))
+        candidates.append(("lower_lr", f"lower the LR{lr_now(row)} by 10x (the usual cause)"))
         if math.isfinite(row.clip_threshold):
             candidates.append((
                 "lower_lr",
@@ -250,14 +368,26 @@ class LossDivergingDetector(Detector):
             "",
             f"look at the batches around step {onset} for outliers or bad labels (press s for a snapshot)",
         ))  # fmt: skip
+        if self.severity != "error":
+            candidates = candidates[-1:] + candidates[:-1]  # the data first: no update explains it
         remedy = remedy_text(hist.obs, candidates)
         evidence.update(causes_evidence(hist.obs))
         return Finding(
             kind=self.kind,
-            severity="error",
+            severity=self.severity,
             step=row.step,
             summary=summary,
             remedy=remedy,
             evidence=evidence,
             onset_step=onset,
         )
+
+
+def falls_without_bound(losses: list[float], start: float) -> bool:
+    """The loss is negative, at least ``UNBOUNDED`` times the scale it started at, and falling
+    (Kendall's tau of the last 12 at most -0.4): a loss with no floor."""
+    if len(losses) < TREND_N or not math.isfinite(start):
+        return False
+    level = median(losses[-LAST:])
+    scale = max(abs(start), 1e-3)
+    return level < 0 and -level >= UNBOUNDED * scale and kendall_tau(losses[-TREND_N:]) <= UNBOUNDED_TAU

@@ -56,6 +56,7 @@ from nnwatch.diagnosis.differential import causes_evidence, remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 
 NO_GRAD_STEPS = 5
@@ -77,8 +78,14 @@ PATIENCE = 1000  # steps at chance before a plateau with no cause beside it is a
 SUPPORTING_KINDS = ("zero_gradient_layer", "vanishing_gradients", "dead_relu", "amp_scale_collapse")
 CAUSES = (
     "no_grad", "zero_lr", "tiny_update", "flat", "optimizer_copy", "loss_independent",
-    "lr_collapsed", "grads_wiped",
+    "lr_collapsed", "grads_wiped", "mechanism",
 )  # fmt: skip
+#: Mechanisms that stall a run even after it learned something (a loss that fell, then stopped
+#: far from where it could be); the others (updates too small, rounded away, pinned by decay)
+#: explain a run that never learned, since a converged run ends with small updates too.
+AFTER_LEARNING = frozenset(
+    {"updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer"}
+)
 WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
 
 
@@ -97,6 +104,7 @@ class LossStalledDetector(Detector):
         self.update_ratio = math.nan
         self.adaptive = ctx.optimizer in ADAPTIVE_OPTIMIZERS if ctx.optimizer else None
         self.warned = False  # this episode already raised a warning (a note may come first)
+        self.mechanism: Mechanism | None = None  # what the updates show, for the "mechanism" cause
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
@@ -135,9 +143,10 @@ class LossStalledDetector(Detector):
             and len(hist.loss) >= WINDOW
             and hist.recent_loss(WINDOW) >= COLLAPSE_UNLEARNED * hist.start_loss
         )
+        mech = self._mechanism(row, hist, flat_possible)
         if not (
             self.no_grad or self.wiped or self.zero_lr or copy or self.tiny or flat_possible
-            or independent or collapsed
+            or independent or collapsed or mech
         ):  # fmt: skip
             # the usual step of a run that learns: no cause counting, nothing to compute
             if self.episode.active:
@@ -155,8 +164,10 @@ class LossStalledDetector(Detector):
             cause = "optimizer_copy"
         elif independent:
             cause = "loss_independent"
-        elif self.tiny >= TINY_UPDATE_STEPS and unmoved:
-            cause = "tiny_update"
+        elif mech is not None:
+            cause, self.mechanism = "mechanism", mech
+        elif self.tiny >= TINY_UPDATE_STEPS and unmoved and not hist.obs.update.ready:
+            cause = "tiny_update"  # estimated from the LR, where no update was measured
         elif collapsed and self._flat(hist) and not self._converged(hist):
             cause = "lr_collapsed"
         elif (
@@ -177,6 +188,19 @@ class LossStalledDetector(Detector):
             self.warned = severity == "warning"
             return self._finding(row, hist, cause, prog, severity, support)
         return None
+
+    def _mechanism(self, row: Row, hist: RunHistory, flat_possible: bool) -> Mechanism | None:
+        """What the updates show behind a loss that has stopped falling (see AFTER_LEARNING)."""
+        if len(hist.loss) < WINDOW:
+            return None
+        mech = hist.obs.update.stall(self.ctx, row.lr0)
+        if mech is None:
+            return None
+        if not flat_possible and mech.code not in AFTER_LEARNING:
+            return None
+        if not self._flat(hist) or self._converged(hist):
+            return None
+        return mech
 
     def _support(self, hist: RunHistory) -> str:
         """A cause the records show for a loss flat at chance, in words, or nothing."""
@@ -314,6 +338,11 @@ class LossStalledDetector(Detector):
                 "(cross_entropy over one class is always 0; use binary_cross_entropy_with_logits "
                 "for one output)"
             )
+        elif cause == "mechanism" and self.mechanism is not None:
+            m = self.mechanism
+            summary = f"the loss has stopped falling at {fmt(now)}{chance} over the last {WINDOW} steps, and {m.text}."
+            remedy = m.remedy
+            evidence.update(m.evidence)
         elif cause == "lr_collapsed":
             obs = hist.obs
             summary = (
@@ -377,5 +406,9 @@ class LossStalledDetector(Detector):
             remedy=remedy,
             layer=None,
             evidence=evidence,
-            onset_step=max(hist.first_loss_step, 0) if cause == "flat" else self.episode.first_hit,
+            onset_step=(
+                max(hist.first_loss_step, 0)
+                if cause == "flat" or (cause == "mechanism" and not hist.learned(LEARNED))
+                else self.episode.first_hit
+            ),
         )

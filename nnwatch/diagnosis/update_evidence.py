@@ -1,0 +1,313 @@
+"""What the measured updates show: the mechanisms behind a loss that stalls or rises.
+
+A loss curve says *that* a run does not learn; the update says *why*. Each measured update
+records, per layer, the weights' norm, the norm of the change the optimizer made and the share of
+elements it left unchanged, and for the run the optimizer's parameters without a gradient and the
+model's parameters in no group. From those this module keeps a short, bounded memory and names a
+mechanism only when the records show it:
+
+* **updates that round away**: a quarter or more of the elements an update should move are left
+  bit for bit unchanged (half-precision weights: an update under half an ulp is lost);
+* **parameters without a gradient**: the optimizer holds trainable parameters that backward never
+  reaches, or the model has parameters that get gradients and sit in no group;
+* **weights pinned by decay**: the weights' norm has fallen to half of where the run began while
+  a weight decay is set;
+* **updates far too small**: each update changes the weights by less than 1e-5 of their norm
+  (the classic healthy ratio is about 1e-3), with the gradient or the LR to blame;
+* **updates far too large**: each update changes the weights by a third of their norm or more;
+* **a broadcast in the loss**: the first step's graph shows a (B, 1) prediction against a (B,)
+  target;
+* and, for a loss that rises: an LR now well above the one the run was stable at, an update ratio
+  that rose several-fold, weights that grow fast.
+
+A mechanism is a fact with its number, worded once here; the detectors decide what it explains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nnwatch.diagnosis.context import SPARSE_GRAD_KINDS, RunContext
+from nnwatch.diagnosis.row import Row
+from nnwatch.store.finding import fmt
+
+RECENT = 8  # measured updates judged together
+MIN_UPDATES = 3  # measured updates before any mechanism is named
+FROZEN_SHARE = 0.25  # a quarter of the elements an update should move, left unchanged
+NO_GRAD_SHARE = 0.01  # 1% of the trainable elements without a gradient at the update
+NO_GRAD_UPDATES = 5  # ... on this many measured updates in a row
+TINY_RATIO = 1e-5  # an update under 1e-5 of the weights (healthy ~1e-3)
+LARGE_RATIO = 0.3  # an update of a third of the weights' norm
+PINNED = 0.5  # the weights' norm at half of where the run began
+RISE_LR = 2.0  # an LR twice the one the run was stable at
+RISE_RATIO = 3.0  # an update ratio three times the run's stable one
+RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
+HISTORY = 64  # measured updates kept for the stable baseline
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A mechanism the records show: a code, the sentence that says it, what to do."""
+
+    code: str
+    text: str
+    remedy: str
+    evidence: dict[str, float] = field(default_factory=dict)
+
+
+class UpdateEvidence:
+    """Bounded memory of the measured updates (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.updates = 0  # measured updates seen
+        self.ratio: deque[float] = deque(maxlen=RECENT)
+        """The whole model's update norm over its weight norm, per recent measured update."""
+        self.ratio_history: deque[tuple[int, float]] = deque(maxlen=HISTORY)
+        self.frozen: deque[float] = deque(maxlen=RECENT)
+        self.no_grad: deque[float] = deque(maxlen=RECENT)
+        self.no_grad_run = 0
+        self.unoptimized: deque[float] = deque(maxlen=RECENT)
+        self.unoptimized_run = 0
+        self.weight_start = math.nan
+        self.weight = math.nan
+        self.weights: deque[tuple[int, float]] = deque(maxlen=HISTORY)
+        self.grad_ratio: deque[float] = deque(maxlen=RECENT)
+        """The global gradient norm over the weights' norm, per recent measured update."""
+        self.lr_at: deque[tuple[int, float]] = deque(maxlen=HISTORY)
+        self.layer_ratio: np.ndarray | None = None
+        self.entropy: deque[float] = deque(maxlen=16)
+        self.batch = math.nan
+        self._dense: np.ndarray | None = None
+
+    def configure(self, ctx: RunContext) -> None:
+        """Embeddings update only the rows a batch looks up: the model's ratio leaves them out."""
+        kinds = ctx.param_layer_kinds
+        dense = np.array([k not in SPARSE_GRAD_KINDS for k in kinds], dtype=bool)
+        self._dense = dense if dense.any() else None
+
+    # -- feeding -----------------------------------------------------------------------------------
+    def push(self, row: Row) -> None:
+        if math.isfinite(row.label_entropy):
+            self.entropy.append(row.label_entropy)
+            if math.isfinite(row.batch_size):
+                self.batch = row.batch_size
+        if row.update_layer is None or row.weight_layer is None:
+            return
+        self.updates += 1
+        upd = row.update_layer.astype(np.float64)
+        wt = row.weight_layer.astype(np.float64)
+        ok = np.isfinite(upd) & np.isfinite(wt) & (wt > 0)
+        if self._dense is not None and self._dense.shape == ok.shape and (ok & self._dense).any():
+            ok &= self._dense
+        if ok.any():
+            w = math.sqrt(float(np.sum(wt[ok] ** 2)))
+            ratio = math.sqrt(float(np.sum(upd[ok] ** 2))) / w
+            self.ratio.append(ratio)
+            self.ratio_history.append((row.step, ratio))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                self.layer_ratio = np.where(ok, upd / np.where(wt > 0, wt, np.nan), np.nan)
+            if not math.isfinite(self.weight_start):
+                self.weight_start = w
+            self.weight = w
+            self.weights.append((row.step, w))
+            g = row.grad_norm
+            if math.isfinite(g) and w > 0:
+                self.grad_ratio.append(g / w)
+            if math.isfinite(row.lr0):
+                self.lr_at.append((row.step, row.lr0))
+        if math.isfinite(row.update_frozen):
+            self.frozen.append(row.update_frozen)
+        self.no_grad_run = _run(self.no_grad, row.params_no_grad, self.no_grad_run)
+        self.unoptimized_run = _run(self.unoptimized, row.params_unoptimized, self.unoptimized_run)
+
+    # -- what the recent updates show ------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.updates >= MIN_UPDATES and len(self.ratio) >= MIN_UPDATES
+
+    def recent_ratio(self) -> float:
+        return _median(self.ratio)
+
+    def stall(self, ctx: RunContext, lr: float) -> Mechanism | None:
+        """The mechanism that explains a loss that does not fall, the most certain first."""
+        found = self._missing_gradients()
+        if found is None and ctx.loss_broadcast:
+            found = Mechanism(
+                "loss_broadcast",
+                f"the loss broadcasts: {ctx.loss_broadcast}, so every prediction is pulled toward "
+                "the mean of the batch's targets and the model can learn only that mean",
+                "give the prediction and the target the same shape (pred.squeeze(-1) against a "
+                "(B,) target, or y.view(-1, 1)); torch's mse_loss warns about this mismatch",
+            )
+        if found is not None or not self.ready:
+            return found
+        return self._frozen() or self._pinned(ctx) or self._tiny(lr) or self._large(lr)
+
+    def _missing_gradients(self) -> Mechanism | None:
+        if self.no_grad_run >= NO_GRAD_UPDATES:
+            share = _median(self.no_grad)
+            return Mechanism(
+                "params_without_grad",
+                f"{fmt(100 * share)}% of the trainable parameters the optimizer holds had no "
+                f"gradient on each of the last {self.no_grad_run} measured updates: backward "
+                "never reaches them, so they never change",
+                "make sure the forward pass uses those parameters themselves (not .data, a "
+                ".detach()ed copy or a tensor rebuilt from them each step), or freeze them "
+                "with requires_grad_(False) if they are meant to stay fixed",
+                {"share_without_grad": share},
+            )
+        if self.unoptimized_run >= NO_GRAD_UPDATES:
+            share = _median(self.unoptimized)
+            return Mechanism(
+                "params_not_in_optimizer",
+                f"{fmt(100 * share)}% of the model's parameters get gradients but are in no "
+                "parameter group of the optimizer: nothing ever updates them",
+                "build the optimizer from model.parameters() after the model is complete (a "
+                "module added or replaced after the optimizer was made is left out), or "
+                "add_param_group() for the new parameters",
+                {"share_not_in_optimizer": share},
+            )
+        return None
+
+    def _frozen(self) -> Mechanism | None:
+        share = _median(self.frozen)
+        if not (len(self.frozen) >= MIN_UPDATES and share >= FROZEN_SHARE):
+            return None
+        return Mechanism(
+            "updates_rounded_away",
+            f"each update leaves {fmt(100 * share)}% of the weights it should move bit for bit "
+            "unchanged: updates smaller than half the weights' precision round away",
+            "keep the weights in float32 and compute in low precision with torch.autocast (or "
+            "keep float32 master weights); a larger LR only hides it",
+            {"unchanged_share": share},
+        )
+
+    def _pinned(self, ctx: RunContext) -> Mechanism | None:
+        start, now = self.weight_start, self.weight
+        if not (ctx.weight_decay > 0 and start > 0 and now <= PINNED * start):
+            return None
+        return Mechanism(
+            "weights_pinned_by_decay",
+            f"the weights shrank from norm {fmt(start)} to {fmt(now)} ({fmt(now / start)}x) under "
+            f"weight_decay={fmt(ctx.weight_decay)}: the decay outweighs what the gradient adds",
+            f"lower weight_decay (={fmt(ctx.weight_decay)}; 1e-4 to 0.1 is usual, and far less "
+            "for SGD's coupled L2 than for AdamW), or check that it was not meant as the LR",
+            {"weight_norm_start": start, "weight_norm_now": now, "weight_decay": ctx.weight_decay},
+        )
+
+    def _tiny(self, lr: float) -> Mechanism | None:
+        ratio = self.recent_ratio()
+        if not ratio < TINY_RATIO:
+            return None
+        g = _median(self.grad_ratio)
+        ev = {"update_to_weight_ratio": ratio, "grad_to_weight_ratio": g, "lr": lr}
+        if math.isfinite(g) and g < TINY_RATIO and not (math.isfinite(lr) and lr * g >= ratio * 10):
+            return Mechanism(
+                "gradient_too_small",
+                f"each update changes the weights by {fmt(ratio)} of their norm (healthy is "
+                f"about 1e-3) because the gradient itself is tiny ({fmt(g)} of the weights' "
+                "norm)",
+                "check how the loss is scaled: divided by a large constant, multiplied by a tiny "
+                "weight, or summed where it should be averaged the other way; then the LR",
+                ev,
+            )
+        return Mechanism(
+            "updates_too_small",
+            f"each update changes the weights by {fmt(ratio)} of their norm (healthy is about "
+            "1e-3): the LR" + (f" ({fmt(lr)})" if math.isfinite(lr) else "") + " is far too small",
+            "raise the LR by 100x or more, or run an LR range test (nnwatch check --lr-range)",
+            ev,
+        )
+
+    def _large(self, lr: float) -> Mechanism | None:
+        ratio = self.recent_ratio()
+        if not ratio >= LARGE_RATIO:
+            return None
+        return Mechanism(
+            "updates_too_large",
+            f"each update changes the weights by {fmt(ratio)} of their norm (healthy is about "
+            "1e-3): the LR" + (f" ({fmt(lr)})" if math.isfinite(lr) else "") + " is far too high, "
+            "so every step overshoots what the last one learned",
+            "lower the LR by 10-100x" + (f" (now {fmt(lr)})" if math.isfinite(lr) else "")
+            + ", or run an LR range test (nnwatch check --lr-range)",
+            {"update_to_weight_ratio": ratio, "lr": lr},
+        )
+
+    def rise(self, since: int, lr: float) -> Mechanism | None:
+        """What in the updates backs a loss that has risen since step ``since``: an LR now well
+        above the one before, an update ratio several times its earlier level, growing weights."""
+        before = [lr0 for s, lr0 in self.lr_at if s < since]
+        lr_then = _median(before[-RECENT:])
+        if math.isfinite(lr) and lr_then > 0 and lr >= RISE_LR * lr_then:
+            return Mechanism(
+                "lr_rose",
+                f"the LR rose from {fmt(lr_then)} to {fmt(lr)} ({fmt(lr / lr_then)}x) since the "
+                "run was stable",
+                "cap the schedule's LR (a warmup written without min(1, ...) keeps growing), or "
+                "lower its peak",
+                {"lr_before": lr_then, "lr": lr},
+            )
+        then = _median([r for s, r in self.ratio_history if s < since][-RECENT:])
+        now = _median([r for s, r in self.ratio_history if s >= since])
+        if then > 0 and now >= RISE_RATIO * then:
+            return Mechanism(
+                "update_ratio_rose",
+                f"each update now changes the weights by {fmt(now)} of their norm, "
+                f"{fmt(now / then)}x what it did while the run was stable ({fmt(then)})",
+                "lower the LR" + (f" (now {fmt(lr)})" if math.isfinite(lr) else "") + " by 10x, "
+                "or clip the gradients",
+                {"update_ratio_before": then, "update_ratio_now": now},
+            )
+        w_then = _median([w for s, w in self.weights if s < since][-RECENT:])
+        w_now = self.weight
+        if w_then > 0 and w_now >= RISE_WEIGHTS * w_then:
+            return Mechanism(
+                "weights_grow",
+                f"the weights grew from norm {fmt(w_then)} to {fmt(w_now)} "
+                f"({fmt(w_now / w_then)}x) while the loss rose",
+                "lower the LR" + (f" (now {fmt(lr)})" if math.isfinite(lr) else "") + " by 10x; "
+                "if the update's sign may be wrong (a hand-written step, a custom backward), "
+                "check that it descends the gradient",
+                {"weight_norm_before": w_then, "weight_norm_now": w_now},
+            )
+        return None
+
+    def label_mix(self, k: int | None) -> Mechanism | None:
+        """Batches that hold a few classes each: data sorted by label and never shuffled."""
+        if not k or k < 2 or len(self.entropy) < 5:
+            return None
+        n = self.batch if math.isfinite(self.batch) and self.batch >= 2 else float(k)
+        expected = math.log(min(k, n))
+        seen = _median(self.entropy)
+        if not seen <= 0.5 * expected:
+            return None
+        classes = math.exp(seen)
+        return Mechanism(
+            "batches_not_shuffled",
+            f"each batch holds about {fmt(classes)} of the {k} classes (label entropy "
+            f"{fmt(seen)}, against about {fmt(expected)} for a shuffled batch): the data comes "
+            "in order of its labels",
+            "shuffle the data (DataLoader(..., shuffle=True), or a random permutation per "
+            "epoch)",
+            {"label_entropy": seen, "shuffled_label_entropy": expected},
+        )
+
+
+def _run(values: deque[float], share: float, run: int) -> int:
+    """Append ``share`` and count the measured updates in a row at or above NO_GRAD_SHARE."""
+    if not math.isfinite(share):
+        return run
+    values.append(share)
+    return run + 1 if share >= NO_GRAD_SHARE else 0
+
+
+def _median(values: deque[float] | list[float]) -> float:
+    v = sorted(x for x in values if math.isfinite(x))
+    if not v:
+        return math.nan
+    h = len(v) // 2
+    return v[h] if len(v) % 2 else 0.5 * (v[h - 1] + v[h])

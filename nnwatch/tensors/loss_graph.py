@@ -1,0 +1,150 @@
+"""What the loss is, read from its autograd graph once, at the first step.
+
+Two facts decide how the first loss and a flat loss are judged, and the graph holds both even
+after ``backward()`` has freed its tensors (node types and saved sizes stay):
+
+* the loss's *form*: plain cross-entropy (``cross_entropy`` or ``nll_loss`` over a log-softmax,
+  maybe scaled by a constant or averaged) starts near ln K on a fresh classifier; a sum of terms
+  (cross-entropy plus a distillation KL, an auxiliary loss) need not;
+* a *broadcast* between prediction and target: ``mse_loss`` of a ``(B, 1)`` output against a
+  ``(B,)`` target expands both to ``(B, B)``, and a hand-written ``((p - y) ** 2).mean()`` reduces a
+  ``(B, B)`` tensor. The model can then learn only the targets' mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Nodes that only scale, average or reshape the loss on the way to the root.
+_PASS = frozenset({
+    "MeanBackward0", "MeanBackward1", "SumBackward0", "SumBackward1", "DivBackward0",
+    "DivBackward1", "MulBackward0", "MulBackward1", "ViewBackward0", "SqueezeBackward0",
+    "SqueezeBackward1", "UnsqueezeBackward0", "ReshapeAliasBackward0", "CloneBackward0",
+    "ToCopyBackward0", "NegBackward0", "MaskedFillBackward0", "GatherBackward0", "IndexBackward0",
+    "SelectBackward0", "SliceBackward0",
+})  # fmt: skip
+#: Nodes that add terms: a loss made of several parts.
+_TERMS = frozenset({"AddBackward0", "AddBackward1", "SubBackward0", "SubBackward1", "StackBackward0",
+                    "CatBackward0"})
+_CROSS_ENTROPY = frozenset({"NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0"})
+_ELEMENTWISE_LOSS = frozenset({
+    "MseLossBackward0", "L1LossBackward0", "SmoothL1LossBackward0", "HuberLossBackward0",
+})  # fmt: skip
+_REDUCE = frozenset({"MeanBackward0", "MeanBackward1", "SumBackward0", "SumBackward1"})
+_DEPTH = 12
+
+
+@dataclass(frozen=True)
+class LossShape:
+    """What the first step's loss graph shows."""
+
+    form: str = ""
+    """``cross_entropy`` (plain or label-smoothed, maybe scaled or averaged), ``terms`` (a sum
+    with parts of other kinds: a distillation KL, an auxiliary loss), ``other``, or ``""`` (no
+    graph: a float, a detached loss)."""
+    broadcast: str = ""
+    """Where a prediction was broadcast against a target of another shape, in words, or ``""``."""
+
+    def to_extra(self) -> dict[str, str]:
+        return {"loss_form": self.form, "loss_broadcast": self.broadcast}
+
+
+def describe_loss(loss: Any) -> LossShape:
+    """The form of ``loss`` and any broadcast in it; never raises."""
+    try:
+        node = getattr(loss, "grad_fn", None)
+        if node is None:
+            return LossShape()
+        return LossShape(_form(node), _broadcast(node))
+    except Exception:  # noqa: BLE001 - an odd graph: nothing is known
+        return LossShape()
+
+
+def _name(node: Any) -> str:
+    return type(node).__name__
+
+
+def _children(node: Any) -> list[Any]:
+    return [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
+
+
+def _form(root: Any, depth: int = 0) -> str:
+    """``cross_entropy`` when every term of the loss is a cross-entropy (label smoothing's
+    mean of log-probabilities included), ``terms`` when other parts are added, else ``other``."""
+    node = root
+    for _ in range(_DEPTH - depth):
+        name = _name(node)
+        if name in _CROSS_ENTROPY or name == "LogSoftmaxBackward0":
+            return "cross_entropy"
+        kids = [k for k in _children(node) if _name(k) != "AccumulateGrad"]
+        if name in _TERMS and len(kids) >= 2:
+            parts = {_form(k, depth + 1) for k in kids}
+            return "cross_entropy" if parts == {"cross_entropy"} else "terms"
+        if name not in _PASS or len(kids) != 1:
+            return "other"
+        node = kids[0]
+    return "other"
+
+
+def _sizes(node: Any) -> tuple[int, ...] | None:
+    try:
+        value = node._saved_self_sym_sizes
+    except (AttributeError, RuntimeError):
+        return None
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _broadcast(root: Any) -> str:
+    """A regression loss that broadcasts: an expand right under the loss node, or a reduction of
+    a ``(B, B)`` tensor computed from a ``(B, 1)`` one."""
+    stack, seen, steps = [root], set(), 0
+    reduced: tuple[int, ...] | None = None
+    while stack and steps < 4 * _DEPTH:
+        node = stack.pop()
+        steps += 1
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        name = _name(node)
+        if name in _ELEMENTWISE_LOSS or (name in _REDUCE and reduced is None):
+            if name in _REDUCE:
+                reduced = _sizes(node)
+            for kid in _children(node):
+                if _name(kid) == "ExpandBackward0":
+                    before = _sizes(kid)
+                    if before is not None:
+                        return f"the prediction of shape {before} was broadcast against the target"
+        if name in _PASS or name in _TERMS or name in _ELEMENTWISE_LOSS or name in (
+            "PowBackward0", "AbsBackward0", "SubBackward0",
+        ):
+            stack.extend(_children(node))
+            continue
+        out = _sizes(node)
+        if reduced is not None and _square_of_column(reduced, out, node):
+            return (
+                f"the loss averages a {reduced} tensor made from a prediction of shape "
+                f"{_output_shape(node) or '(B, 1)'}: a (B, 1) prediction minus a (B,) target "
+                "broadcasts to (B, B)"
+            )
+    return ""
+
+
+def _output_shape(node: Any) -> tuple[int, ...] | None:
+    """The output shape of a matmul node (the model's last layer), from its saved sizes."""
+    try:
+        a, b = tuple(node._saved_mat1_sym_sizes), tuple(node._saved_mat2_sym_sizes)
+        return (int(a[0]), int(b[-1]))
+    except (AttributeError, RuntimeError, TypeError, ValueError, IndexError):
+        return None
+
+
+def _square_of_column(reduced: tuple[int, ...], _out: Any, node: Any) -> bool:
+    shape = _output_shape(node)
+    if shape is None or len(reduced) != 2:
+        return False
+    b, width = shape
+    return width == 1 and b > 1 and reduced == (b, b)
