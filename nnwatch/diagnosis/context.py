@@ -83,6 +83,9 @@ class RunContext:
     """The largest weight decay of the optimizer's parameter groups."""
     half_precision_share: float = 0.0
     """The share of trainable elements held in float16/bfloat16."""
+    loss_outside: int = 0
+    """Trainable elements in the first loss's graph that neither the model nor its optimizer
+    holds: another network trained elsewhere (a GAN's other side)."""
 
     @property
     def num_layers(self) -> int:
@@ -186,6 +189,7 @@ class RunContext:
             loss_broadcast=base.loss_broadcast,
             weight_decay=base.weight_decay,
             half_precision_share=base.half_precision_share,
+            loss_outside=base.loss_outside,
         )
 
 
@@ -200,6 +204,9 @@ def _setup(extra: dict[str, Any]) -> dict[str, Any]:
         v = extra.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
             out[key] = float(v)
+    v = extra.get("loss_outside")
+    if type(v) is int and v >= 0:
+        out["loss_outside"] = v
     return out
 
 

@@ -17,6 +17,7 @@ the findings of its last steps. It imports no torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import select
@@ -47,7 +48,7 @@ class _Answers:
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
-        self.layer_state: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
+        self.layer_state: tuple[np.ndarray | None, np.ndarray | None, float] = (None, None, math.nan)
         self.gone = False
 
     @property
@@ -64,7 +65,7 @@ class _Answers:
     def request_snapshot(self, reason: str) -> None:
         self.say({"snapshot": reason})
 
-    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None, float]:
         return self.layer_state
 
     def say(self, message: dict[str, Any]) -> None:
@@ -122,6 +123,10 @@ class _Inbox:
         return out
 
 
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
 def _array(values: Any) -> np.ndarray | None:
     return None if values is None else np.asarray(values, dtype=np.float32)
 
@@ -154,6 +159,7 @@ class Judge:
                     rows = rows[~before]
                     self.answers.layer_state = (
                         _array(message.get("act_sum")), _array(message.get("grad_layer")),
+                        _number(message.get("grad_max")),
                     )  # fmt: skip
                     self.diagnosis.on_nonfinite_grads(step)
                 if message.get("game"):

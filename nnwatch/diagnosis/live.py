@@ -74,8 +74,9 @@ class DiagnosedRun(Protocol):
 
     def request_snapshot(self, reason: str) -> None: ...
 
-    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """This step's per-layer output sums and gradient norms (a host copy; may sync)."""
+    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None, float]:
+        """This step's per-layer output sums and gradient norms (a host copy; may sync), and the
+        largest finite gradient element the guard saw (NaN when not looked at)."""
 
 
 class Diagnosis:
@@ -196,19 +197,20 @@ class Diagnosis:
         """The guard found non-finite gradients before ``optimizer.step()`` of ``step``."""
         link = self.link
         if link is not None:  # the detectors' process judges it, with this step's layer values
-            act_sum, grad_layer = self.run.live_layer_state()
+            act_sum, grad_layer, grad_max = self.run.live_layer_state()
             link.send({
                 "guard": step,
                 "act_sum": None if act_sum is None else act_sum.tolist(),
                 "grad_layer": None if grad_layer is None else grad_layer.tolist(),
+                "grad_max": grad_max,
             })  # fmt: skip
             return
         det = self.pipeline.nan_detector()
         if det is None or (det.episode.active and det.episode.opened_at <= step):
             return
-        act_sum, grad_layer = self.run.live_layer_state()
+        act_sum, grad_layer, grad_max = self.run.live_layer_state()
         with self._lock:
-            finding = self.pipeline.on_guard(step, act_sum, grad_layer)
+            finding = self.pipeline.on_guard(step, act_sum, grad_layer, grad_max)
             if finding is not None:
                 self._emit(finding)
 

@@ -7,6 +7,7 @@ both drive a pipeline, so a recorded run is diagnosed exactly as it was live.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,9 @@ class Pipeline:
         self.detectors: list[Detector] = [cls(ctx) for cls in detectors]
         self.history.obs.active_source = self._open_kinds
         self.history.obs.update.configure(ctx)
+        # the loss goes through another network trained elsewhere (a GAN watched on one side):
+        # its level moves when that network learns, as one side of a game's does
+        self.history.obs.adversarial = ctx.loss_outside > 0
         self.last_step = -1
 
     def feed(self, rows: np.ndarray, act_known: np.ndarray | None = None) -> list[Finding]:
@@ -90,8 +94,10 @@ class Pipeline:
     def nan_detector(self) -> NanOrInfDetector | None:
         return next((d for d in self.detectors if isinstance(d, NanOrInfDetector)), None)
 
-    def on_guard(self, step: int, act_sum: Any, grad_layer: Any) -> Finding | None:
+    def on_guard(
+        self, step: int, act_sum: Any, grad_layer: Any, grad_max: float = math.nan
+    ) -> Finding | None:
         det = self.nan_detector()
         if det is None:
             return None
-        return det.on_guard(step, act_sum, grad_layer, self.history)
+        return det.on_guard(step, act_sum, grad_layer, self.history, grad_max)

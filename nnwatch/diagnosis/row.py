@@ -31,6 +31,8 @@ _SCALARS = (
     "params_unoptimized",
     "update_frozen",
     "label_entropy",
+    "label_mean",
+    "label_var",
     "weight_drift",
 )
 _LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite", "act_dead")
@@ -60,6 +62,7 @@ class Row:
         "act_maxabs",
         "act_nonfinite",
         "act_dead",
+        "act_rows",
         "grad_layer",
         "batch_size",
         "grads_kept",
@@ -67,6 +70,8 @@ class Row:
         "params_unoptimized",
         "update_frozen",
         "label_entropy",
+        "label_mean",
+        "label_var",
         "weight_drift",
         "weight_layer",
         "update_layer",
@@ -91,6 +96,8 @@ class Row:
     act_nonfinite: np.ndarray | None
     act_dead: np.ndarray | None
     """Rectifier layers: the fraction of units zero for every input of the batch (NaN others)."""
+    act_rows: np.ndarray | None
+    """Measured steps: rows each layer's outputs had (0: the layer did not run); None if unknown."""
     grad_layer: np.ndarray
     batch_size: float
     grads_kept: float
@@ -103,6 +110,10 @@ class Row:
     """Measured updates: the share of sampled elements the update left unchanged."""
     label_entropy: float
     """Measured steps of a classifier: the entropy of the batch's labels (nats)."""
+    label_mean: float
+    """... the mean of the batch's class indices."""
+    label_var: float
+    """... their variance."""
     weight_drift: float
     """Measured updates: ||w - w_start|| since the first measured update."""
     weight_layer: np.ndarray | None
@@ -130,6 +141,7 @@ class Row:
         lr = rows["lr"].reshape(n, int(np.prod(rows.dtype["lr"].shape))) if "lr" in names else np.zeros((n, 0))
         sampled = [v == 1.0 for v in cols.get("layer_stats", nan)]
         per_layer = {f: rows[f] for f in _LAYER if f in names}
+        rows_seen = rows["act_rows"] if "act_rows" in names else None
         measured = sums_measured(rows)
         grad = rows["grad_layer"] if "grad_layer" in names else np.zeros((n, 0), np.float32)
         upd = {f: rows[f] for f in _UPDATE if f in names}
@@ -155,6 +167,7 @@ class Row:
             r.measured = bool(measured[i])
             known = (act_known is None or bool(act_known[i])) and r.measured
             r.act_sum = per_layer["act_sum"][i] if known and "act_sum" in per_layer else None
+            r.act_rows = rows_seen[i] if known and rows_seen is not None else None
             if r.sampled and "act_zero" in per_layer:
                 r.act_mean = per_layer["act_mean"][i] if "act_mean" in per_layer else None
                 r.act_std = per_layer["act_std"][i]
@@ -171,6 +184,8 @@ class Row:
             r.params_unoptimized = cols.get("params_unoptimized", nan)[i]
             r.update_frozen = cols.get("update_frozen", nan)[i]
             r.label_entropy = cols.get("label_entropy", nan)[i]
+            r.label_mean = cols.get("label_mean", nan)[i]
+            r.label_var = cols.get("label_var", nan)[i]
             r.weight_drift = cols.get("weight_drift", nan)[i]
             if updated[i]:
                 r.weight_layer = upd["weight_layer"][i]

@@ -47,6 +47,7 @@ RISE_LR = 2.0  # an LR twice the one the run was stable at
 RISE_RATIO = 3.0  # an update ratio three times the run's stable one
 RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
 HISTORY = 64  # measured updates kept for the stable baseline
+ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
 
 
 @dataclass(frozen=True)
@@ -79,22 +80,44 @@ class UpdateEvidence:
         """The global gradient norm over the weights' norm, per recent measured update."""
         self.lr_at: deque[tuple[int, float]] = deque(maxlen=HISTORY)
         self.layer_ratio: np.ndarray | None = None
-        self.entropy: deque[float] = deque(maxlen=16)
-        self.batch = math.nan
+        #: per recent measured batch of a classifier: (label entropy, mean, variance)
+        self.labels: deque[tuple[float, float, float]] = deque(maxlen=16)
+        self._mix: tuple[int | None, Mechanism | None] | None = None  # label_mix, until a batch
         self._dense: np.ndarray | None = None
+        #: per parameter layer: its own watched output (to see whether it ran), or -1
+        self._output_of: np.ndarray | None = None
+        #: measured steps in a row on which some layer ran and got no gradient at all
+        self.ran_without_grad = 0
 
     def configure(self, ctx: RunContext) -> None:
         """Embeddings update only the rows a batch looks up: the model's ratio leaves them out."""
         kinds = ctx.param_layer_kinds
         dense = np.array([k not in SPARSE_GRAD_KINDS for k in kinds], dtype=bool)
         self._dense = dense if dense.any() else None
+        pos = {n: i for i, n in enumerate(ctx.layer_names)}
+        self._output_of = np.array([pos.get(n, -1) for n in ctx.param_layer_names], dtype=np.int64)
 
     # -- feeding -----------------------------------------------------------------------------------
+    def _see_layers(self, row: Row) -> None:
+        """Count the measured steps on which a layer that ran got no gradient at all (a layer
+        that did not run, like a mixture's expert no token chose, is not expected to)."""
+        gl, rows, out = row.grad_layer, row.act_rows, self._output_of
+        if not row.measured or not gl.size or out is None or out.shape != gl.shape:
+            return
+        if not (math.isfinite(row.grad_norm) and row.grad_norm > 0):
+            return
+        ran = np.ones(gl.shape, dtype=bool)
+        if rows is not None and rows.size:
+            own = out >= 0
+            ran[own] = rows[out[own]] != 0  # NaN: unknown, counted as ran
+        hit = bool((np.isnan(gl) & ran).any())
+        self.ran_without_grad = self.ran_without_grad + 1 if hit else 0
+
     def push(self, row: Row) -> None:
-        if math.isfinite(row.label_entropy):
-            self.entropy.append(row.label_entropy)
-            if math.isfinite(row.batch_size):
-                self.batch = row.batch_size
+        self._see_layers(row)
+        if math.isfinite(row.label_entropy) and math.isfinite(row.label_var):
+            self.labels.append((row.label_entropy, row.label_mean, row.label_var))
+            self._mix = None
         if row.update_layer is None or row.weight_layer is None:
             return
         self.updates += 1
@@ -145,16 +168,17 @@ class UpdateEvidence:
             )
         if found is not None or not self.ready:
             return found
-        return self._frozen() or self._pinned(ctx) or self._tiny(lr) or self._large(lr)
+        return self._frozen(ctx) or self._pinned(ctx) or self._tiny(lr) or self._large(lr)
 
     def _missing_gradients(self) -> Mechanism | None:
-        if self.no_grad_run >= NO_GRAD_UPDATES:
+        if self.no_grad_run >= NO_GRAD_UPDATES and self.ran_without_grad >= NO_GRAD_UPDATES:
             share = _median(self.no_grad)
             return Mechanism(
                 "params_without_grad",
-                f"{fmt(100 * share)}% of the trainable parameters the optimizer holds had no "
-                f"gradient on each of the last {self.no_grad_run} measured updates: backward "
-                "never reaches them, so they never change",
+                f"{fmt(100 * share)}% of the trainable parameters the optimizer holds have never "
+                f"had a gradient at a measured update, though their layers run (the last "
+                f"{self.ran_without_grad} measured steps): backward never reaches them, so they "
+                "never change",
                 "make sure the forward pass uses those parameters themselves (not .data, a "
                 ".detach()ed copy or a tensor rebuilt from them each step), or freeze them "
                 "with requires_grad_(False) if they are meant to stay fixed",
@@ -173,17 +197,29 @@ class UpdateEvidence:
             )
         return None
 
-    def _frozen(self) -> Mechanism | None:
+    def _frozen(self, ctx: RunContext) -> Mechanism | None:
         share = _median(self.frozen)
         if not (len(self.frozen) >= MIN_UPDATES and share >= FROZEN_SHARE):
             return None
+        ev = {"unchanged_share": share, "half_precision_share": ctx.half_precision_share}
+        if ctx.half_precision_share > 0:
+            return Mechanism(
+                "updates_rounded_away",
+                f"each update leaves {fmt(100 * share)}% of the weights it should move (those "
+                "with a non-zero gradient) bit for bit unchanged: in half precision an update "
+                "smaller than half the weight's last digit rounds away",
+                "keep the weights in float32 and compute in low precision with torch.autocast (or "
+                "keep float32 master weights); a larger LR only hides it",
+                ev,
+            )
         return Mechanism(
             "updates_rounded_away",
-            f"each update leaves {fmt(100 * share)}% of the weights it should move bit for bit "
-            "unchanged: updates smaller than half the weights' precision round away",
-            "keep the weights in float32 and compute in low precision with torch.autocast (or "
-            "keep float32 master weights); a larger LR only hides it",
-            {"unchanged_share": share},
+            f"each update leaves {fmt(100 * share)}% of the weights it should move (those with a "
+            "non-zero gradient) bit for bit unchanged: their gradients are so small that LR x "
+            "gradient is below the weights' float32 precision",
+            "find why the gradient is so small (vanishing through saturated or deep layers, a "
+            "loss scaled down) before raising the LR",
+            ev,
         )
 
     def _pinned(self, ctx: RunContext) -> Mechanism | None:
@@ -219,7 +255,7 @@ class UpdateEvidence:
             "updates_too_small",
             f"each update changes the weights by {fmt(ratio)} of their norm (healthy is about "
             "1e-3): the LR" + (f" ({fmt(lr)})" if math.isfinite(lr) else "") + " is far too small",
-            "raise the LR by 100x or more, or run an LR range test (nnwatch check --lr-range)",
+            "raise the LR by 100x or more, or run the LR range test (nnwatch check MODULE:FACTORY)",
             ev,
         )
 
@@ -233,7 +269,7 @@ class UpdateEvidence:
             "1e-3): the LR" + (f" ({fmt(lr)})" if math.isfinite(lr) else "") + " is far too high, "
             "so every step overshoots what the last one learned",
             "lower the LR by 10-100x" + (f" (now {fmt(lr)})" if math.isfinite(lr) else "")
-            + ", or run an LR range test (nnwatch check --lr-range)",
+            + ", or run the LR range test (nnwatch check MODULE:FACTORY)",
             {"update_to_weight_ratio": ratio, "lr": lr},
         )
 
@@ -277,23 +313,36 @@ class UpdateEvidence:
         return None
 
     def label_mix(self, k: int | None) -> Mechanism | None:
-        """Batches that hold a few classes each: data sorted by label and never shuffled."""
-        if not k or k < 2 or len(self.entropy) < 5:
+        """Batches that each hold a few of the classes: data in label order, never shuffled.
+
+        Shuffled batches carry nearly all of the labels' variance within each batch (the batch
+        means vary by about 1/B of it, whatever the classes' balance); in label order nearly
+        all of it lies between the batches."""
+        if self._mix is not None and self._mix[0] == k:
+            return self._mix[1]
+        found = self._label_mix(k)
+        self._mix = (k, found)
+        return found
+
+    def _label_mix(self, k: int | None) -> Mechanism | None:
+        if not k or k < 2 or len(self.labels) < 8:
             return None
-        n = self.batch if math.isfinite(self.batch) and self.batch >= 2 else float(k)
-        expected = math.log(min(k, n))
-        seen = _median(self.entropy)
-        if not seen <= 0.5 * expected:
+        means = [m for _, m, _ in self.labels]
+        mu = sum(means) / len(means)
+        between = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
+        within = sum(v for _, _, v in self.labels) / len(self.labels)
+        share = between / (between + within) if between + within > 0 else 0.0
+        if share < ORDERED_SHARE:
             return None
-        classes = math.exp(seen)
+        classes = math.exp(_median([e for e, _, _ in self.labels]))
         return Mechanism(
             "batches_not_shuffled",
-            f"each batch holds about {fmt(classes)} of the {k} classes (label entropy "
-            f"{fmt(seen)}, against about {fmt(expected)} for a shuffled batch): the data comes "
-            "in order of its labels",
-            "shuffle the data (DataLoader(..., shuffle=True), or a random permutation per "
+            f"the batches come in order of their labels: each holds about {fmt(classes)} of the "
+            f"{k} classes, and {fmt(100 * share)}% of the labels' variance lies between batches "
+            "(shuffled batches put all but about 1/batch-size of it within each one)",
+            "shuffle the data (DataLoader(..., shuffle=True), or a new random permutation each "
             "epoch)",
-            {"label_entropy": seen, "shuffled_label_entropy": expected},
+            {"label_variance_between_batches": share, "classes_per_batch": classes},
         )
 
 

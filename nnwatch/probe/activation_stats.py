@@ -20,17 +20,32 @@ from typing import Any
 import numpy as np
 import torch
 
+F32_MAX = float(torch.finfo(torch.float32).max)
 #: Statistic rows of the ``(5, L)`` block, in schema order (act_mean ... act_maxabs).
 N_STATS = 5
+#: Inputs per unit below which "zero for every input" is no evidence of a dead unit: a healthy
+#: unit that fires on half its inputs is zero on all of 8 one time in 256 (a rarely chosen expert
+#: of a mixture sees a handful of tokens).
+MIN_DEAD_INPUTS = 16
 
 
 def layer_sum(x: torch.Tensor) -> torch.Tensor:
     """The output's float32 sum: one cheap reduction, non-finite as soon as one value is.
 
     The sums are kept as loose 0-d tensors and stacked into the record once per step: one add per
-    layer into the record cost about as much as the sum itself.
+    layer into the record cost about as much as the sum itself. A float64 output is summed in
+    float64 and a finite sum beyond float32's range saturated: a float64 model's finite
+    activations of 1e40 are not non-finite ones.
     """
+    if x.dtype == torch.float64:
+        return _saturated(x.sum())
     return x.sum(dtype=torch.float32)
+
+
+def _saturated(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as float32, finite values beyond float32's range held at its largest (Inf and NaN
+    stay what they are)."""
+    return torch.where(torch.isfinite(x), x.clamp(-F32_MAX, F32_MAX), x).to(torch.float32)
 
 
 class StatBlock:
@@ -85,13 +100,17 @@ class StatBlock:
         a convolution's ``(B, C, ...)``). Its largest output over the batch is zero only when it
         never fired: one ``amax`` and one count, over a prefix of the batch within the cap.
         A share of exact zeros in the output says nothing of this (a healthy sparse layer is
-        80% zeros with a few units dead).
+        80% zeros with a few units dead). A unit seen on fewer than ``MIN_DEAD_INPUTS`` inputs
+        is not judged.
         """
         if x.dim() < 2 or x.numel() == 0:
             return
         rows = max(1, self.cap // max(1, x[0].numel()))
         if unit_dim != 0 and x.shape[0] > rows:
             x = x[:rows]
+        units = x.shape[unit_dim]
+        if units == 0 or x.numel() // units < MIN_DEAD_INPUTS:
+            return
         dims = tuple(d for d in range(x.dim()) if d != unit_dim)
         peak = x.amax(dim=dims)
         self.dead[slot] = (torch.count_nonzero(peak), peak.numel())
@@ -128,6 +147,8 @@ class StatBlock:
             flat = x.reshape(-1)
         if n == 0:
             return
+        if flat.dtype == torch.float64:
+            flat = _saturated(flat)  # finite stays finite
         if self._on_cpu:
             self._add_cpu(flat, n, slot)
             return

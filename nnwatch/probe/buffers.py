@@ -44,6 +44,7 @@ class StepBuffers:
         self._raw_view = self.record[hs:].view(np.float64)
         self._pending: deque[tuple[torch.cuda.Event, int, np.ndarray]] = deque()
         self._pinned: list[torch.Tensor] = []
+        self._rows_pinned: list[torch.Tensor] = []  # per pipeline slot: act_rows on their way
         self._next = 0
         self.device = torch.device("cpu")
         self._allocate(device)
@@ -67,6 +68,10 @@ class StepBuffers:
                 torch.empty(self._raw_len, dtype=torch.float64, pin_memory=True)
                 for _ in range(PIPELINE)
             ]
+            L = self.schema.num_layers
+            self._rows_pinned = [
+                torch.empty(L, dtype=torch.float32, pin_memory=True) for _ in range(PIPELINE)
+            ]
         self.scalars = self.dev[:nd]
         layer = self.dev[nd:].view(torch.float32)[:nl]
         self._layer_views(layer)
@@ -87,7 +92,9 @@ class StepBuffers:
         self.act_stats = layer[L : 6 * L].view(5, L)
         #: per-unit dead fraction of rectifier layers (schema 3), right after the five stats
         self.act_dead = layer[6 * L : 7 * L]
-        g0 = 7 * L
+        #: rows each layer's outputs had on a measured step (schema 4): 0 where it did not run
+        self.act_rows = layer[7 * L : 8 * L]
+        g0 = 8 * L
         self.grad_layer = layer[g0 : g0 + P]
         #: what each update did (schema 4): weight norm, update norm, frozen share, per layer
         self.weight_layer = layer[g0 + P : g0 + 2 * P]
@@ -104,12 +111,24 @@ class StepBuffers:
         self.flush(publish)
         self._allocate(device)
 
+    def write_rows(self, rows: list[float]) -> None:
+        """This measured step's rows per layer: numbers into the record on the CPU; on CUDA a
+        non-blocking copy from pinned memory (a copy from a Python list would sync), whose
+        buffer is the one this step's record will use, so it is free again when the record is."""
+        if not self._rows_pinned:
+            self.act_rows.numpy()[:] = rows
+            return
+        staged = self._rows_pinned[self._next]
+        staged.numpy()[:] = rows
+        self.act_rows.copy_(staged, non_blocking=True)
+
     def permute_layers(self, order: list[int]) -> None:
         """Reorder the per-layer block once, after the first forward revealed the real order."""
         idx = torch.tensor(order, dtype=torch.long, device=self.dev.device)
         self.act_sum.copy_(self.act_sum[idx])
         self.act_stats.copy_(self.act_stats[:, idx])
         self.act_dead.copy_(self.act_dead[idx])
+        self.act_rows.copy_(self.act_rows[idx])
 
     # -- per step --------------------------------------------------------------------------------
     def commit(self, publish: Callable[[memoryview], None], reset: bool = True) -> None:

@@ -10,6 +10,7 @@ all measured, and with ``skip_nonfinite`` the update is skipped.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import torch
@@ -20,7 +21,7 @@ from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.store.events import Event, StepSkipped
-from nnwatch.tensors.grad_norms import sentinel_params, sentinels_finite
+from nnwatch.tensors.grad_norms import largest_finite, sentinel_params, sentinels_finite
 from nnwatch.tensors.layers import LayerPlan
 
 
@@ -65,6 +66,9 @@ class Guard:
         self._plan = plan
         self.inputs: tuple[Any, Any] | None = None  # this step's forward arguments (references)
         self.tripped = False  # non-finite gradients were seen in this run
+        #: the largest finite gradient element of the step the guard last tripped on: a norm
+        #: whose float32 sum overflowed has finite elements, which this shows
+        self.grad_max = math.nan
 
     def choose_sentinels(self) -> None:
         """Pick the sentinels again, once a lazy model's parameters have their sizes."""
@@ -83,12 +87,13 @@ class Guard:
         owner, sched = self.owner, self.schedule
         step = owner.step_index
         sched.after_trouble(step)
+        self.grad_max = largest_finite(self.params)
         if not sched.measure and self.layers.present:
             self.rerun_forward()
         elif self.layers.present:
             # a measured step: its layer sums are still in the hooks; the diagnosis reads them
             # from the buffers right away (unstored, they read as "not finite" in every layer)
-            self.layers.store(self.buf.act_sum)
+            self.layers.store(self.buf)
         if not self.tripped:
             self.tripped = True
             self.snapshots.for_nonfinite()
@@ -135,4 +140,4 @@ class Guard:
                 for buf, value in saved:
                     buf.copy_(value)
         if sched.measure:
-            layers.store(self.buf.act_sum)  # the diagnosis reads them from the buffers right away
+            layers.store(self.buf)  # the diagnosis reads them from the buffers right away

@@ -66,6 +66,7 @@ class LayerHooks:
         self.order: list[int] = []  # layers in the order they ran, during the first step
         self.slots = list(range(len(plan.stat_modules)))  # layer -> slot in the record
         self.sums: list[torch.Tensor | None] = [None] * len(self.slots)  # this step's, by slot
+        self.rows = [0.0] * len(self.slots)  # this step's output rows, by slot (measured steps)
         self.sums_stored = False  # this step's sums are in the record
         self.stats = StatBlock(len(self.slots), device, self.cap)
         #: per layer: None, or for a rectifier whether its input comes channels-first (a conv)
@@ -107,6 +108,7 @@ class LayerHooks:
                         total = layer_sum(x)
                         earlier = self.sums[slot]
                         self.sums[slot] = total if earlier is None else earlier + total
+                        self.rows[slot] += x.shape[0] if x.dim() else 1
                     if sched.sampled:
                         self.stats.add(x, slot, total)
                         conv = self.rectifier[i]
@@ -136,8 +138,8 @@ class LayerHooks:
                 h.remove()
             self.handles = []
 
-    def store(self, act_sum: torch.Tensor) -> None:
-        """This step's layer sums into the record: one stack instead of an add per layer."""
+    def store(self, buffers: StepBuffers) -> None:
+        """This step's layer sums and rows into the record: one stack instead of an add per layer."""
         sums = self.sums
         if not sums:
             return
@@ -145,6 +147,9 @@ class LayerHooks:
         if not present:
             return  # stored already (the guard's re-run), or no layer ran
         self.sums_stored = True
+        act_sum = buffers.act_sum
+        buffers.write_rows(self.rows)
+        self.rows = [0.0] * len(sums)
         if len(present) == len(sums):
             torch.stack(present, out=act_sum)
         else:  # a layer that was not called (or was switched off) sums to 0 on a measured step
@@ -159,6 +164,7 @@ class LayerHooks:
         sums = self.sums
         for slot in range(len(sums)):
             sums[slot] = None
+        self.rows = [0.0] * len(sums)
 
     def finalize(self, buffers: StepBuffers) -> list[int]:
         """Fix the slot order to the first step's forward order; returns it (layer per slot)."""

@@ -271,7 +271,7 @@ class StepCycle:
         if self.has_layers:
             layers = self.layers
             if sched.measure:  # the guard's re-run of a bad step's forward may have set it
-                layers.store(self.buffers.act_sum)
+                layers.store(self.buffers)
                 measured = layers.sums_stored  # a step whose forward ran no watched layer is not
             if sched.sampled:
                 sampled = layers.stats.finish(self.buffers.act_stats, self.buffers.act_dead)
@@ -279,7 +279,7 @@ class StepCycle:
             self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
         )
         if not self.layers.finalized:
-            self.loss_shape = describe_loss(loss)
+            self.loss_shape = describe_loss(loss, self._known_params())
             self.owner.start_run()
         snaps = self.snapshots
         if snaps.reason is not None and snaps.armed:
@@ -314,6 +314,14 @@ class StepCycle:
         channel = self.files.channel
         if channel is not None:
             channel.after_step()
+
+    def _known_params(self) -> set[int]:
+        """Ids of the parameters the watch knows: the model's and its optimizer's."""
+        own = {id(p) for p in self.plan.params}
+        for group in getattr(self.updates.optimizer, "param_groups", None) or ():
+            if isinstance(group, dict):
+                own.update(id(p) for p in group.get("params", ()))
+        return own
 
     def _count_updates(self, done: int) -> None:
         """Over the first steps, count those with no optimizer step; mostly none is a loop that

@@ -2,15 +2,16 @@
 
 A loss curve shows that a run does not learn; the update shows why. For each parameter-owning
 layer the recorder keeps the weight norm, the norm of the change the optimizer made and the share
-of elements it left bit for bit unchanged; for the run, the optimizer's trainable parameters that
-had no gradient at the update and the model's parameters that had one but belong to no parameter
-group. Bugs that live in the update (weights that never move, decay that pins them, updates that
+of elements with a non-zero gradient that it left bit for bit unchanged (an update that rounded
+away); for the run, the optimizer's trainable parameters that have never had a gradient at a
+measured update and the model's parameters that had one but belong to no parameter group. Bugs that live in the update (weights that never move, decay that pins them, updates that
 round away in bf16, a layer whose weight is rebuilt from ``.data``) show here and nowhere else.
 
 On a measured step, right before the update, a fixed prefix of each parameter (all of it for a
-small one, at most ``cap`` elements, and at most ``total`` for the whole model) is copied into
-float32 buffers made once (one fused copy); after the update the difference, its norms and its
-non-zero count are taken with fused ops and folded per layer with one ``index_add_``. Everything
+small one, at most ``cap`` elements, and at most ``total`` for the whole model) and the signs of
+its gradient are copied into float32 buffers made once (fused copies); after the update the
+difference, its norm and the count of elements whose gradient and change are both non-zero are
+taken with fused ops and folded per layer with one ``index_add_``. Everything
 stays on the device: the numbers reach the host with the step's record, a step late on a GPU.
 The update norm of a parameter larger than its sample is the sample's scaled by
 sqrt(size / sample), an estimate of the same quantity.
@@ -63,9 +64,13 @@ class UpdateRecorder:
         self.total = max(1, int(total))
         self._layer_of = {id(p): j for p, j in zip(plan.params, plan.param_layer_index, strict=True)}
         self._num_layers = len(plan.param_layer_names)
-        #: the parameters sampled before this step's update, their samples' sizes and copies
-        self._pending: tuple[list[torch.Tensor], list[int], list[torch.Tensor]] | None = None
-        self._buffers: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
+        #: the parameters sampled before this step's update, their samples' sizes, copies of
+        #: the samples and the signs of their gradients
+        self._pending: tuple[list[torch.Tensor], list[int], list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._buffers: dict[tuple[int, int, int, torch.dtype, torch.device], torch.Tensor] = {}
+        #: the parameters seen with a gradient at some measured update (``params_no_grad`` counts
+        #: the trainable ones never seen so: a layer that backward never reaches)
+        self._had_grad: set[int] = set()
         #: (optimizer's trainable elements without a gradient, model's elements with a gradient
         #: in no group), as shares, on the step measured last; NaN when not measured
         self.shares = _NO_SHARES
@@ -91,15 +96,21 @@ class UpdateRecorder:
         held = self.held()
         trainable = [p for p in held if p.requires_grad]
         with_grad = [p for p in trainable if p.grad is not None]
-        self.shares = (_share(trainable, with_grad, absent=True), self._unoptimized(held))
+        self._had_grad.update(id(p) for p in with_grad)
+        never = [p for p in trainable if id(p) not in self._had_grad]
+        self.shares = (_share(trainable, never, absent=False), self._unoptimized(held))
         if not with_grad:
             self._pending = None
             return
         sizes = self._sample_sizes(with_grad)
         samples = [local_tensor(p).reshape(-1)[:k] for p, k in zip(with_grad, sizes, strict=True)]
-        copies = [self._buffer(p, k, s) for p, k, s in zip(with_grad, sizes, samples, strict=True)]
+        copies = [self._buffer(p, k, s, 0) for p, k, s in zip(with_grad, sizes, samples, strict=True)]
         torch._foreach_copy_(copies, samples)
-        self._pending = (with_grad, sizes, copies)
+        grads = [local_tensor(p.grad).reshape(-1)[:k] for p, k in zip(with_grad, sizes, strict=True)]  # type: ignore[arg-type]
+        signs = [self._buffer(p, k, g, 1) for p, k, g in zip(with_grad, sizes, grads, strict=True)]
+        torch._foreach_copy_(signs, grads)
+        torch._foreach_sign_(signs)
+        self._pending = (with_grad, sizes, copies, signs)
 
     def _unoptimized(self, held: list[torch.Tensor]) -> float:
         """The share of the model's gradient-carrying elements that no parameter group holds."""
@@ -118,10 +129,11 @@ class UpdateRecorder:
             sizes = [max(1, min(s, int(s * f))) for s in sizes]
         return sizes
 
-    def _buffer(self, p: torch.Tensor, k: int, sample: torch.Tensor) -> torch.Tensor:
-        """The float32 (float64 for a float64 parameter) copy of ``p``'s sample, made once."""
+    def _buffer(self, p: torch.Tensor, k: int, sample: torch.Tensor, role: int) -> torch.Tensor:
+        """The float32 (float64 for a float64 parameter) buffer of ``p``'s sample, made once:
+        ``role`` 0 for the weights, 1 for the signs of their gradient."""
         dtype = torch.float64 if sample.dtype == torch.float64 else torch.float32
-        key = (id(p), k, dtype, sample.device)
+        key = (id(p), k, role, dtype, sample.device)
         buf = self._buffers.get(key)
         if buf is None:
             if len(self._buffers) > 4 * len(self._layer_of) + 64:  # parameters that come and go
@@ -139,16 +151,19 @@ class UpdateRecorder:
         pending, self._pending = self._pending, None
         if pending is None:
             return False
-        params, sizes, diffs = pending
+        params, sizes, diffs, signs = pending
         now = [local_tensor(p).reshape(-1)[:k] for p, k in zip(params, sizes, strict=True)]
         torch._foreach_sub_(diffs, now)  # before - after: the update, with its sign flipped
         dev = self.buf.dev.device
         fold = self._fold(params, sizes, dev)
         upd = _stack(torch._foreach_norm(diffs), dev)
-        changed = _stack(torch._foreach_norm(diffs, 0), dev)
         weights = _stack(torch._foreach_norm([local_tensor(p) for p in params]), dev)
         drift = self._drift(fold, params, copies=diffs, now=now)
-        per_param = torch.stack((weights.square(), upd.square() * fold.scale, changed, fold.sampled))
+        pushed = _stack(torch._foreach_norm(signs, 0), dev)  # elements with a gradient
+        torch._foreach_sign_(diffs)
+        torch._foreach_mul_(signs, diffs)
+        moved = _stack(torch._foreach_norm(signs, 0), dev)  # ... that the update moved
+        per_param = torch.stack((weights.square(), upd.square() * fold.scale, moved, pushed))
         self._write_run(per_param, drift)
         if fold.index is not None:
             self._write_layers(fold, per_param)
@@ -162,6 +177,7 @@ class UpdateRecorder:
             return self._fold_cache[1]
         numel = torch.tensor([float(_numel(p)) for p in params], dtype=torch.float64)
         sampled = torch.tensor([float(k) for k in sizes], dtype=torch.float64)
+        scale = (numel / sampled).to(dev)
         owners = [self._layer_of.get(id(p), -1) for p in params]
         keep = [i for i, j in enumerate(owners) if j >= 0]
         index = columns = absent = None
@@ -171,7 +187,7 @@ class UpdateRecorder:
             mask = torch.ones(self._num_layers, dtype=torch.bool)
             mask[[owners[i] for i in keep]] = False
             absent = mask.to(dev)
-        fold = _Fold(key, (numel / sampled).to(dev), sampled.to(dev), index, columns, absent)
+        fold = _Fold(key, scale, index, columns, absent)
         self._fold_cache = (key, fold)
         return fold
 
@@ -192,8 +208,8 @@ class UpdateRecorder:
         return sq.sum().sqrt()
 
     def _write_run(self, per_param: torch.Tensor, drift: torch.Tensor) -> None:
-        changed, sampled = per_param[2].sum(), per_param[3].sum()
-        frozen = 1.0 - changed / sampled
+        moved, pushed = per_param[2].sum(), per_param[3].sum()
+        frozen = 1.0 - moved / pushed  # NaN when no sampled element had a gradient
         host = self.buf.dev_np
         if host is not None:
             host[_FROZEN] = float(frozen)  # CPU tensors: no sync
@@ -215,11 +231,10 @@ class UpdateRecorder:
 
 
 class _Fold(NamedTuple):
-    """Per parameter set: size over sample, sample sizes, and the layer fold's index tensors."""
+    """Per parameter set: each parameter's size over its sample's, and the layer fold's indices."""
 
     key: Any
     scale: torch.Tensor
-    sampled: torch.Tensor
     index: torch.Tensor | None
     columns: torch.Tensor | None
     absent: torch.Tensor | None

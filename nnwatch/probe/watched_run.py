@@ -190,8 +190,9 @@ class WatchedRun:
         if channel is not None:
             channel.set_log_error(why)
 
-    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """This step's per-layer output sums and gradient norms, from the step buffers.
+    def live_layer_state(self) -> tuple[np.ndarray | None, np.ndarray | None, float]:
+        """This step's per-layer output sums and gradient norms, from the step buffers, and the
+        largest finite gradient element the guard saw.
 
         Read only when the guard trips (on CUDA it syncs, but the guard has synced already).
         """
@@ -201,7 +202,8 @@ class WatchedRun:
                 out.append(t.detach().float().cpu().numpy().copy() if t is not None else None)
             except Exception:  # noqa: BLE001 - a missing view only loses the origin, not the finding
                 out.append(None)
-        return out[0], out[1]
+        seen = self.grads.grad_max  # taken before torch's clip zeroed an overflowed step
+        return out[0], out[1], seen if seen == seen else self.guard.grad_max
 
     def recent_records(self) -> np.ndarray:
         """Up to the last 500 step records, oldest first (for snapshots and detectors)."""

@@ -43,8 +43,9 @@ HOST_FIELDS: tuple[str, ...] = (
     "grads_kept",  # 1.0 when this step's first backward found the previous update's gradients
     # still there, untouched (no zero_grad() between two updates), 0.0 when they were cleared,
     # NaN when not observed (the first step, a closure optimizer)
-    "params_no_grad",  # measured updates: the share of the optimizer's trainable elements whose
-    # gradient was None at the update (the optimizer holds them, backward never reached them)
+    "params_no_grad",  # measured updates: the share of the optimizer's trainable elements that
+    # have had no gradient at any measured update so far (the optimizer holds them, backward
+    # never reaches them)
     "params_unoptimized",  # measured updates: the share of the model's elements that got a
     # gradient but are in no parameter group of the optimizer (nothing ever updates them)
 )
@@ -56,9 +57,11 @@ DEV_FIELDS: tuple[str, ...] = (
     "amp_scale",  # GradScaler scale after this step's update
     "amp_skipped",  # 1.0 when the scaler skipped optimizer.step() (its scale went down)
     "nonfinite_grads",  # 1.0 when any gradient held NaN or Inf
-    "update_frozen",  # measured updates: the share of the optimizer's sampled elements (those
-    # with a gradient) that the update left bit for bit unchanged (updates that round away)
+    "update_frozen",  # measured updates: the share of the optimizer's sampled elements with a
+    # non-zero gradient that the update left bit for bit unchanged (updates that round away)
     "label_entropy",  # measured steps of a classifier: the entropy (nats) of the batch's labels
+    "label_mean",  # ... the mean and the variance of the batch's class indices: over many batches,
+    "label_var",  # the share of the labels' variance between batches shows a data order
     "weight_drift",  # measured updates: how far the weights are from where the first measured
     # update found them, ||w - w_start|| (from the same samples as the update norms)
 )
@@ -70,6 +73,10 @@ LAYER_FIELDS_ACT: tuple[str, ...] = (
     "act_maxabs",
     "act_dead",  # rectifier layers: fraction of units that are zero for every input of the batch
 )
+#: On measured steps (schema 4): how many rows (the leading dimension) each layer's outputs had
+#: over the step's forward; 0 for a layer that did not run (an expert no token was routed to, a
+#: branch not taken), NaN on steps not measured.
+ACT_ROWS_FIELD = "act_rows"
 #: The per-step series the charts draw, kept whole-run as min/max buckets by every monitor (the
 #: TUI's history) and every live stream (the server's live aggregate): one list, one owner.
 CHART_FIELDS: tuple[str, ...] = (
@@ -84,15 +91,15 @@ CHART_FIELDS: tuple[str, ...] = (
 #: Per parameter-owning layer, on measured updates (schema 4): what the optimizer did to the
 #: weights, beside ``grad_layer``. ``weight_layer`` is the L2 norm of the layer's parameters
 #: after the update; ``update_layer`` the norm of (after - before), from a fixed sample of each
-#: large parameter scaled to its size; ``frozen_layer`` the share of those sampled elements the
-#: update left bit for bit unchanged. NaN where the layer was not updated (no optimizer step, a
+#: large parameter scaled to its size; ``frozen_layer`` the share of those sampled elements with a
+#: non-zero gradient that the update left bit for bit unchanged. NaN where the layer was not updated (no optimizer step, a
 #: skipped AMP step, a step not measured).
 LAYER_FIELDS_UPDATE: tuple[str, ...] = ("weight_layer", "update_layer", "frozen_layer")
 #: Fields that a schema version added, so that older runs keep their own layout.
 _ADDED_IN = {
     "layer_sums": 2, "grads_kept": 3, "act_dead": 3, "params_no_grad": 4,
-    "params_unoptimized": 4, "update_frozen": 4, "label_entropy": 4, "weight_drift": 4, "weight_layer": 4,
-    "update_layer": 4, "frozen_layer": 4,
+    "params_unoptimized": 4, "update_frozen": 4, "label_entropy": 4, "label_mean": 4, "label_var": 4, "weight_drift": 4, "weight_layer": 4,
+    "update_layer": 4, "frozen_layer": 4, ACT_ROWS_FIELD: 4,
 }  # fmt: skip
 #: The first schema whose device scalars are float64.
 WIDE_SCALARS = 4
@@ -147,6 +154,7 @@ class RunSchema:
         L, P = self.num_layers, self.num_param_layers
         fields: list[tuple[Any, ...]] = [(ACT_SUM_FIELD, "<f4", (L,))]
         fields += [(n, "<f4", (L,)) for n in fields_of(LAYER_FIELDS_ACT, self.version)]
+        fields += [(n, "<f4", (L,)) for n in fields_of((ACT_ROWS_FIELD,), self.version)]
         fields.append((GRAD_LAYER_FIELD, "<f4", (P,)))
         fields += [(n, "<f4", (P,)) for n in fields_of(LAYER_FIELDS_UPDATE, self.version)]
         return np.dtype(fields)

@@ -49,18 +49,21 @@ def _norms(grads: list[torch.Tensor]) -> list[torch.Tensor] | tuple[torch.Tensor
 
 
 def squared_norms(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Squared L2 norm of each gradient, stacked on ``device``: float32, or float64 when a
-    gradient is float64 (its norm, and more so its square, can be beyond float32's range)."""
+    """Squared L2 norm of each gradient, stacked on ``device`` as float64: a float32 gradient of
+    finite elements can have a norm whose square (and a sum of squares) overflows float32, and
+    that is an overflow, never a non-finite element."""
     if device.type == "cpu" and all(g.dtype == torch.float32 and g.device.type == "cpu" for g in grads):
         try:
             flats = [g.reshape(-1) for g in grads]
         except RuntimeError:  # a sparse gradient has no flat view
             flats = [g.reshape(-1) for g in stored_values(grads)]
-        return torch.stack([torch.dot(f, f) for f in flats])
+        sq = torch.stack([torch.dot(f, f) for f in flats]).double()
+        for i in torch.isinf(sq).nonzero().flatten().tolist():  # a float32 sum that overflowed
+            f = flats[i].double()
+            sq[i] = torch.dot(f, f)
+        return sq
     norms = _norms(grads)
-    wide = any(g.dtype == torch.float64 for g in grads)
-    dtype = torch.float64 if wide else torch.float32
-    return torch.stack([n.to(device=device, dtype=dtype) for n in norms]).square_()
+    return torch.stack([n.to(device=device, dtype=torch.float64) for n in norms]).square_()
 
 
 def global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor | float:
@@ -102,7 +105,8 @@ def host_sum_of_squares(grads: Iterable[torch.Tensor | None]) -> float | None:
             a = g.numpy().ravel(order="K")
             if a.dtype not in _BLAS_DTYPES:
                 return None
-            total += float(vdot(a, a))
+            sq = float(vdot(a, a))
+            total += sq if sq != _INF else _wide_square(a)
             seen = True
     except (RuntimeError, TypeError, ValueError):
         return None
@@ -119,7 +123,22 @@ def _blas_square(g: torch.Tensor) -> float | None:
         a = g.numpy().ravel(order="K")
     except (RuntimeError, TypeError, ValueError):
         return None
-    return float(np.vdot(a, a)) if a.dtype in _BLAS_DTYPES else None
+    if a.dtype not in _BLAS_DTYPES:
+        return None
+    sq = float(np.vdot(a, a))
+    return sq if sq != _INF else _wide_square(a)
+
+
+_INF = math.inf
+
+
+def _wide_square(a: np.ndarray) -> float:
+    """A float32 sum of squares that overflowed, again in float64: inf only if an element is."""
+    if a.dtype == np.float64:
+        return math.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = a.astype(np.float64)
+        return float(np.dot(wide, wide))
 
 
 def host_squared_norms(grads: list[torch.Tensor]) -> tuple[np.ndarray, float] | None:
@@ -286,6 +305,22 @@ class LayerReducer:
             layer = acc.pow_(1.0 / norm_type)
         layer = float32_of(layer.nan_to_num_(nan=math.inf))
         out.copy_(layer.masked_fill_(absent, math.nan))
+
+
+def largest_finite(params: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> float:
+    """The largest finite |element| of the parameters' gradients (NaN when none is finite): a
+    sum of squares that overflows float32 has finite elements, and this shows how large. One
+    pass and one host read per gradient: for the guard's bad steps only."""
+    best = math.nan
+    with torch.no_grad():
+        for p in params:
+            g = p.grad
+            if g is None or g.layout != torch.strided or not g.is_floating_point():
+                continue
+            a = g.detach().abs()
+            m = float(torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax()) if a.numel() else 0.0
+            best = m if not best >= m else best
+    return best
 
 
 def sentinel_params(

@@ -8,7 +8,10 @@ after ``backward()`` has freed its tensors (node types and saved sizes stay):
   (cross-entropy plus a distillation KL, an auxiliary loss) need not;
 * a *broadcast* between prediction and target: ``mse_loss`` of a ``(B, 1)`` output against a
   ``(B,)`` target expands both to ``(B, B)``, and a hand-written ``((p - y) ** 2).mean()`` reduces a
-  ``(B, B)`` tensor. The model can then learn only the targets' mean.
+  ``(B, B)`` tensor. The model can then learn only the targets' mean;
+* *another trainable network* in the loss: trainable parameters that are neither the watched
+  model's nor its optimizer's (a GAN generator's loss goes through the discriminator, which another
+  optimizer trains). Such a loss moves when the other network learns: its level alone says little.
 """
 
 from __future__ import annotations
@@ -45,20 +48,44 @@ class LossShape:
     graph: a float, a detached loss)."""
     broadcast: str = ""
     """Where a prediction was broadcast against a target of another shape, in words, or ``""``."""
+    outside: int = 0
+    """Elements of trainable parameters in the loss's graph that neither the watched model nor
+    its optimizer holds (another network, trained elsewhere)."""
 
-    def to_extra(self) -> dict[str, str]:
-        return {"loss_form": self.form, "loss_broadcast": self.broadcast}
+    def to_extra(self) -> dict[str, str | int]:
+        return {"loss_form": self.form, "loss_broadcast": self.broadcast, "loss_outside": self.outside}
 
 
-def describe_loss(loss: Any) -> LossShape:
-    """The form of ``loss`` and any broadcast in it; never raises."""
+def describe_loss(loss: Any, own: set[int] | frozenset[int] = frozenset()) -> LossShape:
+    """The form of ``loss``, any broadcast in it and, given the ids of the parameters the watch
+    knows (``own``), the trainable elements outside them; never raises."""
     try:
         node = getattr(loss, "grad_fn", None)
         if node is None:
             return LossShape()
-        return LossShape(_form(node), _broadcast(node))
+        return LossShape(_form(node), _broadcast(node), _outside(node, own) if own else 0)
     except Exception:  # noqa: BLE001 - an odd graph: nothing is known
         return LossShape()
+
+
+_MAX_NODES = 50_000  # a graph walked once, at the first step: bounded all the same
+
+
+def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
+    """Elements of the trainable leaves of the graph that are not in ``own``."""
+    stack, seen, total = [root], set(), 0
+    while stack and len(seen) < _MAX_NODES:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)  # an AccumulateGrad: a leaf that gets a .grad
+        if var is not None:
+            if id(var) not in own and getattr(var, "requires_grad", False):
+                total += int(var.numel())
+            continue
+        stack.extend(_children(node))
+    return total
 
 
 def _name(node: Any) -> str:

@@ -66,7 +66,9 @@ def test_a_warmup_from_zero_is_not_an_lr_fault() -> None:
         row.step, row.loss, row.grad_norm, row.clip_threshold = step, 2.0, 1.0, np.nan
         row.grads_kept, row.lr = 0.0, np.array([lr])
         row.label_entropy = row.params_no_grad = row.params_unoptimized = np.nan
+        row.label_mean = row.label_var = np.nan
         row.update_frozen = row.batch_size = np.nan
-        row.update_layer = row.weight_layer = row.frozen_layer = None
+        row.update_layer = row.weight_layer = row.frozen_layer = row.act_rows = None
+        row.grad_layer, row.measured = np.zeros(0), False
         o.push(row)
     assert observed_causes(o) == []

@@ -393,7 +393,8 @@ def test_end_json_against_the_log(keep: int, end_fields: dict, steps: int) -> No
         expected = run.end.get("steps")
         if isinstance(expected, int) and not isinstance(expected, bool):
             present = {int(s) for s in run.scalars["step"]}
-            missing = len(set(range(expected)) - present)
+            # counted, not enumerated: end.json may name a hundred million steps
+            missing = max(expected, 0) - sum(1 for s in present if 0 <= s < expected)
             assert result.missing_steps == missing
             if missing:
                 assert any("missing" in p for p in result.problems)

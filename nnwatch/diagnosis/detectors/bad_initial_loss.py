@@ -1,8 +1,9 @@
 """Bad initial loss: before training, a K-class classifier should score about ln(K).
 
 A fresh classifier is unsure of everything, so its cross-entropy starts near -ln(1/K) = ln(K). The
-first recorded loss is compared with it once (skipped when ``num_classes`` was not given, and
-when the optimizer already held state at ``watch()`` time: a resumed run has trained). With
+first recorded loss is compared with it once (skipped when ``num_classes`` was not given, when the
+optimizer already held state at ``watch()`` time: a resumed run has trained, and when the first
+loss's graph shows it is not a plain cross-entropy: ``RunContext.loss_form``). With
 gradient accumulation over k micro-batches the loss handed to ``w.step()`` is usually the last
 micro-batch's loss divided by k: a low first loss that is healthy times k is that, not a leak. A
 healthy init lands within a few tenths; the rule allows ``max(0.75, 0.5 ln K)`` above (default
@@ -44,8 +45,15 @@ class BadInitialLossDetector(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        # a model that has trained already (the optimizer held state at watch time) is past it
-        self.done = not (ctx.num_classes and ctx.num_classes > 1) or ctx.resumed
+        # a model that has trained already (the optimizer held state at watch time) is past it;
+        # and ln K is the start of a plain cross-entropy only: a loss with other terms added (a
+        # distillation KL, an auxiliary loss) or of another kind (BCE, a ranking loss) starts
+        # elsewhere. A loss passed as a number has no graph to tell: it is judged as before.
+        self.done = (
+            not (ctx.num_classes and ctx.num_classes > 1)
+            or ctx.resumed
+            or ctx.loss_form not in ("", "cross_entropy")
+        )
         self.first_std: np.ndarray | None = None
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:

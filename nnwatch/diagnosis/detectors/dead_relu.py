@@ -40,6 +40,9 @@ FULLY_DEAD_STEPS = 3
 ZERO_GRAD_STEPS = 3
 RELEASE_SAMPLES = 2
 RELEASE_STEPS = 20
+#: rows a layer's output must have had for "every output is zero" to mean dead units (a rarely
+#: chosen expert of a mixture that saw two tokens says nothing of its units)
+MIN_DEAD_INPUTS = 16
 
 
 class DeadReluDetector(Detector):
@@ -86,11 +89,12 @@ class DeadReluDetector(Detector):
                 new_sampled = self.sampled_ep.update(hit, row.step, observed=seen)
         if row.act_sum is not None and self.any_rectifier:
             s = row.act_sum
-            zero = (s == 0.0) & self.rectifier
+            ran = self.rectifier & np.isfinite(s)
+            if row.act_rows is not None:  # a layer that did not run is not dead (schema 4)
+                ran &= ~(row.act_rows < MIN_DEAD_INPUTS)  # NaN: unknown, judged as before
+            zero = (s == 0.0) & ran
             if zero.any() or self.sum_ep._busy:
-                new_sum = self.sum_ep.update(
-                    zero, row.step, observed=self.rectifier & np.isfinite(s)
-                )
+                new_sum = self.sum_ep.update(zero, row.step, observed=ran)
         gl = row.grad_layer
         if self.grad_rule and gl.size and math.isfinite(row.grad_norm) and row.grad_norm > 0:
             zero = gl == 0.0

@@ -59,9 +59,11 @@ HITS, OF = 2, 3  # hits needed within the last steps
 #: spikes of 30-360 times the early norm (a vanilla RNN past its stability edge). Healthy runs
 #: that learn fast grow their norm 10-25x over their first steps, smoothly.
 FAR_DECADES, FAR_USUAL_DECADES, FAR_HITS, FAR_WITHIN = math.log10(30.0), 0.5, 2, 20
-#: ... and each such step a spike: 2x the median of the last 16 norms (a norm that grows smoothly
-#: while the loss falls is a model waking up, however far it grows)
-FAR_SPIKE_DECADES, RECENT = math.log10(2.0), 16
+#: ... and each such step a spike: 4x the median of the last 16 norms. A norm that grows while
+#: the loss falls is a model waking up, however far it grows: a deep ReLU net whose head starts at
+#: zero grows its norm 30-90x as it learns, with swings of 2-3x around its rising level; a
+#: recurrent net crossing a cliff spikes 5-15x above its level of the moment.
+FAR_SPIKE_DECADES, RECENT = math.log10(4.0), 16
 CLIPPED_HITS, CLIPPED_OF = 4, 5  # clipping bounds the updates: only a persistent blow-up counts
 
 

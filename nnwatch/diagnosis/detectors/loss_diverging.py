@@ -85,8 +85,12 @@ SLOW_TREND_TAU = 0.3
 #: of a converged loss, or a transient instability it recovers from, gives back less)
 LEARNED_SHARE = 0.5
 PATIENCE = 100  # steps a rise with no mechanism may last before it is a warning
-#: Kinds whose open episode is a mechanism for a rising loss
-RISE_KINDS = ("exploding_gradients", "nan_or_inf", "amp_scale_collapse")
+#: Kinds whose open episode is a mechanism for a rising loss, and how it is said
+RISE_KINDS = {
+    "exploding_gradients": "the gradients exploded with it",
+    "nan_or_inf": "the numbers overflowed or went non-finite with it",
+    "amp_scale_collapse": "the AMP scaler skips the updates as its scale collapses",
+}
 UNBOUNDED = 10.0  # a negative loss this many times the scale it started at, and still falling
 UNBOUNDED_TAU = -0.4
 
@@ -270,9 +274,9 @@ class LossDivergingDetector(Detector):
         obs = hist.obs
         if observed_causes(obs):
             return Mechanism("observed", "", "")  # worded by causes_sentence
-        for kind in RISE_KINDS:
+        for kind, text in RISE_KINDS.items():
             if kind in obs.active:
-                return Mechanism(kind, f"{kind.replace('_', ' ')} came with it", "")
+                return Mechanism(kind, text, "")
         return obs.update.rise(self._onset(base, unit), row.lr0)
 
     def _rejudge(

@@ -9,6 +9,12 @@ gradients, i.e. the one closest to the output.
 
 Under AMP a non-finite gradient alone is the GradScaler's business (it skips the step and lowers
 its scale); ``amp_scale_collapse`` watches whether that keeps happening.
+
+An infinite global norm with every layer's norm finite is not a non-finite element: the norm's
+float32 sum of squares overflowed (torch's ``clip_grad_norm_`` returns inf for it too, and scales
+the gradients to zero). That is said as such, with the largest finite element when the guard saw
+it. The probe's own norms are summed in float64, and the loss is kept as a float64, so a finite
+float64 value is never called non-finite.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class NanOrInfDetector(Detector):
             grad_bad = False  # the scaler skips such steps by design
         if not self.episode.update(loss_bad or act_bad or grad_bad, row.step):
             return None
+        if not (loss_bad or act_bad) and _overflow_only(row.act_sum, row.grad_layer, row.loss):
+            return self._overflow(row.step, row.grad_layer, row.grad_norm, math.nan, hist)
         return self.describe(
             row.step, row.act_sum, row.grad_layer, row.loss, row.grad_norm, hist, source="record"
         )
@@ -68,11 +76,48 @@ class NanOrInfDetector(Detector):
         act_sum: np.ndarray | None,
         grad_layer: np.ndarray | None,
         hist: RunHistory,
+        grad_max: float = math.nan,
     ) -> Finding | None:
         """The guard saw non-finite gradients before ``optimizer.step()``: report it right away."""
         if not self.episode.open_now(step):
             return None
+        if _overflow_only(act_sum, grad_layer, math.nan):
+            return self._overflow(step, grad_layer, math.inf, grad_max, hist)
         return self.describe(step, act_sum, grad_layer, math.nan, math.inf, hist, source="guard")
+
+    def _overflow(
+        self, step: int, grad_layer: np.ndarray | None, grad_norm: float, grad_max: float,
+        hist: RunHistory,
+    ) -> Finding:
+        """The global norm overflowed float32 while every gradient element was finite."""
+        ctx = self.ctx
+        gl = np.zeros(0) if grad_layer is None else grad_layer.astype(np.float64)
+        j = int(np.nanargmax(gl)) if gl.size and np.isfinite(gl).any() else -1
+        biggest = f"; the largest layer norm is {fmt(float(gl[j]))} in {ctx.param_label(j)}" if j >= 0 else ""
+        element = f" (the largest is {fmt(grad_max)})" if math.isfinite(grad_max) else ""
+        usual = finite_median(hist.log_grad.values(100))
+        return Finding(
+            kind=self.kind,
+            severity="error",
+            step=step,
+            summary=(
+                "the gradients' global norm overflowed float32: every gradient element is "
+                f"finite{element}{biggest}, but their sum of squares passed 3.4e38, so the norm "
+                "reads inf (torch's clip_grad_norm_ returns inf for it too, and scales every "
+                "gradient to zero). The gradients have exploded"
+                + (f" from a usual norm of {fmt(10**usual)}" if math.isfinite(usual) else "")
+                + "."
+            ),
+            remedy=(
+                "lower the LR and clip gradients from the start, before they grow this far; "
+                "look for what drives them up (a loss multiplied by a huge factor, an LR "
+                "schedule, unnormalized inputs or targets)"
+            ),
+            layer=ctx.param_layer_names[j] if j >= 0 else None,
+            evidence={"grad_norm": grad_norm, "largest_grad_element": grad_max,
+                      "largest_layer_norm": float(gl[j]) if j >= 0 else math.nan},
+            onset_step=step,
+        )
 
     # ------------------------------------------------------------------------------------------
     def describe(
@@ -198,3 +243,16 @@ class NanOrInfDetector(Detector):
             evidence=evidence,
             onset_step=step,
         )
+
+
+def _overflow_only(act_sum: np.ndarray | None, grad_layer: np.ndarray | None, loss: float) -> bool:
+    """Every layer's gradient norm is known and finite (and so are the outputs and the loss, where
+    known): an infinite global norm is then an overflow of its float32 sum, not a bad element."""
+    if grad_layer is None or not grad_layer.size:
+        return False
+    known = grad_layer[~np.isnan(grad_layer)]
+    if not known.size or not np.isfinite(known).all():
+        return False
+    if act_sum is not None and act_sum.size and not np.isfinite(act_sum).all():
+        return False
+    return not math.isinf(loss)

@@ -28,6 +28,10 @@ A loss that swings while it climbs (Kendall's tau of its last 48 values at least
 oscillating but diverging, and is left to ``loss_diverging``.
 
 Two windows in a row must agree (confirmation), and the episode ends after 24 calm steps.
+
+The batches can show the cause outright: a data set in label order hands the model one class at a
+time, and the loss jumps at every class boundary (:meth:`UpdateEvidence.label_mix`). With that
+mechanism in the records, a loss that has not converged is reported with it, swings or not.
 """
 
 from __future__ import annotations
@@ -159,6 +163,9 @@ class OscillatingLossDetector(Detector):
             elif rel >= NEW_RUN_SWING and self._back_and_forth(level):
                 r1 = lag1_autocorr(np.asarray(self.window))
                 hit = math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
+        mech = hist.obs.update.label_mix(self.ctx.num_classes)
+        if mech is not None and not self._converged(level, hist):
+            hit = True
         was_active = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was_active:
@@ -191,6 +198,10 @@ class OscillatingLossDetector(Detector):
             f"lower the LR{lr_now(row)} by 3-10x, or add LR decay/warmup; lower the momentum "
             "if it is high; gradient clipping also damps the swings"
         )
+        if mech is not None:
+            summary += f" Behind it: {mech.text}."
+            remedy = mech.remedy
+            evidence.update(mech.evidence)
         return Finding(
             kind=self.kind,
             severity="warning",

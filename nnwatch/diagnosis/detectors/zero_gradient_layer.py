@@ -12,6 +12,10 @@ Only measured steps count (a NaN on a step the cost budget skipped means "not me
 embeddings (whose gradient is sparse by design), and only while the global norm is positive (an
 all-zero step is ``vanishing_gradients``' or ``clipping_misuse``'s). Zero needs 3 measured steps
 in a row; absent needs 5 (measured steps can be far apart), since a model may skip a branch now and then.
+A layer that did not run in the step's forward (a mixture's expert that no token was routed to,
+a branch not taken) is not expected to have a gradient: absent counts only on steps where its
+output was seen (where nnwatch watches the layer's output), and a layer feeding a ReLU is judged
+on absence too (a dead ReLU gives zeros, never no gradient at all).
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ class ZeroGradientLayerDetector(Detector):
         P = ctx.num_param_layers
         sparse = np.array([k in SPARSE_GRAD_KINDS for k in ctx.param_layer_kinds], dtype=bool)
         self.eligible = ~sparse & (feeds_rectifier(ctx) < 0)
+        self.absent_eligible = ~sparse
+        pos = {n: i for i, n in enumerate(ctx.layer_names)}
+        #: for each parameter layer, its own watched output (to see whether it ran), or -1
+        self.output_of = np.array([pos.get(n, -1) for n in ctx.param_layer_names], dtype=np.int64)
         self.zero_ep = EpisodeArray(P, confirm=ZERO_STEPS, release=RELEASE)
         self.absent_ep = EpisodeArray(P, confirm=ABSENT_STEPS, release=RELEASE)
-        self.on = P >= 2 and bool(self.eligible.any())
+        self.on = P >= 2 and bool(self.absent_eligible.any())
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         gl = row.grad_layer
@@ -55,9 +63,10 @@ class ZeroGradientLayerDetector(Detector):
         if not (finite & (gl > 0)).any():
             return None
         zero = (gl == 0.0) & self.eligible
-        absent = np.isnan(gl) & self.eligible
+        ran = self._ran(row)
+        absent = np.isnan(gl) & self.absent_eligible & ran
         new_zero = self.zero_ep.update(zero, row.step, observed=self.eligible)
-        new_absent = self.absent_ep.update(absent, row.step, observed=self.eligible)
+        new_absent = self.absent_ep.update(absent, row.step, observed=self.absent_eligible & ran)
         if not (new_zero.any() or new_absent.any()):
             return None  # nothing opened: the usual step
         for j in self.ctx.param_order:
@@ -66,6 +75,19 @@ class ZeroGradientLayerDetector(Detector):
             if new_absent[j]:
                 return self._finding(row, int(j), absent=True)
         return None
+
+    def _ran(self, row: Row) -> np.ndarray:
+        """Per parameter layer: did it run in this step's forward? From the rows its output had
+        (schema 4), else its output sum (a layer not called sums to exactly 0 on a measured
+        step); unknown counts as yes."""
+        seen = row.act_rows if row.act_rows is not None else row.act_sum
+        out = np.ones(self.output_of.shape, dtype=bool)
+        if seen is None or not seen.size:
+            return out
+        own = self.output_of >= 0
+        idx = np.where(own, self.output_of, 0)
+        out[own] = seen[idx[own]] != 0.0
+        return out
 
     def _finding(self, row: Row, j: int, absent: bool) -> Finding:
         ctx = self.ctx
