@@ -34,7 +34,7 @@ GAME_LOSS_KINDS = frozenset(
 
 def _open(det: Detector) -> bool:
     """Whether a detector's episode is open now (its finding still stands)."""
-    active = getattr(det, "active", None)
+    active = getattr(det, "confirmed", getattr(det, "active", None))  # a note is not a cause
     if isinstance(active, bool):
         return active
     return any(
@@ -87,6 +87,11 @@ class Pipeline:
         swings by design: its loss-level findings are left to the game's own checks."""
         if self.history.obs.adversarial and f.kind in GAME_LOSS_KINDS:
             return True
+        if f.kind == "exploding_gradients":
+            # a loss with no floor drags its gradient up with it: that finding names the cause
+            return any(
+                isinstance(d, LossDivergingDetector) and d.unbounded.active for d in self.detectors
+            )
         if f.kind != "oscillating_loss":
             return False
         return any(isinstance(d, LossDivergingDetector) and d.active for d in self.detectors)

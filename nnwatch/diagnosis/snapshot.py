@@ -457,11 +457,14 @@ def complete_pending(w: object, rows: np.ndarray) -> None:
 
 
 def write_record(path: Path, row: Any) -> None:
-    loss = np.float32(row["loss"])
-    gn = np.float32(row["grad_norm"])
+    """The step's own loss and norm for replay to compare with: the values as recorded (float64
+    from schema 4), and their float32 bits, which a replay reproduces bit for bit."""
+    with np.errstate(over="ignore"):  # a float64 loss past float32's range has inf bits
+        loss = np.float32(row["loss"])
+        gn = np.float32(row["grad_norm"])
     record = {
         "step": int(row["step"]),
-        "loss": _plain_number(loss),
+        "loss": _plain_number(row["loss"]),
         "loss_bits": f"0x{int(loss.view(np.uint32)):08x}",
         "grad_norm": _plain_number(gn),
         "grad_norm_bits": f"0x{int(gn.view(np.uint32)):08x}",

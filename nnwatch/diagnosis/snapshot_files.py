@@ -108,9 +108,11 @@ class Snapshot:
             hit = np.flatnonzero(np.asarray(run.scalars["step"]) == self.step)
             if hit.size:
                 r = run.scalars[int(hit[-1])]
+                with np.errstate(over="ignore"):  # float64 values past float32's range
+                    loss, norm = np.float32(r["loss"]), np.float32(r["grad_norm"])
                 return {
-                    "loss": np.float32(r["loss"]),
-                    "grad_norm": np.float32(r["grad_norm"]),
+                    "loss": loss,
+                    "grad_norm": norm,
                     "clip_threshold": float(r["clip_threshold"]),
                     "source": str(candidate / "scalars.bin"),
                 }

@@ -18,7 +18,7 @@ mechanism only when the records show it:
 * **a broadcast in the loss**: the first step's graph shows a (B, 1) prediction against a (B,)
   target;
 * and, for a loss that rises: an LR now well above the one the run was stable at, an update ratio
-  that rose several-fold, weights that grow fast.
+  ten times its stable level, weights that grow fast.
 
 A mechanism is a fact with its number, worded once here; the detectors decide what it explains.
 """
@@ -44,7 +44,9 @@ TINY_RATIO = 1e-5  # an update under 1e-5 of the weights (healthy ~1e-3)
 LARGE_RATIO = 0.3  # an update of a third of the weights' norm
 PINNED = 0.5  # the weights' norm at half of where the run began
 RISE_LR = 2.0  # an LR twice the one the run was stable at
-RISE_RATIO = 3.0  # an update ratio three times the run's stable one
+#: an update ratio ten times the run's stable one: more than an adaptive optimizer's own swing
+#: (Adam's step grows about 4x when a noisy gradient turns consistent, as on new data)
+RISE_RATIO = 10.0
 RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
 HISTORY = 64  # measured updates kept for the stable baseline
 ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
@@ -273,6 +275,19 @@ class UpdateEvidence:
             {"update_to_weight_ratio": ratio, "lr": lr},
         )
 
+    def backs_rise(self, row: Row, since: int) -> bool | None:
+        """Did the updates grow with a rise that began at ``since``? True: the update ratio rose
+        several-fold, the LR rose, or the weights grew; False: updates were measured since and
+        stayed their usual size; None: none was measured since (unknown)."""
+        if self.rise(since, row.lr0) is not None:
+            return True
+        then = _median([r for s, r in self.ratio_history if s < since][-RECENT:])
+        now = _row_ratio(row, self._dense)
+        if math.isfinite(now) and then > 0:
+            return now >= RISE_RATIO * then
+        measured = any(s >= since for s, _ in self.ratio_history)
+        return False if measured else None
+
     def rise(self, since: int, lr: float) -> Mechanism | None:
         """What in the updates backs a loss that has risen since step ``since``: an LR now well
         above the one before, an update ratio several times its earlier level, growing weights."""
@@ -344,6 +359,19 @@ class UpdateEvidence:
             "epoch)",
             {"label_variance_between_batches": share, "classes_per_batch": classes},
         )
+
+
+def _row_ratio(row: Row, dense: np.ndarray | None) -> float:
+    """The whole model's update ratio on ``row`` (NaN when it has no measured update)."""
+    if row.update_layer is None or row.weight_layer is None:
+        return math.nan
+    upd, wt = row.update_layer.astype(np.float64), row.weight_layer.astype(np.float64)
+    ok = np.isfinite(upd) & np.isfinite(wt) & (wt > 0)
+    if dense is not None and dense.shape == ok.shape and (ok & dense).any():
+        ok &= dense
+    if not ok.any():
+        return math.nan
+    return math.sqrt(float(np.sum(upd[ok] ** 2))) / math.sqrt(float(np.sum(wt[ok] ** 2)))
 
 
 def _run(values: deque[float], share: float, run: int) -> int:

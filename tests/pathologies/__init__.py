@@ -15,8 +15,10 @@ from . import (
     exploding,
     healthy,
     healthy_extra,
+    healthy_mechanisms,
     healthy_more,
     initial_loss,
+    mechanisms,
     nonfinite,
     oscillating,
     saturated,
@@ -42,8 +44,11 @@ SICK_CASES: list[Case] = [
     *clipping.CASES,
     *zero_grad.CASES,
     *saturated.CASES,
+    *mechanisms.CASES,
 ]
-HEALTHY_CASES: list[Case] = [*healthy.CASES, *healthy_more.CASES, *healthy_extra.CASES]
+HEALTHY_CASES: list[Case] = [
+    *healthy.CASES, *healthy_more.CASES, *healthy_extra.CASES, *healthy_mechanisms.CASES,
+]  # fmt: skip
 CASES: list[Case] = [*SICK_CASES, *HEALTHY_CASES]
 
 __all__ = ["CASES", "HEALTHY_CASES", "SICK_CASES", "Case", "CaseOutcome", "run_case", "score"]

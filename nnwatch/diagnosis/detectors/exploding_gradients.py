@@ -16,6 +16,14 @@ steps' norm while the loss is 10% worse than where the run began, or 3x while th
 
 The layer named is the one whose gradient grew most against its own history (an EMA per layer).
 The evidence also carries AutoTrainer's (ICSE 2021) first-to-last layer gradient ratio.
+
+A norm that jumps with the loss is also what new data does (a curriculum stage, a data source
+switched, a loss term turned on): the gradient of a larger loss is larger. What tells the two
+apart is what follows: an explosion moves the weights further (the update-to-weight ratio ten
+times its level, weights that grow by half, an LR that rose, a loss that runs away to 10x its
+start) and the loss does not come back down; after new data the optimizer brings it down. When
+the measured updates since the jump stayed their usual size the finding is a note, made an error
+once the updates grow, or once ``CONFIRM`` steps pass without the loss falling back.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ FAR_DECADES, FAR_USUAL_DECADES, FAR_HITS, FAR_WITHIN = math.log10(30.0), 0.5, 2,
 #: recurrent net crossing a cliff spikes 5-15x above its level of the moment.
 FAR_SPIKE_DECADES, RECENT = math.log10(4.0), 16
 CLIPPED_HITS, CLIPPED_OF = 4, 5  # clipping bounds the updates: only a persistent blow-up counts
+CONFIRM = 20  # steps after a jump with ordinary updates within which the loss must turn back down
 
 
 class ExplodingGradientsDetector(Detector):
@@ -84,6 +93,14 @@ class ExplodingGradientsDetector(Detector):
         self.far_steps: list[int] = []  # recent steps at 100x the start (no clip)
         self.recent: deque[float] = deque(maxlen=RECENT)  # the last log10 norms
         self.far = False  # this episode was opened by the far rule (the loss may improve)
+        self.note = False  # the open episode was reported as a note: the updates stayed usual
+        self.onset = -1
+        self.peak_loss = -math.inf  # the highest loss of the open episode
+
+    @property
+    def confirmed(self) -> bool:
+        """An open episode reported as an explosion (a note is not a cause for other findings)."""
+        return self.active and not self.note
 
     def _spread(self, ref: float) -> float:
         """The baseline's spread (MAD as a sigma): only needed once the norm is well above it."""
@@ -145,6 +162,17 @@ class ExplodingGradientsDetector(Detector):
         else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
             hit = any(h for h, _ in self.recent_hits)
         if self.active:
+            if self.note and finite:
+                if math.isfinite(row.loss):
+                    self.peak_loss = max(self.peak_loss, row.loss)
+                if self._backed(row, hist, self.onset) or self._not_recovering(row, hist):
+                    self.note = False  # the updates grew, or the loss stays up: an explosion
+                    return self._finding(row, ref, rise, finite, hist.obs)
+                if self._recovered(row, hist):
+                    self._close()  # new data the run has learned: its norm's new level is usual
+                    self.base.clear()
+                    self.base_loss.clear()
+                    return None
             if rise < RELEASE_DECADES:
                 self.calm += 1
                 if self.calm >= RELEASE:
@@ -165,7 +193,41 @@ class ExplodingGradientsDetector(Detector):
         self.active = True
         self.calm = 0
         self.frozen = (ref, sig if math.isfinite(sig) else self._spread(ref))
+        self.onset = min([s for h, s in self.recent_hits if h] + [row.step])
+        self.note = finite and self._backed(row, hist, self.onset) is False
+        self.peak_loss = row.loss if math.isfinite(row.loss) else -math.inf
         return self._finding(row, ref, rise, finite, hist.obs)
+
+    def _close(self) -> None:
+        self.active = self.far = self.note = False
+        self.frozen = None
+        self.recent_hits.clear()
+        self.calm = 0
+
+    def _recovered(self, row: Row, hist: RunHistory) -> bool:
+        """The loss has come back two thirds of the way from its peak toward where it was."""
+        before = median([v for v in self.base_loss.values(20).tolist() if math.isfinite(v)])
+        if not (math.isfinite(before) and math.isfinite(self.peak_loss) and math.isfinite(row.loss)):
+            return False
+        now = median(hist.loss.values(5).tolist() + [row.loss])
+        return self.peak_loss - now >= 2 * (self.peak_loss - before) / 3
+
+    def _not_recovering(self, row: Row, hist: RunHistory) -> bool:
+        """``CONFIRM`` steps after the jump the loss has not come back a third of the way down
+        from its peak toward where it was before."""
+        if row.step - self.onset < CONFIRM or not math.isfinite(row.loss):
+            return False
+        before = median([v for v in self.base_loss.values(20).tolist() if math.isfinite(v)])
+        if not (math.isfinite(before) and math.isfinite(self.peak_loss)):
+            return False
+        now = median(hist.loss.values(5).tolist() + [row.loss])
+        return self.peak_loss - now < (self.peak_loss - before) / 3
+
+    def _backed(self, row: Row, hist: RunHistory, onset: int) -> bool | None:
+        """Do the updates (or a runaway loss) back the jump that began at ``onset``?"""
+        if self._loss_blew_up(row, hist):
+            return True
+        return hist.obs.update.backs_rise(row, onset)
 
     def _loss_worse(self, row: Row, hist: RunHistory) -> bool:
         """The loss is above its recent usual level by more than its own noise (and 1% of its scale)."""
@@ -261,6 +323,13 @@ class ExplodingGradientsDetector(Detector):
             )
         else:
             loss_part = f" while the loss got worse ({fmt(row.loss)})"
+        if self.note:
+            loss_part += (
+                ", but the updates stayed their usual size: the gradient of a larger loss is "
+                "larger. A jump of the loss and the norm together, after ordinary updates, is "
+                "what new data does (a curriculum stage, another data source, a loss term "
+                "switched on); a note, made an error if the updates grow"
+            )
         summary = f"gradient norm {fmt(row.grad_norm)} is {times}{grew}{loss_part}."
         summary += causes_sentence(obs)
         clip_rate = obs.clip_rate
@@ -291,7 +360,9 @@ class ExplodingGradientsDetector(Detector):
         evidence.update(causes_evidence(obs))
         return Finding(
             kind=self.kind,
-            severity=("warning" if self.far else "error") if finite else "critical",
+            severity=(
+                ("info" if self.note else "warning" if self.far else "error") if finite else "critical"
+            ),
             step=row.step,
             summary=summary,
             remedy=remedy,

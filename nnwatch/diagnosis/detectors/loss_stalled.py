@@ -81,11 +81,15 @@ CAUSES = (
     "lr_collapsed", "grads_wiped", "mechanism",
 )  # fmt: skip
 #: Mechanisms that stall a run even after it learned something (a loss that fell, then stopped
-#: far from where it could be); the others (updates too small, rounded away, pinned by decay)
-#: explain a run that never learned, since a converged run ends with small updates too.
+#: far from where it could be): judged on a loss flat over the last ``MECH_WINDOW`` steps. The
+#: others (updates too small, rounded away, pinned by decay) explain a run that never learned,
+#: since a converged run ends with small updates too: judged, like ``tiny_update``, on a loss that
+#: has not moved from its start.
 AFTER_LEARNING = frozenset(
     {"updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer"}
 )
+MECH_WINDOW = 20  # steps of flat loss a mechanism that allows some learning needs beside it
+MECH_MIN_STEPS = 10  # losses before a mechanism of a run that never learned is judged
 WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
 
 
@@ -191,16 +195,18 @@ class LossStalledDetector(Detector):
 
     def _mechanism(self, row: Row, hist: RunHistory, flat_possible: bool) -> Mechanism | None:
         """What the updates show behind a loss that has stopped falling (see AFTER_LEARNING)."""
-        if len(hist.loss) < WINDOW:
+        if len(hist.loss) < MECH_MIN_STEPS:
             return None
         mech = hist.obs.update.stall(self.ctx, row.lr0)
         if mech is None:
             return None
-        if not flat_possible and mech.code not in AFTER_LEARNING:
-            return None
-        if not self._flat(hist) or self._converged(hist):
-            return None
-        return mech
+        if mech.code in AFTER_LEARNING:
+            if len(hist.loss) < MECH_WINDOW or not self._flat(hist, MECH_WINDOW):
+                return None
+            return None if self._converged(hist) else mech
+        prog = hist.progress_since_start(min(10, len(hist.loss)))
+        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
+        return mech if unmoved and not hist.learned(LEARNED) else None
 
     def _support(self, hist: RunHistory) -> str:
         """A cause the records show for a loss flat at chance, in words, or nothing."""
@@ -259,9 +265,9 @@ class LossStalledDetector(Detector):
         return level <= CONVERGED_ABS
 
     @staticmethod
-    def _flat(hist: RunHistory) -> bool:
+    def _flat(hist: RunHistory, window: int = WINDOW) -> bool:
         """The fitted trend over the window projects less than a 2% drop across the window."""
-        v = hist.loss.values(WINDOW)
+        v = hist.loss.values(window)
         slope, _, _ = linear_fit(v)
         level = abs(median(v.tolist())) or 1.0
         return slope * v.size > -MIN_PROGRESS * level
@@ -340,7 +346,7 @@ class LossStalledDetector(Detector):
             )
         elif cause == "mechanism" and self.mechanism is not None:
             m = self.mechanism
-            summary = f"the loss has stopped falling at {fmt(now)}{chance} over the last {WINDOW} steps, and {m.text}."
+            summary = f"the loss has stopped falling at {fmt(now)}{chance}, and {m.text}."
             remedy = m.remedy
             evidence.update(m.evidence)
         elif cause == "lr_collapsed":
