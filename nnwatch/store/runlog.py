@@ -193,8 +193,9 @@ def schema_dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
 def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
     """Full step records -> (scalar rows, layer rows), as the log stores them.
 
-    A layer row is kept for steps whose per-layer stats were sampled, and for any step that held
-    a non-finite value, so that the origin of a NaN survives in the history. The live monitor
+    A layer row is kept for steps whose per-layer stats were sampled, for steps whose update was
+    measured (what the optimizer did to each layer: schema 4), and for any step that held a
+    non-finite value, so that the origin of a NaN survives in the history. The live monitor
     splits ring records with this same function.
     """
     n = len(rows)
@@ -208,6 +209,8 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
         | (rows["nonfinite_grads"] == 1.0)
         | (~np.isfinite(rows["act_sum"]).all(axis=1) & sums_measured(rows))
     )
+    if "update_frozen" in (rows.dtype.names or ()):
+        keep |= np.isfinite(rows["update_frozen"])
     layers = np.empty(int(keep.sum()), dtype=row_dtype)
     if len(layers):
         layers.view(np.uint8).reshape(len(layers), -1)[:, 8:] = raw[keep, schema.scalar_size :]
