@@ -50,6 +50,9 @@ RISE_RATIO = 10.0
 RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
 HISTORY = 64  # measured updates kept for the stable baseline
 ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
+#: ... judged on batches of 8 samples or more: shuffled batches of B put about 1/B of the
+#: variance between them, a half for batches of two
+MIN_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class UpdateEvidence:
         self.layer_ratio: np.ndarray | None = None
         #: per recent measured batch of a classifier: (label entropy, mean, variance)
         self.labels: deque[tuple[float, float, float]] = deque(maxlen=16)
+        self.batch = math.nan  # samples per batch (last seen)
         self._mix: tuple[int | None, Mechanism | None] | None = None  # label_mix, until a batch
         self._dense: np.ndarray | None = None
         #: per parameter layer: its own watched output (to see whether it ran), or -1
@@ -119,6 +123,7 @@ class UpdateEvidence:
         self._see_layers(row)
         if math.isfinite(row.label_entropy) and math.isfinite(row.label_var):
             self.labels.append((row.label_entropy, row.label_mean, row.label_var))
+            self.batch = row.batch_size
             self._mix = None
         if row.update_layer is None or row.weight_layer is None:
             return
@@ -340,7 +345,7 @@ class UpdateEvidence:
         return found
 
     def _label_mix(self, k: int | None) -> Mechanism | None:
-        if not k or k < 2 or len(self.labels) < 8:
+        if not k or k < 2 or len(self.labels) < 8 or not self.batch >= MIN_BATCH:
             return None
         means = [m for _, m, _ in self.labels]
         mu = sum(means) / len(means)

@@ -71,6 +71,9 @@ class UpdateRecorder:
         #: the parameters seen with a gradient at some measured update (``params_no_grad`` counts
         #: the trainable ones never seen so: a layer that backward never reaches)
         self._had_grad: set[int] = set()
+        #: the version counter of each model parameter outside the optimizer at the last measured
+        #: update: one that changes is updated by someone (another optimizer: a GAN's other side)
+        self._versions: dict[int, int] = {}
         #: (optimizer's trainable elements without a gradient, model's elements with a gradient
         #: in no group), as shares, on the step measured last; NaN when not measured
         self.shares = _NO_SHARES
@@ -113,12 +116,23 @@ class UpdateRecorder:
         self._pending = (with_grad, sizes, copies, signs)
 
     def _unoptimized(self, held: list[torch.Tensor]) -> float:
-        """The share of the model's gradient-carrying elements that no parameter group holds."""
+        """The share of the model's gradient-carrying elements that no parameter group holds and
+        nothing else updates either: another optimizer (a GAN's other side, a second optimizer
+        with its own LR) updates its parameters in place, which moves their version counter."""
         if self.optimizer is None or not hasattr(self.optimizer, "param_groups"):
             return math.nan
         ids = {id(p) for p in held}
         with_grad = [p for p in self.plan.params if p.grad is not None]
-        outside = [p for p in with_grad if id(p) not in ids]
+        outside: list[torch.Tensor] = []
+        versions = self._versions
+        for p in with_grad:
+            if id(p) in ids:
+                continue
+            now = _version(p)
+            seen = versions.get(id(p))
+            versions[id(p)] = now
+            if seen is not None and seen == now:
+                outside.append(p)  # not in a group, and not changed since the last look
         return _share(with_grad, outside, absent=False)
 
     def _sample_sizes(self, params: list[torch.Tensor]) -> list[int]:
@@ -253,6 +267,14 @@ def update_setup(plan: LayerPlan, optimizer: Any) -> dict[str, float]:
     total = sum(_numel(p) for p in plan.params)
     half = sum(_numel(p) for p in plan.params if p.dtype in (torch.float16, torch.bfloat16))
     return {"weight_decay": decay, "half_precision_share": half / total if total else 0.0}
+
+
+def _version(p: torch.Tensor) -> int:
+    """The parameter's in-place version counter (host metadata: no sync); -1 when it has none."""
+    try:
+        return int(local_tensor(p)._version)
+    except (AttributeError, RuntimeError):
+        return -1
 
 
 def _share(whole: list[torch.Tensor], part: list[torch.Tensor], *, absent: bool) -> float:

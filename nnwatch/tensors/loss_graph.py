@@ -72,7 +72,11 @@ _MAX_NODES = 50_000  # a graph walked once, at the first step: bounded all the s
 
 
 def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
-    """Elements of the trainable leaves of the graph that are not in ``own``."""
+    """Elements of the graph's parameters (``nn.Parameter`` leaves) that are not in ``own``: an
+    input or a detached tensor made to require a gradient (adversarial examples, a probe of
+    the logits) is no other network."""
+    from torch.nn import Parameter
+
     stack, seen, total = [root], set(), 0
     while stack and len(seen) < _MAX_NODES:
         node = stack.pop()
@@ -81,7 +85,7 @@ def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
         seen.add(id(node))
         var = getattr(node, "variable", None)  # an AccumulateGrad: a leaf that gets a .grad
         if var is not None:
-            if id(var) not in own and getattr(var, "requires_grad", False):
+            if isinstance(var, Parameter) and id(var) not in own and var.requires_grad:
                 total += int(var.numel())
             continue
         stack.extend(_children(node))

@@ -89,7 +89,7 @@ AFTER_LEARNING = frozenset(
     {"updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer"}
 )
 MECH_WINDOW = 20  # steps of flat loss a mechanism that allows some learning needs beside it
-MECH_MIN_STEPS = 10  # losses before a mechanism of a run that never learned is judged
+MECH_MIN_STEPS = 5  # losses before a mechanism of a run that never learned is judged
 WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
 
 
