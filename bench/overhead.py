@@ -177,6 +177,9 @@ class Variant:
     times: list[list[float]] = field(default_factory=list)  # per round, per step seconds
     paired: list[list[float]] = field(default_factory=list)  # per round, the paired bare block
     direct: list[float] = field(default_factory=list)  # per round, seconds per step in its own code
+    #: per round, seconds per step spent recording what each measured update did to the weights
+    #: (the samples before, the norms after): part of ``direct``
+    updates: list[float] = field(default_factory=list)
     intervals: list[int] = field(default_factory=list)  # the probe's measurement interval
     layer_intervals: list[int] = field(default_factory=list)  # ... and full-statistics interval
     #: CPU seconds nnwatch's log-writer thread spent (log, overview, detectors) and the records
@@ -185,6 +188,7 @@ class Variant:
     #: CPU seconds of the detectors' own process, when they moved there (off this process's GIL,
     #: on another core), and the records judged there
     judge: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    update_timer: DirectTimer | None = None
 
 
 def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cpu") -> dict[str, Variant]:
@@ -224,8 +228,13 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
         """Warm up, then time one block of ``v`` and what its own code took per step."""
         train_steps(warmup, on_step, clip, net=net, opt=opt)
         timer.total = 0.0
+        upd = v.update_timer
+        if upd is not None:
+            upd.total = 0.0
         v.times.append(train_steps(steps, on_step, clip, net=net, opt=opt))
         v.direct.append(timer.total / steps)
+        if upd is not None:
+            v.updates.append(upd.total / steps)
 
     bare_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     watches: list[Any] = []
@@ -260,6 +269,10 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
             hooks_cls.make = make_layer_hook  # type: ignore[method-assign]
         # queued at the end of each backward through the instance: time it there too
         internals(w).cycle.on_backward_end = timer.wrap(internals(w).cycle.on_backward_end)  # type: ignore[method-assign]
+        updates, upd_timer = internals(w).cycle.updates, DirectTimer()
+        updates.before = upd_timer.wrap(updates.before)  # type: ignore[method-assign]
+        updates.after = upd_timer.wrap(updates.after)  # type: ignore[method-assign]
+        v.update_timer = upd_timer
         step = timer.wrap(lambda loss, b, i: w.step(loss, batch=b))
         # past the probe's own warm-up (every step measured) so that its cost budget has settled
         train_steps(WARMUP_STEPS + 4 * UPDATE_EVERY, step, net=net, opt=opt)
@@ -405,7 +418,7 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
              f"{rounds} rounds x {len(bare.times[0])} steps per block)"]
     lines.append(
         f"  {'variant':<20} {'time ratio':>10} {'min':>7} {'max':>7} {'step ratio':>11} "
-        f"{'direct cost':>12} {'background':>11} {'k/stats':>9} {'detectors proc':>15}"
+        f"{'direct cost':>12} {'updates':>9} {'background':>11} {'k/stats':>9} {'detectors proc':>15}"
     )
     for v in variants.values():
         if v is bare:  # each bare block against the one before it in the same round
@@ -414,6 +427,7 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
         else:
             total, step = _ratios(v.times, v.paired)
         direct = f"{statistics.median(v.direct) / bare_mean * 100:10.2f} %" if v.direct else ""
+        upd = f"{statistics.median(v.updates) / bare_mean * 100:7.2f} %" if v.updates else ""
         cpu, records = v.background
         background = f"{cpu / records / bare_mean * 100:9.2f} %" if records else ""
         cpu, records = v.judge
@@ -424,7 +438,7 @@ def report(name: str, variants: dict[str, Variant]) -> list[str]:
         )
         lines.append(
             f"  {v.name:<20} {statistics.median(total):10.3f} {min(total):7.3f} {max(total):7.3f} "
-            f"{statistics.median(step):11.3f} {direct:>12} {background:>11} {every:>9} {judge:>15}"
+            f"{statistics.median(step):11.3f} {direct:>12} {upd:>9} {background:>11} {every:>9} {judge:>15}"
         )
     return lines
 
@@ -452,7 +466,9 @@ def main() -> int:
           "block's median step, which leaves out work done every few steps (TensorBoard's "
           "histograms, nnwatch's measured steps); direct cost = time inside "
           "nnwatch's hooks and step() (naive: its hooks and .item() norm; tensorboard: its "
-          "norm and writer calls) / bare step; background = nnwatch's writer thread's CPU per record, "
+          "norm and writer calls) / bare step; updates = the part of it that records what each "
+          "measured update did to the weights (samples before, norms after), / bare step; "
+          "background = nnwatch's writer thread's CPU per record, "
           "detectors proc = the detectors' own process's CPU per record (another core, another "
           "GIL), both / bare step. nnwatch_noguard drops the one non-finite "
           "check before optimizer.step().")

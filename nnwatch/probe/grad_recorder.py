@@ -105,10 +105,7 @@ class GradientRecorder:
         self.layers_done = False  # this step's per-layer gradient norms are in the record
         self.changes = GradChanges()  # cleared between updates? changed before the update?
         self._host_norm = True  # the light norm through numpy (see ``light_norm``)
-        #: the largest finite gradient element, when torch's norm of this step was not finite
-        #: (taken before torch's clip scales the gradients to zero; CPU runs, where it costs no
-        #: sync to see that the norm is not finite)
-        self.grad_max = math.nan
+        self.grad_max = math.nan  # the largest finite element, when torch's norm was not (CPU)
 
     # -- helpers ---------------------------------------------------------------------------------
     def grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -208,11 +205,11 @@ class GradientRecorder:
             self._on_part_norm(ids, total)
             return
         _write_total(self.buf, total)
-        if self.measure and not self.done:  # per-layer norms from the same, unclipped gradients
-            self._layer_norms(None)
-        if total.is_cpu and not math.isfinite(float(total)):  # a CPU scalar: no sync
+        bad = total.is_cpu and not math.isfinite(float(total))  # a CPU scalar: no sync
+        if bad or (self.measure and not self.done):  # per layer, from the same unclipped grads
+            self._layer_norms(None)  # (on a bad step to tell an overflow from a bad element)
+        if bad:
             self.grad_max = largest_finite(self.plan.params)
-            self._layer_norms(None)  # every layer's, to tell an overflow from a bad element
         self._took_torch_total(total)
 
     def _took_torch_total(self, total: torch.Tensor | float) -> None:

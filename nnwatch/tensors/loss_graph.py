@@ -77,7 +77,9 @@ def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
     the logits) is no other network."""
     from torch.nn import Parameter
 
-    stack, seen, total = [root], set(), 0
+    stack: list[Any] = [root]
+    seen: set[int] = set()
+    total = 0
     while stack and len(seen) < _MAX_NODES:
         node = stack.pop()
         if id(node) in seen:
