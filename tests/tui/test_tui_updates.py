@@ -90,6 +90,12 @@ def test_u_shows_the_updates_in_place_of_the_layers_and_back(fixture_runs: dict[
             assert "●" in row[3] and row[6] == ""  # a dot on the strip; nothing left unchanged
         await pilot.press("down", "down")
         assert table.cursor_row == 2 and "blocks.0.fc2" in str(pane.border_subtitle)
+        await pilot.press("left")  # the step cursor still moves while the rows have the keys
+        await settle(pilot, app)
+        assert app.view.cursor is not None and app.focused is table
+        assert pane.step is not None and pane.step <= app.view.cursor
+        await pilot.press("end")  # the rows' own End: the last row (the dashboard's is "follow")
+        assert table.cursor_row == 8 and app.view.cursor is not None
         await pilot.press("escape")
         assert app.focused is None and dashboard.showing_updates
         await pilot.press("u")  # again: the layers come back
