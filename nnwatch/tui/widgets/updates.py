@@ -37,6 +37,7 @@ WIDE_WIDTHS = (3, 18, 10, 0, 7, 7, 6)  # the strip (0 here) takes what is left
 NARROW_WIDTHS = (2, 14, 8, 0, 6, 6, 6)
 RIGHT = frozenset({0, 4, 5, 6})
 STRIP_MIN, STRIP_MAX = 15, 50
+NARROW_BELOW = 92  # pane widths below this draw the narrow columns (as the layers pane does)
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,8 @@ class Summary:
         if self.none:
             parts.append(f"[$error]{self.none} no update[/]")
         if not off and not self.none and self.layers:
-            parts.append(f"[$success]{'all ' if self.layers > 1 else ''}{self.layers} within 1e-5..1e-1[/]")
+            every = f"all {self.layers}" if self.layers > 1 else "1"
+            parts.append(f"[$success]{every} within 1e-5..1e-1[/]")
         return " · ".join(parts)
 
 
@@ -285,7 +287,7 @@ class UpdatesPane(Pane):
         table = found.first()
         st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
         schema = st.meta.schema
-        narrow = self.size.width < 92
+        narrow = self.size.width < NARROW_BELOW
         self.border_title, self.step, self.shown_rows = "[b]Updates[/b]", None, []
         layers = param_layers(schema)
         row = st.update_row(view.cursor, self.ctx.source)
@@ -357,7 +359,7 @@ class UpdatesPane(Pane):
         parts = []
         if shown > vis:
             parts.append(f"rows {table.top + 1}-{min(table.top + vis, shown)} of {shown}")
-        if self.step is not None and self.size.width >= 92:
+        if self.step is not None and self.size.width >= NARROW_BELOW:
             drift = self.ctx.state.value_at(
                 "weight_drift", float(self.step), self.ctx.source, measured=True
             )
