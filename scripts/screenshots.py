@@ -17,6 +17,8 @@ Shots:
   event-detail-160x48  ``e``, then ``d`` on the nan_or_inf finding: message, evidence, remedy
   compare-160x48     the dead_relu run with the healthy run overlaid (``o``), layers filtered (``/``)
   compare-80x24      the same overlay in an 80x24 terminal
+  updates-vanishing-160x48  a finished vanishing run, ``u``: the update/weight ratio of each layer
+  updates-vanishing-80x24   the same in an 80x24 terminal
 """
 
 from __future__ import annotations
@@ -253,6 +255,28 @@ def compare_shots() -> None:
         asyncio.run(drive(app, size, body))
 
 
+def updates_shots() -> None:
+    """The vanishing demo's run with the updates pane (``u``) in the layers pane's place, its
+    rows given back to the dashboard (Escape), at both sizes."""
+    from nnwatch.sources.recorded import RecordedSource
+    from nnwatch.testing.tui import fixed_hardware, settle
+    from nnwatch.tui.app import NNWatchApp
+
+    run_dir = kept_demo("vanishing")
+    shots = (((160, 48), "updates-vanishing-160x48"), ((80, 24), "updates-vanishing-80x24"))
+    for size, name in shots:
+        app = NNWatchApp(RecordedSource(run_dir), hardware=fixed_hardware)
+
+        async def body(pilot: Any, app: Any = app, name: str = name) -> None:
+            await settle(pilot, app, timeout=120)
+            await pilot.press("u", "escape")
+            await settle(pilot, app)
+            await pilot.pause(0.5)
+            save(app, name)
+
+        asyncio.run(drive(app, size, body))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -260,7 +284,9 @@ def main() -> int:
     ap.add_argument(
         "--clip-at", type=int, default=260, help="step at which to press c in the live shot"
     )
-    ap.add_argument("--only", choices=("live", "recorded", "inspector", "compare"), default=None)
+    ap.add_argument(
+        "--only", choices=("live", "recorded", "inspector", "compare", "updates"), default=None
+    )
     args = ap.parse_args()
     OUT.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="nnwatch-shots-"))
@@ -275,6 +301,8 @@ def main() -> int:
             inspector_shots()
         if args.only in (None, "compare"):
             compare_shots()
+        if args.only in (None, "updates"):
+            updates_shots()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(sorted(p.name for p in OUT.iterdir())))

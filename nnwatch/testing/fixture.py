@@ -21,7 +21,7 @@ from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpd
 from nnwatch.store.events import Event
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
-from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
+from nnwatch.store.schema import SCHEMA_VERSION, RunMeta, RunSchema, sums_measured
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
 FIXED_START = 1_700_000_000.0
@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("head", "Linear"),
 )
 DYING_LAYER = "blocks.2.act"
+UPDATE_KINDS = ("healthy", "rounded")
+LR_PEAK = 3e-4
 FIXTURE_GPU_UUID = "GPU-5e1f0c2a-7b3d-4e8f-9a61-0d2c4b6e8f10"
 
 
@@ -56,6 +58,8 @@ class FixtureSource(RunSource):
     ``layers`` replaces the model's (name, kind) layers, ``()`` for a model with none watched;
     ``grad_every=k`` measures gradient norms (and layer output sums) on every k-th step only, as
     the probe's cost budget does: NaN (not measured) on the others, with ``layer_sums`` 0.0.
+    ``updates``: what the measured updates did, ``"healthy"`` or ``"rounded"`` (``update_layers``);
+    ``schema_version=3``: a run as nnwatch wrote it before updates were recorded.
     """
 
     def __init__(
@@ -76,7 +80,12 @@ class FixtureSource(RunSource):
         num_lr: int = 1,
         layers: tuple[tuple[str, str], ...] = LAYERS,
         grad_every: int = 1,
+        updates: str = "healthy",
+        schema_version: int = SCHEMA_VERSION,
     ) -> None:
+        if updates not in UPDATE_KINDS:
+            raise ValueError(f"updates must be one of {UPDATE_KINDS}, not {updates!r}")
+        self.updates = updates
         self.steps = steps
         self.seed = seed
         self.steps_per_poll = steps_per_poll
@@ -105,6 +114,7 @@ class FixtureSource(RunSource):
             layer_kinds=tuple(k for _, k in layers),
             param_layer_names=tuple(n for n, k in layers if k != "ReLU"),
             num_lr=max(0, int(num_lr)),
+            version=schema_version,
         )
         self._meta = RunMeta(
             name=name,
@@ -228,8 +238,7 @@ class FixtureSource(RunSource):
             out["cuda_allocated"] = out["cuda_reserved"] = out["cuda_peak"] = np.nan
         out["cpu_percent"] = 97.0 + 2.0 * np.sin(s / 50.0)
         out["rss"] = 2.1e9 + 1e6 * frac
-        warm = np.minimum(1.0, (s + 1) / (0.05 * self.horizon))
-        lr = 3e-4 * warm * 0.5 * (1 + np.cos(np.pi * np.minimum(frac, 1.0)))
+        lr = lr_schedule(s, self.horizon)
         for group in range(self.meta.schema.num_lr):  # none for a run without an optimizer
             out["lr"][:, group] = lr * (0.1**group)
         out["loss"] = loss
@@ -249,7 +258,14 @@ class FixtureSource(RunSource):
         if self.grad_every > 1:  # the cost budget skipped these steps: not measured, not zero
             for name in ("grad_norm", "grad_norm_clipped", "clipped"):
                 out[name] = np.where(measured, out[name], np.nan)
+        if "update_frozen" in (dt.names or ()):
+            update_scalars(out, self._updated(s), frac, self.updates == "rounded")
         return out
+
+    def _updated(self, s: np.ndarray) -> np.ndarray:
+        """Steps whose update was measured: the measured ones the AMP scaler did not skip."""
+        skipped = np.isin(s, self.halving_steps) if self.amp else np.zeros(s.shape, dtype=bool)
+        return cast("np.ndarray", self._grad_measured(s) & ~skipped)
 
     def _grad_measured(self, s: np.ndarray) -> np.ndarray:
         """Steps whose gradient norms were measured: every ``grad_every``-th, and the spike."""
@@ -314,6 +330,10 @@ class FixtureSource(RunSource):
         measured = self._grad_measured(s)[:, None]
         out["grad_layer"] = np.where(measured, g, nan)
         out["act_sum"] = np.where(measured, out["act_sum"], nan)
+        if "update_layer" in (out.dtype.names or ()):
+            f = s.astype(np.float64)
+            lr = lr_schedule(f, self.horizon)[:, None] / LR_PEAK
+            update_layers(out, self._updated(f)[:, None], frac, z, gdepth, lr, self.updates == "rounded")
         return out
 
     def _make_events(self) -> list[dict[str, Any]]:
@@ -375,6 +395,52 @@ class FixtureSource(RunSource):
         if self.steps is not None:
             ev = [e for e in ev if e["step"] < self.steps]
         return ev
+
+
+def lr_schedule(s: np.ndarray, horizon: int) -> np.ndarray:
+    """Group 0's LR: a linear warm-up over the first 5%, then a cosine to 0."""
+    frac = s / horizon
+    warm = np.minimum(1.0, (s + 1) / (0.05 * horizon))
+    return cast("np.ndarray", LR_PEAK * warm * 0.5 * (1 + np.cos(np.pi * np.minimum(frac, 1.0))))
+
+
+def update_scalars(out: np.ndarray, updated: np.ndarray, frac: np.ndarray, rounded: bool) -> None:
+    """The run-level update fields of scalar rows: NaN where no update was measured."""
+    run_level: dict[str, float | np.ndarray] = {
+        "update_frozen": 0.62 if rounded else 0.0,
+        "params_no_grad": 0.0,
+        "params_unoptimized": 0.0,
+        "weight_drift": (0.02 if rounded else 1.5) * np.sqrt(frac),
+    }
+    for name, value in run_level.items():
+        out[name] = np.where(updated, value, np.nan)
+
+
+def update_layers(
+    out: np.ndarray,
+    updated: np.ndarray,
+    frac: np.ndarray,
+    z: np.ndarray,
+    depth: np.ndarray,
+    lr: np.ndarray,
+    rounded: bool,
+) -> None:
+    """What each measured update did to the weights (``lr`` as a share of its peak): weight norms
+    that grow a little over the run, update/weight ratios about 1e-3 that follow the LR (deeper
+    layers a little lower); NaN on steps not measured and on the steps the scaler skipped.
+    ``rounded``: bf16 weights and a tiny LR, where most of each update rounds away."""
+    weight = 6.0 * (1.0 + depth) * (1.0 + 0.1 * frac)
+    ratio = 2e-3 * (0.3 + 0.7 * lr) * (1.2 - 0.6 * depth) * np.exp(0.1 * z)
+    frozen = np.zeros_like(ratio)
+    if rounded:
+        ratio = ratio * 10.0 ** (-2.0 - 2.5 * depth)
+        frozen = (0.45 + 0.5 * depth) * np.ones_like(ratio)
+        ratio = np.where(depth >= 1.0, 0.0, ratio)  # the last layer: every update rounds away
+        frozen = np.where(depth >= 1.0, 1.0, frozen)
+    nan = np.float32(np.nan)
+    out["weight_layer"] = np.where(updated, weight, nan)
+    out["update_layer"] = np.where(updated, ratio * weight, nan)
+    out["frozen_layer"] = np.where(updated, frozen, nan)
 
 
 def write_run(

@@ -50,6 +50,7 @@ NOT_LIVE = "this run is not live, so it cannot be steered; attach to a running t
 BINDINGS: list[Binding] = [
     *STEERING_BINDINGS,
     Binding("l", "focus_layers", "layer", id="layers", tooltip="focus the layers pane: type to filter, Enter for the rows"),
+    Binding("u", "toggle_updates", "update", id="updates", tooltip="each layer's update/weight ratio on a log scale, in place of the layers (u again: the layers)"),
     Binding("slash", "filter", "filter", id="filter", key_display="/", tooltip="filter the layers: a substring or a glob (blocks.*.act)"),
     Binding("z", "toggle_zoom", "zoom", id="zoom", tooltip="charts: last 500 steps <-> whole run"),
     Binding("g", "toggle_log_scale", "log", id="log_scale", tooltip="log scale on every chart (loss, grad norm, snapshot inspector)"),

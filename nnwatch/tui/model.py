@@ -25,7 +25,9 @@ from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTa
 from nnwatch.store.schema import RunMeta
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
-PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "amp", "gpu", "events")
+PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "updates", "amp", "gpu", "events")
+#: How many older per-layer rows a seekable source is asked for, looking back for a measured update.
+UPDATE_LOOKBACK = 16
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
 INGEST_CHUNK = 262_144  # rows reduced at a time, so a huge batch never holds the lock for long
 
@@ -57,6 +59,11 @@ def _event_key(event: Event) -> str:
 def is_finding(event: Mapping[str, Any]) -> bool:
     """A detector's finding (an event, or the dict of its line)."""
     return isinstance(as_event(event), FindingEvent)
+
+
+def updated(row: np.ndarray) -> bool:
+    """Did this per-layer row measure an update (any layer's update norm finite)?"""
+    return bool(np.isfinite(row["update_layer"]).any())
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ class RunState:
                     layers[-self.layer_rows.maxlen :] if self.layer_rows.maxlen else layers
                 ):
                     self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
-                changed.add("layers")
+                changed |= {"layers", "updates"}
             snapshots: list[SnapshotTaken] = []
             commands: list[CommandApplied] = []
             fresh: list[Event] = []
@@ -289,6 +296,35 @@ class RunState:
                     return row
         if isinstance(source, Seekable):
             return source.layer_row_at(int(cursor))
+        return None
+
+    def update_row(self, cursor: float | None, source: object | None = None) -> np.ndarray | None:
+        """The per-layer row of the last measured update at or before the cursor (the newest
+        without one). The update fields exist on measured updates only: a row kept for another
+        reason (a non-finite step, an update the AMP scaler skipped) has none, and is passed over
+        for the one before it. None for a run recorded before them (schema 3 and older)."""
+        if "update_layer" not in (self._layer_dtype.names or ()):
+            return None
+        with self.lock:
+            kept = list(self.layer_rows)
+        for row in reversed(kept):
+            if (cursor is None or row["step"] <= cursor) and updated(row):
+                return row
+        if not isinstance(source, Seekable):
+            return None
+        # every row after the oldest one kept is kept: look further back in the source
+        at = float(kept[0]["step"]) - 1 if kept else math.inf
+        if cursor is not None:
+            at = min(at, cursor)
+        for _ in range(UPDATE_LOOKBACK):
+            if not math.isfinite(at) or at < 0:
+                return None
+            row = source.layer_row_at(int(at))
+            if row is None:
+                return None
+            if updated(row):
+                return row
+            at = float(row["step"]) - 1
         return None
 
     def value_at(

@@ -1,6 +1,7 @@
 """The keys that change what is seen, not the run: zoom (``z``), log scale (``g``), the step cursor
-(arrows, Home, End), the layers and their filter (``l``, ``/``, Escape), the events list (``e``)
-the snapshot inspector (``i``), and copying a remote run's snapshot here (``P``)."""
+(arrows, Home, End), the layers and their filter (``l``, ``/``, Escape), the updates pane in the
+layers' place (``u``), the events list (``e``) the snapshot inspector (``i``), and copying a
+remote run's snapshot here (``P``)."""
 
 from __future__ import annotations
 
@@ -17,17 +18,32 @@ from nnwatch.tui.screens.snapshot import SnapshotScreen
 from nnwatch.tui.widgets.base import panes_reading
 from nnwatch.tui.widgets.compare import chart_window
 from nnwatch.tui.widgets.layers import LayersPane
+from nnwatch.tui.widgets.updates import UpdatesPane
 
 
 class ViewActions(MonitorBase):
     """Zoom, scale, cursor, layer filter, events and the snapshot inspector."""
 
     def action_focus_layers(self) -> None:
-        self._dashboard().query_one(LayersPane).focus_filter()
+        dashboard = self._dashboard()
+        dashboard.show_updates(False)  # the layers come back in the place they share
+        dashboard.query_one(LayersPane).focus_filter()
 
     def action_filter(self) -> None:
-        """``/``: type to filter the layers (a substring or a glob); Escape clears it."""
-        self._dashboard().query_one(LayersPane).focus_filter()
+        """``/``: type to filter the layers (a substring or a glob); Escape clears it. The filter
+        narrows the updates pane's rows too; it is typed in the layers pane."""
+        self.action_focus_layers()
+
+    def action_toggle_updates(self) -> None:
+        """``u``: the updates pane in the layers pane's place, its rows focused (Up/Down move,
+        Escape gives the keys back); ``u`` again brings the layers back."""
+        dashboard = self._dashboard()
+        on = not dashboard.showing_updates
+        dashboard.show_updates(on)
+        if on:
+            dashboard.query_one(UpdatesPane).focus_rows()
+        else:
+            self.screen.set_focus(None)
 
     def action_clear_filter(self) -> None:
         self._dashboard().query_one(LayersPane).clear_filter()

@@ -34,6 +34,11 @@ TAIL_FIELDS: tuple[str, ...] = BUCKET_FIELDS + (
     "cpu_percent",
     "rss",
     "lr",
+    # what the measured updates did, for the updates pane's title (NaN on other steps)
+    "update_frozen",
+    "params_no_grad",
+    "params_unoptimized",
+    "weight_drift",
 )
 #: Fields where NaN is not "not measured" but a real failure worth a marker.
 NAN_IS_BAD = frozenset({"loss"})

@@ -54,7 +54,7 @@ def test_tied_head_and_rnn_rows() -> None:
             pane = app.query_one(LayersPane)
             assert {"wte", "rnn", "ln_f", "lm_head"} <= set(pane.shown_rows)
             table = pane.query_one(LayerTable)
-            cells = {r.name: [c.plain for c in table._cells(r)] for r in table.rows}
+            cells = {r.name: [c.plain for c in table.cells(r)] for r in table.rows}
             assert cells["lm_head"][6] == "=wte"  # its gradient lives in the embedding's row
             assert cells["rnn"][2] == "GRU" and cells["ln_f"][2] == "ScaleShift"
             assert cells["rnn"][6] not in ("", "–")  # the GRU's own gradient norm

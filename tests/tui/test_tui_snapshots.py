@@ -99,6 +99,41 @@ def test_dashboard_matches_its_baseline(
     other = other_run if compare else None
     svg = render(recorded_run, size, keys, other)
     again = render(recorded_run, size, keys, other)
+    check_baseline(name, svg, again, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def rounded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture run as bf16 weights with a tiny LR train it: most updates round away."""
+    source = FixtureSource(3000, updates="rounded")
+    return write_run(source, tmp_path_factory.mktemp("snap") / "rounded-run")
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "rounded"),
+    [
+        ("updates_80x24", (80, 24), False),
+        ("updates_160x48", (160, 48), False),
+        ("updates_rounded_80x24", (80, 24), True),
+        ("updates_rounded_160x48", (160, 48), True),
+    ],
+)
+def test_updates_pane_matches_its_baseline(
+    recorded_run: Path,
+    rounded_run: Path,
+    tmp_path: Path,
+    name: str,
+    size: tuple[int, int],
+    rounded: bool,
+) -> None:
+    """``u``: the updates pane in the layers' place, its rows focused."""
+    run_dir = rounded_run if rounded else recorded_run
+    svg = render(run_dir, size, ("u",))
+    check_baseline(name, svg, render(run_dir, size, ("u",)), tmp_path)
+
+
+def check_baseline(name: str, svg: str, again: str, tmp_path: Path) -> None:
+    """``svg`` is what two renders agree on and what the baseline ``name`` holds."""
     if again != svg:
         text = "\n".join(difflib.unified_diff(_visible(svg), _visible(again), lineterm="", n=0))
         pytest.fail(f"two renders of the same run differ:\n{text or '(in colour or style only)'}")

@@ -173,7 +173,7 @@ def test_run_state_marks_only_changed_panes() -> None:
     src = FixtureSource(400, steps_per_poll=100, amp=False, cuda=False)
     state = RunState(src.meta)
     first = state.ingest(src.poll())
-    assert {"header", "loss", "grad", "layers", "events"} >= first.panes - {"gpu"}
+    assert {"header", "loss", "grad", "layers", "updates", "events"} >= first.panes - {"gpu"}
     assert "amp" not in first.panes  # no scaler: the AMP pane has nothing new to draw
     second = state.ingest(src.poll())
     assert "amp" not in second.panes

@@ -1,6 +1,9 @@
 """The main screen: header, loss and grad charts, layers, AMP, GPU and events; for a rank of a
 distributed job (``world_size > 1``) a ranks pane under the header as well. Below 110x32 cells
-the ``narrow`` CSS class rearranges the same panes to fit an 80x24 terminal."""
+the ``narrow`` CSS class rearranges the same panes to fit an 80x24 terminal.
+
+The updates pane shares the layers pane's place: both are tables of one row per layer, and the
+dashboard has no room for a second one at 80x24. ``u`` swaps them (the ``updates`` CSS class)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.layers import LayersPane
 from nnwatch.tui.widgets.loss import LossPane
 from nnwatch.tui.widgets.ranks import RanksPane
+from nnwatch.tui.widgets.updates import UpdatesPane
 
 NARROW_WIDTH = 110
 NARROW_HEIGHT = 32
@@ -41,6 +45,7 @@ class DashboardScreen(Screen[None]):
             yield GradPane(ctx, id="grad")
         with Horizontal(id="middle"):
             yield LayersPane(ctx, id="layers")
+            yield UpdatesPane(ctx, id="updates")
             with Vertical(id="side"):
                 yield AmpPane(ctx, id="amp")
                 yield GpuPane(ctx, id="gpu")
@@ -56,6 +61,20 @@ class DashboardScreen(Screen[None]):
 
     def on_resize(self, event: events.Resize) -> None:
         self._apply_layout(event.size.width, event.size.height)
+
+    @property
+    def showing_updates(self) -> bool:
+        """The updates pane is shown in the layers pane's place."""
+        return self.has_class("updates")
+
+    def show_updates(self, on: bool) -> None:
+        """Show the updates pane (``u``) or the layers pane in their shared place; the pane
+        shown draws as soon as it has its size (a hidden one does not draw)."""
+        if on == self.showing_updates:
+            return
+        self.set_class(on, "updates")
+        pane = self.query_one(UpdatesPane) if on else self.query_one(LayersPane)
+        self.call_after_refresh(pane.redraw)
 
     def _apply_layout(self, width: int, height: int) -> None:
         self.set_class(width < NARROW_WIDTH or height < NARROW_HEIGHT, "narrow")

@@ -2,9 +2,8 @@
 outputs as a bar coloured by severity, the activation std and max |x|, the layer's gradient norm,
 and its non-finite count. A filter narrows the rows by name or kind.
 
-The table is a small widget of its own rather than Textual's DataTable: it is rebuilt at every
-sampled step of a run that may have hundreds of layers, and it only ever renders the rows that
-are on screen, which keeps a monitor following 1,000 steps/s well under its CPU budget.
+The table is a ``RowTable`` (``rows.py``), drawn by hand: it is rebuilt at every sampled step of a
+run that may have hundreds of layers and only ever renders the rows that are on screen.
 """
 
 from __future__ import annotations
@@ -19,16 +18,17 @@ from textual import events
 from textual.app import ComposeResult, RenderResult
 from textual.binding import Binding
 from textual.markup import escape
-from textual.widget import Widget
 from textual.widgets import Input
 
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane, PaneContext, panes_reading
 from nnwatch.tui.widgets.gpu import bar
+from nnwatch.tui.widgets.rows import RowTable, row_bindings
 
 COLUMNS = ("#", "layer", "kind", "dead", "std", "max|x|", "grad", "nonfin")
 WIDE_WIDTHS = (3, 18, 10, 16, 7, 7, 7, 6)
 NARROW_WIDTHS = (2, 14, 8, 11, 6, 6, 6, 4)
+RIGHT = frozenset({0, 4, 5, 6, 7})  # numbers align right
 DEAD_RED = 0.8  # above this share of zero outputs a layer is (nearly) dead: red
 DEAD_YELLOW = 0.5
 
@@ -73,76 +73,20 @@ class LayerRow:
         )
 
 
-class LayerTable(Widget, can_focus=True):
-    """The rows, drawn by hand: a header, the visible slice, a cursor while focused.
-
-    Up/Down/PgUp/PgDn/Home/End move; ``/`` jumps to the filter; Escape gives the keys back to
-    the dashboard.
-    """
+class LayerTable(RowTable):
+    """The layers' rows: Up/Down/PgUp/PgDn/Home/End move; ``/`` jumps to the filter; Escape gives
+    the keys back to the dashboard."""
 
     DEFAULT_CSS = """
     LayerTable { height: 1fr; }
     """
     BINDINGS = [
-        Binding("up", "move(-1)", "up", id="layers.up", show=False),
-        Binding("down", "move(1)", "down", id="layers.down", show=False),
-        Binding("pageup", "page(-1)", "page up", id="layers.page_up", show=False),
-        Binding("pagedown", "page(1)", "page down", id="layers.page_down", show=False),
-        Binding("home", "move(-1000000)", "first", id="layers.first", show=False),
-        Binding("end", "move(1000000)", "last", id="layers.last", show=False),
+        *row_bindings("layers"),
         Binding("slash", "focus_filter", "filter", id="layers.filter", show=False),
-        Binding("escape", "leave", "back", id="layers.leave", show=False),
     ]
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
-        self.rows: list[LayerRow] = []
-        self.cursor_row = 0
-        self.top = 0  # first row on screen
-        self.narrow = False
-        self.palette = Palette.from_variables({})
-
-    # -- data ------------------------------------------------------------------------------
-    def set_rows(
-        self, rows: list[LayerRow], palette: Palette, narrow: bool, keep_in_view: int | None
-    ) -> None:
-        self.rows = rows
-        self.palette = palette
-        self.narrow = narrow
-        if keep_in_view is not None and not self.has_focus:
-            self.cursor_row = keep_in_view  # unattended: keep the worst layer on screen
-        self.cursor_row = min(max(self.cursor_row, 0), max(len(rows) - 1, 0))
-        self._scroll_to_cursor()
-        self.refresh()
-
-    def row_texts(self, name: str) -> list[Text]:
-        """The cells of one layer's row, as drawn (for tests and screen readers of the code)."""
-        for r in self.rows:
-            if r.name == name:
-                return self._cells(r)
-        raise KeyError(name)
-
-    @property
-    def row_count(self) -> int:
-        return len(self.rows)
-
-    # -- navigation ------------------------------------------------------------------------
-    @property
-    def _visible(self) -> int:
-        return max(self.size.height - 1, 1)  # one line for the header
-
-    def _scroll_to_cursor(self) -> None:
-        vis = self._visible
-        if self.cursor_row < self.top:
-            self.top = self.cursor_row
-        elif self.cursor_row >= self.top + vis:
-            self.top = self.cursor_row - vis + 1
-        self.top = min(max(self.top, 0), max(len(self.rows) - vis, 0))
-
-    def action_move(self, delta: int) -> None:
-        self.cursor_row = min(max(self.cursor_row + delta, 0), max(len(self.rows) - 1, 0))
-        self._scroll_to_cursor()
-        self._moved()
+    def table_columns(self) -> tuple[tuple[str, ...], tuple[int, ...], frozenset[int]]:
+        return COLUMNS, NARROW_WIDTHS if self.narrow else WIDE_WIDTHS, RIGHT
 
     def _moved(self) -> None:
         self.refresh()
@@ -150,35 +94,11 @@ class LayerTable(Widget, can_focus=True):
             if isinstance(pane, LayersPane):
                 pane.update_caption()
 
-    def action_page(self, pages: int) -> None:
-        self.action_move(pages * self._visible)
-
-    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
-        self.top = min(self.top + 3, max(len(self.rows) - self._visible, 0))
-        self._moved()
-
-    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
-        self.top = max(self.top - 3, 0)
-        self._moved()
-
-    def on_focus(self) -> None:
-        self._moved()  # the caption names the cursor row in full while the rows have focus
-
-    def on_blur(self) -> None:
-        self._moved()
-
-    def on_resize(self) -> None:
-        self._scroll_to_cursor()
-
     def action_focus_filter(self) -> None:
         self.screen.query_one("#layer-filter", Input).focus()
 
-    def action_leave(self) -> None:
-        self.screen.set_focus(None)
-
-    # -- drawing ---------------------------------------------------------------------------
-    def _cells(self, r: LayerRow) -> list[Text]:
-        pal = self.palette
+    def cells(self, row: LayerRow) -> list[Text]:
+        r, pal = row, self.palette
         ds = dead_style(r.dead, pal)
         dead = bar(r.dead, 6 if self.narrow else 10, ds, pal.bar_empty)
         dead.append(f" {fmt.percent(r.dead):>4}", style=ds)
@@ -201,40 +121,6 @@ class LayerTable(Widget, can_focus=True):
             else Text(fmt.num(r.grad)),
             nf,
         ]
-
-    def render(self) -> RenderResult:
-        pal = self.palette
-        widths = NARROW_WIDTHS if self.narrow else WIDE_WIDTHS
-        right = {0, 4, 5, 6, 7}  # numbers align right
-        out = Text(no_wrap=True, overflow="crop", end="")
-        head_style = pal.text + Style(bold=True)
-        for i, (label, w) in enumerate(zip(COLUMNS, widths, strict=True)):
-            head = label[:w]
-            out.append((head.rjust(w) if i in right else head.ljust(w)) + " ", style=head_style)
-        vis = self._visible
-        cursor_style = Style(reverse=True) if self.has_focus else None
-        for k, r in enumerate(self.rows[self.top : self.top + vis]):
-            out.append("\n")
-            line = Text(no_wrap=True, overflow="crop")
-            cells, row_widths = self._cells(r), list(widths)
-            at_cursor = cursor_style is not None and self.top + k == self.cursor_row
-            if at_cursor and len(r.name) > widths[1]:
-                # the cursor row names its layer in full, over the kind column if need be
-                room = widths[1] + 1 + widths[2]
-                cells[1] = Text(fmt.shorten_middle(r.name, room), style=cells[1].style)
-                cells[2] = Text("")
-                row_widths[1], row_widths[2] = room, -1
-            for i, (cell, w) in enumerate(zip(cells, row_widths, strict=True)):
-                if w < 0:
-                    continue  # merged into the column before
-                cell.truncate(w, overflow="ellipsis")
-                pad = " " * (w - cell.cell_len)
-                line.append_text(Text(pad) + cell if i in right else cell + Text(pad))
-                line.append(" ")
-            if cursor_style is not None and self.top + k == self.cursor_row:
-                line.stylize(cursor_style)
-            out.append_text(line)
-        return out
 
 
 class LayersPane(Pane):
@@ -373,7 +259,7 @@ class LayersPane(Pane):
         )
         flt = self.ctx.view.layer_filter
         self.border_subtitle = (
-            f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter"
+            f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter  u: updates"
         )
         if table.has_focus and 0 <= table.cursor_row < len(table.rows):
             full = table.rows[table.cursor_row].name  # the whole name of the cursor row
