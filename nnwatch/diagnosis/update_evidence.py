@@ -49,6 +49,8 @@ RISE_LR = 2.0  # an LR twice the one the run was stable at
 RISE_RATIO = 10.0
 RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
 HISTORY = 64  # measured updates kept for the stable baseline
+LR_WINDOW = 32  # steps over which the LR's own swings are counted
+LR_MOVE = math.log(1.25)  # an LR step of a quarter or more, up or down
 ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
 #: ... judged on batches of 8 samples or more: shuffled batches of B put about 1/B of the
 #: variance between them, a half for batches of two
@@ -94,6 +96,10 @@ class UpdateEvidence:
         self._output_of: np.ndarray | None = None
         #: measured steps in a row on which some layer ran and got no gradient at all
         self.ran_without_grad = 0
+        #: per recent step: 1 when the LR moved by LR_MOVE or more from the step before
+        self.lr_moves: deque[int] = deque(maxlen=LR_WINDOW)
+        self._lr_prev = math.nan
+        self._lr_seen: deque[float] = deque(maxlen=LR_WINDOW)
 
     def configure(self, ctx: RunContext) -> None:
         """Embeddings update only the rows a batch looks up: the model's ratio leaves them out."""
@@ -121,6 +127,12 @@ class UpdateEvidence:
 
     def push(self, row: Row) -> None:
         self._see_layers(row)
+        lr, prev = row.lr0, self._lr_prev
+        if math.isfinite(lr) and lr > 0:
+            if math.isfinite(prev) and prev > 0:
+                self.lr_moves.append(1 if abs(math.log(lr / prev)) >= LR_MOVE else 0)
+            self._lr_prev = lr
+            self._lr_seen.append(lr)
         if math.isfinite(row.label_entropy) and math.isfinite(row.label_var):
             self.labels.append((row.label_entropy, row.label_mean, row.label_var))
             self.batch = row.batch_size
@@ -331,6 +343,24 @@ class UpdateEvidence:
                 {"weight_norm_before": w_then, "weight_norm_now": w_now},
             )
         return None
+
+    def lr_swings(self) -> Mechanism | None:
+        """A schedule that moves the LR by a quarter or more on most steps: one stepping far
+        faster than meant (designed schedules move it by a few percent a step at most, or
+        jump rarely: a decay step, a restart)."""
+        moves = sum(self.lr_moves)
+        if len(self.lr_moves) < LR_WINDOW or moves < LR_WINDOW // 2:
+            return None
+        lo, hi = min(self._lr_seen), max(self._lr_seen)
+        return Mechanism(
+            "lr_swings",
+            f"the LR changes by a quarter or more on {moves} of the last {LR_WINDOW} steps "
+            f"(between {fmt(lo)} and {fmt(hi)}): a schedule stepping far faster than meant",
+            "step the scheduler as it was designed: a CyclicLR's step_size_up and a OneCycleLR's "
+            "total_steps count iterations, not epochs (2-10 epochs' worth of batches for a "
+            "cycle), and a per-epoch schedule is stepped once per epoch",
+            {"lr_low": lo, "lr_high": hi, "lr_moves": float(moves)},
+        )
 
     def label_mix(self, k: int | None) -> Mechanism | None:
         """Batches that each hold a few of the classes: data in label order, never shuffled.

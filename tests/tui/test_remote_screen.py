@@ -55,11 +55,13 @@ def header(app: NNWatchApp) -> str:
 
 
 def test_catching_up_is_shown_and_ends_in_live() -> None:
+    # the source holds the catching-up status until the test has seen it: on a loaded machine
+    # the app could otherwise take in every poll before the test's first look
     source = ScriptedSource([
         (range(0, 1000), [], SourceStatus("live", catching_up=(999, 283_000))),
         (range(1000, 1001), [], SourceStatus("live", catching_up=(1000, 283_000))),
         (range(1001, 1002), [], SourceStatus("live")),
-    ])  # fmt: skip
+    ], hold_after=2)  # fmt: skip
     app = NNWatchApp(source, hardware=fixed_hardware, fps=20)
     seen: list[str] = []
 
@@ -67,6 +69,7 @@ def test_catching_up_is_shown_and_ends_in_live() -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: "catching up" in header(app))
             seen.append(header(app))
+            source.held = False
             await wait_until(pilot, lambda: "LIVE" in header(app))
             seen.append(header(app))
 

@@ -29,9 +29,10 @@ oscillating but diverging, and is left to ``loss_diverging``.
 
 Two windows in a row must agree (confirmation), and the episode ends after 24 calm steps.
 
-The batches can show the cause outright: a data set in label order hands the model one class at a
-time, and the loss jumps at every class boundary (:meth:`UpdateEvidence.label_mix`). With that
-mechanism in the records, a loss that has not converged is reported with it, swings or not.
+The records can show the cause outright: a data set in label order hands the model one class at a
+time, and the loss jumps at every class boundary (:meth:`UpdateEvidence.label_mix`); a schedule
+that moves the LR by a quarter on most steps swings the loss with it (:meth:`UpdateEvidence.lr_swings`).
+With either mechanism in the records, a loss that has not converged is reported with it.
 """
 
 from __future__ import annotations
@@ -163,9 +164,12 @@ class OscillatingLossDetector(Detector):
             elif rel >= NEW_RUN_SWING and self._back_and_forth(level):
                 r1 = lag1_autocorr(np.asarray(self.window))
                 hit = math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
-        mech = hist.obs.update.label_mix(self.ctx.num_classes)
+        upd = hist.obs.update
+        mech = upd.label_mix(self.ctx.num_classes)
         if mech is not None and not self._converged(level, hist):
             hit = True
+        elif rel >= MIN_SWING and (swings := upd.lr_swings()) is not None:
+            mech, hit = swings, True  # the schedule swings the loss, converged or not
         was_active = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was_active:
