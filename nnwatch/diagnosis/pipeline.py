@@ -90,7 +90,7 @@ class Pipeline:
         if f.kind == "exploding_gradients":
             # a loss with no floor drags its gradient up with it: that finding names the cause
             return any(
-                isinstance(d, LossDivergingDetector) and d.unbounded.active for d in self.detectors
+                isinstance(d, LossDivergingDetector) and d.falling_below_zero for d in self.detectors
             )
         if f.kind != "oscillating_loss":
             return False

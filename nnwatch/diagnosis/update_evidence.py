@@ -51,6 +51,7 @@ RISE_WEIGHTS = 1.5  # weights half as large again as when the run was stable
 HISTORY = 64  # measured updates kept for the stable baseline
 LR_WINDOW = 32  # steps over which the LR's own swings are counted
 LR_MOVE = math.log(1.25)  # an LR step of a quarter or more, up or down
+LR_REVERSALS = 8  # ... going back and forth at least this often in the window
 ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
 #: ... judged on batches of 8 samples or more: shuffled batches of B put about 1/B of the
 #: variance between them, a half for batches of two
@@ -96,7 +97,7 @@ class UpdateEvidence:
         self._output_of: np.ndarray | None = None
         #: measured steps in a row on which some layer ran and got no gradient at all
         self.ran_without_grad = 0
-        #: per recent step: 1 when the LR moved by LR_MOVE or more from the step before
+        #: per recent step: +1 / -1 when the LR moved up / down by LR_MOVE or more, else 0
         self.lr_moves: deque[int] = deque(maxlen=LR_WINDOW)
         self._lr_prev = math.nan
         self._lr_seen: deque[float] = deque(maxlen=LR_WINDOW)
@@ -130,7 +131,8 @@ class UpdateEvidence:
         lr, prev = row.lr0, self._lr_prev
         if math.isfinite(lr) and lr > 0:
             if math.isfinite(prev) and prev > 0:
-                self.lr_moves.append(1 if abs(math.log(lr / prev)) >= LR_MOVE else 0)
+                step = math.log(lr / prev)
+                self.lr_moves.append(0 if abs(step) < LR_MOVE else (1 if step > 0 else -1))
             self._lr_prev = lr
             self._lr_seen.append(lr)
         if math.isfinite(row.label_entropy) and math.isfinite(row.label_var):
@@ -256,8 +258,8 @@ class UpdateEvidence:
 
     def _tiny(self, lr: float) -> Mechanism | None:
         ratio = self.recent_ratio()
-        if not ratio < TINY_RATIO:
-            return None
+        if not ratio < TINY_RATIO or self._lr_rising(lr):
+            return None  # a warmup from a tiny LR is not a stall: its updates grow by design
         g = _median(self.grad_ratio)
         ev = {"update_to_weight_ratio": ratio, "grad_to_weight_ratio": g, "lr": lr}
         if math.isfinite(g) and g < TINY_RATIO and not (math.isfinite(lr) and lr * g >= ratio * 10):
@@ -277,6 +279,11 @@ class UpdateEvidence:
             "raise the LR by 100x or more, or run the LR range test (nnwatch check MODULE:FACTORY)",
             ev,
         )
+
+    def _lr_rising(self, lr: float) -> bool:
+        """The LR is above the one of the oldest recent measured update by half (a warmup)."""
+        recent = [x for _, x in self.lr_at][-RECENT:]
+        return bool(recent) and math.isfinite(lr) and lr > 1.5 * recent[0]
 
     def _large(self, lr: float) -> Mechanism | None:
         ratio = self.recent_ratio()
@@ -345,11 +352,15 @@ class UpdateEvidence:
         return None
 
     def lr_swings(self) -> Mechanism | None:
-        """A schedule that moves the LR by a quarter or more on most steps: one stepping far
-        faster than meant (designed schedules move it by a few percent a step at most, or
-        jump rarely: a decay step, a restart)."""
-        moves = sum(self.lr_moves)
+        """A schedule that moves the LR up and down by a quarter or more on most steps: one
+        stepping far faster than meant. Designed schedules move it a few percent a step, jump
+        rarely (a decay step, a restart) or, in a short warmup, climb steeply one way only."""
+        moved = [m for m in self.lr_moves if m]
+        moves = len(moved)
         if len(self.lr_moves) < LR_WINDOW or moves < LR_WINDOW // 2:
+            return None
+        reversals = sum(1 for a, b in zip(moved, moved[1:]) if a != b)
+        if reversals < LR_REVERSALS:
             return None
         lo, hi = min(self._lr_seen), max(self._lr_seen)
         return Mechanism(

@@ -14,7 +14,10 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
-TURNS = 3  # steps in a row, each after the other net stepped, before a pair is called a game
+TURNS = 3  # steps, each after the other net stepped, before a pair is called a game
+#: ... with at most this many of the watch's own steps between two such turns: a critic that
+#: steps five times per generator step (WGAN-GP's n_critic) still takes its turns
+GAP = 20
 
 
 class Player(Protocol):
@@ -32,6 +35,7 @@ P = TypeVar("P", bound=Player)
 _tick = 0
 _last: weakref.WeakKeyDictionary[Player, int] = weakref.WeakKeyDictionary()
 _turns: weakref.WeakKeyDictionary[Player, int] = weakref.WeakKeyDictionary()
+_alone: weakref.WeakKeyDictionary[Player, int] = weakref.WeakKeyDictionary()  # steps since a turn
 
 
 def note_step(w: P, open_watches: Iterable[P], on_game: Callable[[P], None]) -> None:
@@ -47,8 +51,11 @@ def note_step(w: P, open_watches: Iterable[P], on_game: Callable[[P], None]) -> 
                 partner = other
                 break
     if partner is None:
-        _turns[w] = 0
+        alone = _alone[w] = _alone.get(w, 0) + 1
+        if alone > GAP:
+            _turns[w] = 0
         return
+    _alone[w] = 0
     n = _turns[w] = _turns.get(w, 0) + 1
     if n == TURNS:
         print(

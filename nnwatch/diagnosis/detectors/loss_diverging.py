@@ -93,6 +93,7 @@ RISE_KINDS = {
 }
 UNBOUNDED = 10.0  # a negative loss this many times the scale it started at, and still falling
 UNBOUNDED_TAU = -0.4
+DOUBLING = 24  # steps within which a loss with no floor at least doubles its size
 
 
 def noise_sigma(ref: list[float]) -> float:
@@ -136,6 +137,22 @@ class LossDivergingDetector(Detector):
     @property
     def active(self) -> bool:
         return self.episode.active
+
+    @property
+    def falling_below_zero(self) -> bool:
+        """The loss is negative, ten times the scale it started at and falling: a loss with no
+        floor in the making (its gradient grows with it; that finding is this one's)."""
+        if self.unbounded.active:
+            return True
+        losses = list(self.losses)
+        if len(losses) < TREND_N or not math.isfinite(self.start):
+            return False
+        level = median(losses[-LAST:])
+        return (
+            level < 0
+            and -level >= UNBOUNDED * max(abs(self.start), 1e-3)
+            and kendall_tau(losses[-TREND_N:]) <= UNBOUNDED_TAU
+        )
 
     @property
     def best_noise(self) -> float:
@@ -388,10 +405,21 @@ class LossDivergingDetector(Detector):
 
 
 def falls_without_bound(losses: list[float], start: float) -> bool:
-    """The loss is negative, at least ``UNBOUNDED`` times the scale it started at, and falling
-    (Kendall's tau of the last 12 at most -0.4): a loss with no floor."""
-    if len(losses) < TREND_N or not math.isfinite(start):
+    """The loss is negative, at least ``UNBOUNDED`` times the scale it started at, falling
+    (Kendall's tau of the last 12 at most -0.4), and its size doubled in each of the last two
+    stretches of ``DOUBLING`` steps: a loss with no floor runs away geometrically, where one with a
+    floor below zero (a Wasserstein critic finding its margin, a log-likelihood of continuous data)
+    falls once and settles."""
+    if len(losses) < 2 * DOUBLING + LAST or not math.isfinite(start):
         return False
     level = median(losses[-LAST:])
+    before = median(losses[-DOUBLING - LAST : -DOUBLING])
+    earlier = median(losses[-2 * DOUBLING - LAST : -2 * DOUBLING])
     scale = max(abs(start), 1e-3)
-    return level < 0 and -level >= UNBOUNDED * scale and kendall_tau(losses[-TREND_N:]) <= UNBOUNDED_TAU
+    return (
+        level < 0
+        and -level >= UNBOUNDED * scale
+        and -level >= 2.0 * abs(before)
+        and -before >= 2.0 * abs(earlier)
+        and kendall_tau(losses[-TREND_N:]) <= UNBOUNDED_TAU
+    )
