@@ -359,7 +359,7 @@ class UpdateEvidence:
         moves = len(moved)
         if len(self.lr_moves) < LR_WINDOW or moves < LR_WINDOW // 2:
             return None
-        reversals = sum(1 for a, b in zip(moved, moved[1:]) if a != b)
+        reversals = sum(1 for a, b in zip(moved, moved[1:], strict=False) if a != b)
         if reversals < LR_REVERSALS:
             return None
         lo, hi = min(self._lr_seen), max(self._lr_seen)
