@@ -193,10 +193,10 @@ def schema_dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
 def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
     """Full step records -> (scalar rows, layer rows), as the log stores them.
 
-    A layer row is kept for steps whose per-layer stats were sampled, for steps whose update was
-    measured (what the optimizer did to each layer: schema 4), and for any step that held a
-    non-finite value, so that the origin of a NaN survives in the history. The live monitor
-    splits ring records with this same function.
+    A layer row is kept for steps whose per-layer stats were sampled (which hold the measured
+    update too, in the default budget: a statistics step is measured when statistics are the
+    rarer), and for any step that held a non-finite value, so that the origin of a NaN survives
+    in the history. The live monitor splits ring records with this same function.
     """
     n = len(rows)
     scalar_dtype, row_dtype = schema_dtypes(schema)
@@ -209,8 +209,6 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
         | (rows["nonfinite_grads"] == 1.0)
         | (~np.isfinite(rows["act_sum"]).all(axis=1) & sums_measured(rows))
     )
-    if "update_frozen" in (rows.dtype.names or ()):
-        keep |= np.isfinite(rows["update_frozen"])
     layers = np.empty(int(keep.sum()), dtype=row_dtype)
     if len(layers):
         layers.view(np.uint8).reshape(len(layers), -1)[:, 8:] = raw[keep, schema.scalar_size :]
