@@ -61,7 +61,7 @@ def test_each_measured_update_is_recorded_per_layer_and_for_the_run():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
     truth = []  # each step's update norm, computed here
-    with nnwatch.watch(model, opt, num_classes=4, name="updates", layer_interval=5) as w:
+    with nnwatch.watch(model, opt, num_classes=4, name="updates", layer_interval=5, budget=None) as w:
         for _ in range(30):
             before = [p.detach().clone() for p in model.parameters()]
             opt.zero_grad()
