@@ -375,16 +375,34 @@ def _check_own_regular(fd: int, path: Path) -> os.stat_result:
 def open_regular(path: Path | str) -> int:
     """Open a file for reading only if it is a regular file and not a symlink. Never blocks: a
     FIFO is opened non-blocking and then refused."""
-    fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    try:
+        fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(errno.ELOOP, f"{path} is a symlink (not followed)") from exc
+        if exc.errno == errno.ENXIO:
+            raise UnsafeFileError(errno.ENXIO, f"{path} is a socket, not a file") from exc
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(errno.EINVAL, f"{path} is not a regular file")
+            raise UnsafeFileError(errno.EINVAL, f"{path} is {_not_a_file(st.st_mode)}")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _not_a_file(mode: int) -> str:
+    """What a path that should be a regular file is instead, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO, not a file"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a file"
+    return "not a regular file"
 
 
 def read_small_file(path: Path | str, limit: int = MAX_SMALL_FILE) -> bytes:

@@ -20,6 +20,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from nnwatch.store import clean_text
+
 SCHEMA_VERSION = 3  # 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"
 
 HOST_FIELDS: tuple[str, ...] = (
@@ -248,7 +250,7 @@ class RunMeta:
         """Parse ``meta.json`` (or the copy in a ring header). Every field is checked: anything
         malformed raises ValueError with the field's name."""
         try:
-            d = json.loads(text)
+            d = clean_text.loads(text)  # names shown in terminals: no escape obeyed
         except RecursionError as exc:
             raise ValueError("meta.json is nested too deeply to be ours") from exc
         if not isinstance(d, dict):
