@@ -196,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    token = read_token(args)
+    if token is None:
+        return 2
     command = monitor_command(args.run)
     if command is None:
         print(
@@ -204,9 +207,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    token = read_token(args)
-    if token is None:
-        return 2
     port = args.port or free_port()
     os.environ["NNWATCH_FORCE_TUI"] = "1"  # each tab's monitor talks to the browser, not a tty
     server = make_server(command, port, token, f"nnwatch · {Path(args.run).name}")
