@@ -380,7 +380,7 @@ def _not_its_socket(info: RunInfo, dirs: set[str]) -> str | None:
     path = Path(str(info.socket))
     if os.path.realpath(path.parent) not in dirs:
         return "it is not in nnwatch's socket directory"
-    if not re.fullmatch(rf"{info.pid}-r{info.rank}(-w[0-9]+)?\.sock", path.name):
+    if not re.fullmatch(rf"{info.pid}(-n[0-9]+|-x[0-9a-f]+)?-r{info.rank}(-w[0-9]+)?\.sock", path.name):
         return "it is not named for that run's process"
     try:
         st = os.lstat(path)

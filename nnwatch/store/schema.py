@@ -271,11 +271,15 @@ class RunMeta:
             value = cast(Any, value)  # checked above: an int or a float from here on
             if name in ("pid", "rank", "local_rank") and not 0 <= value < 1 << 31:
                 raise ValueError(f"meta.json: {name} is out of range ({value})")
-            if name == "world_size" and not 1 <= value < 1 << 31:
+            if name == "world_size" and not 1 <= value <= MAX_WORLD_SIZE:
                 raise ValueError(f"meta.json: world_size is out of range ({value})")
             out[name] = float(value) if name == "started" else value
         return cls(**out)
 
+
+#: The most ranks a job may say it has (the largest jobs run on ~10^5 GPUs): readers size job
+#: views from this number, so one that is absurd (10^9) is refused before anything is allocated.
+MAX_WORLD_SIZE = 1 << 20
 
 #: (field, accepted JSON types, required) for RunMeta.from_json.
 _META_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
