@@ -133,7 +133,7 @@ def ensure_private_dir(path: Path) -> Path:
     """
     path = Path(path)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_dirs(path)
     except FileExistsError as exc:
         if os.path.islink(path):  # a symlink to a file: say what it is, not what it points to
             raise RunDirError(
@@ -144,6 +144,29 @@ def ensure_private_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunDirError(f"{path} is not writable")
     return path
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p path``, every directory it makes 0700 whatever the umask: under ``umask 000``
+    mkdir's own parents would be 0777 without the sticky bit, writable by every user (and then
+    refused by the very checks that follow). FileExistsError when ``path`` is not a directory."""
+    todo = []
+    p = Path(os.path.abspath(path))
+    while not os.path.lexists(p) and p != p.parent:
+        todo.append(p)
+        p = p.parent
+    for d in reversed(todo):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone: what it is, is judged by the caller
+        fd = os.open(d, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    if not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, f"{path} exists and is not a directory")
 
 
 def make_run_dir(path: str | os.PathLike[str]) -> Path:
