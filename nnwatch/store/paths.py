@@ -47,26 +47,61 @@ class UnsafeFileError(OSError):
 
 
 def default_root() -> Path:
-    """The per-user root: $NNWATCH_RUN_DIR, else /dev/shm/nnwatch-$UID, else /tmp/nnwatch-$UID.
+    """The per-user root: $NNWATCH_RUN_DIR, else /dev/shm/nnwatch-$UID, else /tmp/nnwatch-$UID,
+    else (both made first by another user) a directory of this user's with an unpredictable name.
 
     Not $XDG_RUNTIME_DIR: it is removed at logout and would take runs started under nohup with it.
     """
     env = os.environ.get(ENV_RUN_DIR)
     if env:
         return Path(env).expanduser()
-    uid = os.getuid()
+    stem = f"nnwatch-{os.getuid()}"
     shm = Path("/dev/shm")
-    fallback = Path(tempfile.gettempdir()) / f"nnwatch-{uid}"
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        root = shm / f"nnwatch-{uid}"
+    parents = [shm] if shm.is_dir() and os.access(shm, os.W_OK) else []
+    parents.append(Path(tempfile.gettempdir()))
+    taken = []
+    for parent in parents:
+        root = parent / stem
         why = _taken(root)
         if why is None:
-            return root
-        _say_once(
-            f"nnwatch: {root} {why}; runs go to {fallback} instead (NNWATCH_RUN_DIR chooses "
-            "another place)"
-        )
-    return fallback
+            break
+        taken.append(f"{root} {why}")
+    else:
+        root = own_dir(parents[0], stem)
+    if taken:
+        _say_once(f"nnwatch: {'; '.join(taken)}; runs go to {root} instead (NNWATCH_RUN_DIR "
+                  "chooses another place)")  # fmt: skip
+    return root
+
+
+def own_dir(parent: Path, stem: str) -> Path:
+    """``parent/stem`` when it is this user's or not there yet; else this user's own
+    ``parent/stem.<random>``, made now if there is none.
+
+    A predictable name in a shared directory can be made first by anyone (mode 0777, say), and
+    nnwatch must never use another user's directory: that would switch monitoring off for
+    everyone whose name was taken. The fallback's name cannot be guessed ahead, and it is found
+    again (by the trainer and by ``ls`` alike) by ownership: only this user can own it. Of two
+    made at the same moment, both processes settle on the first by name.
+    """
+    if _taken(parent / stem) is None:
+        return parent / stem
+
+    def mine() -> list[str]:
+        try:
+            names = [e.name for e in os.scandir(parent) if e.name.startswith(stem + ".")]
+        except OSError:
+            return []
+        return sorted(n for n in names if _taken(parent / n) is None)
+
+    found = mine()
+    if not found:
+        try:
+            os.mkdir(parent / f"{stem}.{secrets.token_hex(8)}", 0o700)
+        except OSError:
+            pass
+        found = mine()
+    return parent / found[0] if found else parent / f"{stem}.{secrets.token_hex(8)}"
 
 
 _SAID: set[str] = set()

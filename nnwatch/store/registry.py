@@ -44,6 +44,7 @@ from nnwatch.store.identity import (
 )
 from nnwatch.store.paths import (
     default_root,
+    own_dir,
     read_small_file,
     write_private_file,
 )
@@ -370,7 +371,7 @@ def _socket_dirs(root: Path | None) -> set[str]:
     base = Path(root) if root is not None else default_root()
     return {
         os.path.realpath(base / SOCKET_DIR),
-        os.path.realpath(Path("/tmp") / f"nnwatch-{os.getuid()}-s"),
+        os.path.realpath(own_dir(Path("/tmp"), f"nnwatch-{os.getuid()}-s")),
     }
 
 

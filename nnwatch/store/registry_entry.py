@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from nnwatch._version import __version__
 from nnwatch.store.identity import namespace_tag, own_start_time, pid_namespace, this_host
-from nnwatch.store.paths import default_root, ensure_private_dir, write_private_file
+from nnwatch.store.paths import default_root, ensure_private_dir, own_dir, write_private_file
 from nnwatch.store.schema import MAX_WORLD_SIZE, RunMeta
 
 REGISTRY_DIR = "registry"
@@ -57,7 +57,7 @@ def socket_path(pid: int, rank: int, root: Path | None = None, instance: int = 1
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
         ensure_private_dir(path.parent)
         return path
-    short = Path("/tmp") / f"nnwatch-{os.getuid()}-s"
+    short = own_dir(Path("/tmp"), f"nnwatch-{os.getuid()}-s")  # never another user's
     ensure_private_dir(short)
     return short / name
 
