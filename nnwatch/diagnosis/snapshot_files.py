@@ -178,7 +178,7 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> list[str]:
             f"not verified: {path / snap.MANIFEST} lists no checksums (written by an older "
             "nnwatch, or damaged), so the snapshot's files are read as they are"
         ]
-    sizes = manifest.get("sizes") if isinstance(manifest.get("sizes"), dict) else {}
+    sizes = manifest["sizes"] if isinstance(manifest.get("sizes"), dict) else {}
     for name, expected in sorted(files.items()):
         if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
             raise ReplayError(f"{path / snap.MANIFEST} is corrupt: it lists a file named {name!r}")
