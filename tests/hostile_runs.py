@@ -50,7 +50,6 @@ def make_base(root: Path) -> Path:
     """A real run root: a finished run of 300 steps with events and an overview, its ring, and a
     registry entry naming it (the run's pid: this process, so it reads as this machine's)."""
     from nnwatch.store.ring import RingWriter
-    from nnwatch.store.runlog import RunLogWriter
     from nnwatch.testing.fixture import FixtureSource, write_run
 
     run_dir = write_run(FixtureSource(300), root / RUN)
@@ -59,7 +58,6 @@ def make_base(root: Path) -> Path:
     for rec in FixtureSource(300).records(250, 300):
         ring.publish(memoryview(rec.tobytes()))
     ring.close("finished")
-    del RunLogWriter
     (root / "registry").mkdir(mode=0o700)
     entry = {"pid": os.getpid(), "name": "victim", "host": os.uname().nodename, "rank": 0,
              "world_size": 1, "run_dir": str(run_dir), "ring": str(run_dir / "ring"),

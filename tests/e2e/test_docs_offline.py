@@ -47,4 +47,4 @@ def test_the_built_manual_loads_nothing_from_elsewhere(tmp_path: Path) -> None:
         if found:
             remote[str(path.relative_to(site))] = found
     assert remote == {}, remote
-    assert not any("fonts.googleapis" in p.read_text(errors="replace") for p in pages)
+    assert not any("//fonts.googleapis.com/css" in p.read_text(errors="replace") for p in pages)
