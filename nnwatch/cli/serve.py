@@ -52,7 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="read the URL token from FILE (- for stdin) instead of making a fresh random one; "
         "$NNWATCH_SERVE_TOKEN also sets it (never on the command line: `ps` shows it to everyone)",
     )
-    parser.add_argument("--token", default=None, help=argparse.SUPPRESS)  # refused, with why
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="refused: a token on the command line is shown to every user by `ps` (use "
+        "--token-file or $NNWATCH_SERVE_TOKEN)",
+    )
 
 
 def monitor_command(spec: str) -> list[str] | None:

@@ -39,7 +39,7 @@ from nnwatch.store.runlog import (
     crc_path,
     split_records,
 )  # fmt: skip
-from nnwatch.store.safe_read import held_size, iter_lines
+from nnwatch.store.safe_read import held_size, iter_lines, read_held
 from nnwatch.store.schema import GRAD_LAYER_FIELD, RunMeta
 from nnwatch.store.summary import RunSummary, last_finite
 
@@ -173,7 +173,8 @@ def _map_rows(
         if n == 0:
             return np.zeros(0, dtype=dtype)
         rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
-    zeros = _zero_tail(rows)
+    covered = _checksummed(path) if magic == MAGIC else 0  # rows a checksum vouches for stay
+    zeros = min(_zero_tail(rows), max(0, len(rows) - covered))
     if zeros or size < on_disk:
         rows = rows[: len(rows) - zeros]
         left = on_disk - HEADER_SIZE - len(rows) * row_size
@@ -192,6 +193,20 @@ def _map_rows(
             )
             rows = np.asarray(rows[~bad])
     return rows
+
+
+def _checksummed(path: Path) -> int:
+    """How many rows from the first the checksum file beside ``path`` covers, in order."""
+    try:
+        table = read_held(crc_path(path), limit=1 << 31)
+    except OSError:
+        return 0
+    covered = 0
+    for first, count, _crc in CRC_ENTRY.iter_unpack(table[: len(table) - len(table) % CRC_ENTRY.size]):
+        if first != covered:
+            break
+        covered += count
+    return covered
 
 
 def _zero_tail(rows: np.ndarray, chunk: int = 4096) -> int:
@@ -239,7 +254,7 @@ def _failed_checksums(
     checksums leaves, and saying nothing would load damaged bytes as if they were verified.
     """
     try:
-        table = read_small_file(crc_path(path), limit=1 << 31)
+        table = read_held(crc_path(path), limit=1 << 31)  # a hole at its end is no checksum
     except FileNotFoundError:
         warnings.append(f"{path.name}: its checksums ({crc_path(path).name}) are missing; rows not verified")
         return None

@@ -70,6 +70,16 @@ def hole_tail(path: Path | str) -> tuple[int, int]:
         return size, held_size(fh.fileno(), size)
 
 
+def read_held(path: Path | str, limit: int) -> bytes:
+    """The data a regular file holds (a hole at its end left out), at most ``limit`` bytes:
+    :class:`OSError` when it holds more, or is not a regular file."""
+    with open_file(path) as fh:
+        held = held_size(fh.fileno())
+        if held > limit:
+            raise OSError(errno.EFBIG, f"{path} holds {held} bytes, too many for what it should hold")
+        return fh.read(held)
+
+
 def iter_lines(path: Path | str, max_line: int = MAX_LINE) -> Iterator[bytes | None]:
     """The lines of a text file of a run (without their newline), as far as it holds data; a line
     longer than ``max_line`` is skipped and yields None, so the caller can count it. Raises
