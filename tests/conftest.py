@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from .small_disk import tmpfs  # noqa: F401 - a fixture for every test that needs a full disk
@@ -72,3 +75,71 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- every process a test starts ends with it ------------------------------------------------------
+# The suite makes itself a child subreaper: a process a test started and lost track of (a trainer
+# left as pid 1 of a PID namespace when ``unshare`` was stopped, a daemon that double-forked) is
+# then re-parented to pytest, not to init, and the session's end finds it. Each one still running
+# there fails the run, named with the test that left it, and is killed (a user's CI would keep it).
+
+_STARTED_BY: dict[int, str] = {}  # pid -> the test after which it was first seen
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _descendants() -> list[psutil.Process]:
+    """Every live process below this one (zombies reaped: they are the subreaper's to reap)."""
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                try:
+                    os.waitpid(proc.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                continue
+            out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: leftovers re-parent to init, unseen here
+        pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    for proc in _descendants():
+        _STARTED_BY.setdefault(proc.pid, item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    deadline = time.monotonic() + 10.0  # what is on its way out gets the time to go
+    left = _descendants()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _descendants()
+    if not left:
+        return
+    lines = []
+    for proc in left:
+        try:
+            cmd = " ".join(proc.cmdline())[:200]
+        except psutil.Error:
+            cmd = "?"
+        lines.append(f"  pid {proc.pid} ({_STARTED_BY.get(proc.pid, 'unknown test')}): {cmd}")
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    sys.stderr.write(
+        "\nthe tests left processes running (killed now):\n" + "\n".join(lines) + "\n"
+    )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import json
 import os
 import select
 import socket
@@ -29,6 +28,7 @@ from nnwatch.channel.commands import (
     encode_request,
     validate,
 )
+from nnwatch.store.clean_text import loads
 from nnwatch.store.schema import RunMeta
 
 #: Largest line accepted from a run: stream chunks are at most ~1.4 MB of base64.
@@ -213,7 +213,7 @@ class ChannelClient:
                     "may be hung, or stuck in a long step"
                 ))  # fmt: skip
             try:
-                obj = json.loads(line)
+                obj = loads(line)
             except ValueError:
                 continue
             if not isinstance(obj, dict):
@@ -317,7 +317,7 @@ class Subscription:
                 f"the run at {self.path} did not answer subscribe within {timeout:g} s"
             )
         try:
-            reply = _reply(json.loads(line))
+            reply = _reply(loads(line))
         except ValueError:
             self.close()
             raise ChannelError(f"the run at {self.path} answered subscribe with garbage") from None
@@ -397,7 +397,7 @@ class Subscription:
                 break
             wait = min(_BURST_WAIT, max(0.0, until - time.monotonic()))
             try:
-                msg = json.loads(line)
+                msg = loads(line)
             except ValueError:
                 continue
             if not isinstance(msg, dict):

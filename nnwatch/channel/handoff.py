@@ -12,11 +12,12 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from nnwatch.store.child_python import CHILD_CWD, child_env, python_argv
 
 log = logging.getLogger("nnwatch")
 
@@ -93,20 +94,16 @@ def _spawn_streamer(
     sock: socket.socket, ring: str, run_dir: str, request: dict[str, Any]
 ) -> subprocess.Popen[bytes]:
     fd = sock.fileno()
-    env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = package_parent + (
-        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-    )
     return subprocess.Popen(
-        [
-            sys.executable, "-m", "nnwatch.channel.stream", "--fd", str(fd), "--ring", str(ring),
-            "--run-dir", str(run_dir), "--request", json.dumps(request),
-        ],
+        python_argv(  # never importing from the trainer's working directory (see there)
+            "nnwatch.channel.stream", "--fd", str(fd), "--ring", os.path.abspath(ring),
+            "--run-dir", os.path.abspath(run_dir), "--request", json.dumps(request),
+        ),
         pass_fds=(fd,),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=env,
+        env=child_env(),
+        cwd=CHILD_CWD,
     )  # fmt: skip

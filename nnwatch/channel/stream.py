@@ -56,6 +56,7 @@ from nnwatch.store import overview as ov
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
+from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import RingError
 from nnwatch.store.ring_reader import RingReader
 
@@ -407,8 +408,8 @@ def _serve(
         meta_json = reader.meta_json
         if not meta_json:
             try:
-                meta_json = (run_dir / "meta.json").read_text()
-            except OSError:
+                meta_json = read_small_file(run_dir / "meta.json").decode()
+            except (OSError, UnicodeDecodeError):
                 meta_json = ""
         stream = _Stream(out, reader, run_dir, args)
         if not history and args.get("after_step") is None:

@@ -66,6 +66,13 @@ def _looks_like_host(word: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nnwatch.cli._clean_output import clean_output
+
+    with clean_output():  # what comes from runs and hosts is shown, never obeyed by the terminal
+        return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, mods = build_parser()
     if not argv and DEFAULT_COMMAND in mods:

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         snap = load_snapshot(args.snapshot)
         man = snap.manifest
+        for note in snap.unverified:
+            print(f"nnwatch replay: {note}", file=sys.stderr)
         if not args.json:
             print(
                 f"nnwatch replay: step {man.get('step')} of run {man.get('run') or '?'} "

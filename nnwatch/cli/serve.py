@@ -6,7 +6,13 @@ who would rather click a link than open a terminal. Each browser tab runs its ow
 terminal shows. It listens on the loopback interface only, and every page and websocket needs the
 random token printed in the URL: other users of a shared machine can reach 127.0.0.1 too. The
 first page sets the token as a same-site cookie for the websocket that follows; a wrong or missing
-token gets 403.
+token gets 403. A token of one's own comes from ``$NNWATCH_SERVE_TOKEN`` or ``--token-file``,
+never from the command line, where every user of the machine reads it in ``ps``.
+
+The page asks nothing of the internet: textual-serve's template loads its font from Google, which
+on a machine without a network stalls the page and elsewhere tells a third party who opened it.
+The font is served from textual-serve's own copy instead, and a Content-Security-Policy header
+makes the browser refuse anything but this server.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ from __future__ import annotations
 import argparse
 import hmac
 import os
+import re
 import secrets
-import shlex
 import socket
 import sys
 from pathlib import Path
 from typing import Any
+
+from nnwatch.store.child_python import python_argv, shell_command
 
 COMMAND = "serve"
 HELP = "serve the monitor of a run to a browser (textual-serve, 127.0.0.1, a token in the URL)"
@@ -38,9 +46,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)"
     )
     parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=None,
+        help="read the URL token from FILE (- for stdin) instead of making a fresh random one; "
+        "$NNWATCH_SERVE_TOKEN also sets it (never on the command line: `ps` shows it to everyone)",
+    )
+    parser.add_argument(
         "--token",
         default=None,
-        help="the URL token (default: a fresh random one; $NNWATCH_SERVE_TOKEN also sets it)",
+        help="refused: a token on the command line is shown to every user by `ps` (use "
+        "--token-file or $NNWATCH_SERVE_TOKEN)",
     )
 
 
@@ -55,11 +71,11 @@ def monitor_command(spec: str) -> list[str] | None:
     except OSError:
         live = []
     if live and not Path(spec).is_dir():
-        return [sys.executable, "-m", "nnwatch", "attach", spec]
+        return python_argv("nnwatch", "attach", spec)  # never importing from the cwd (see there)
     run_dir = resolve_run_dir(spec)
     if run_dir is None:
         return None
-    return [sys.executable, "-m", "nnwatch", "open", str(run_dir.resolve())]
+    return python_argv("nnwatch", "open", str(run_dir.resolve()))
 
 
 def free_port() -> int:
@@ -80,7 +96,7 @@ def make_server(command: list[str], port: int, token: str, title: str) -> Any:
             @web.middleware
             async def require_token(request: web.Request, handler: Any) -> web.StreamResponse:
                 if request.path.startswith("/static/"):
-                    return await handler(request)  # the page's own JS and CSS: nothing secret
+                    return offline(await handler(request), port)  # the page's JS, CSS, font
                 given = request.query.get("token") or request.cookies.get(COOKIE) or ""
                 if not hmac.compare_digest(given.encode(), token.encode()):
                     return web.Response(
@@ -88,7 +104,7 @@ def make_server(command: list[str], port: int, token: str, title: str) -> Any:
                         text="nnwatch serve: wrong or missing token; use the URL that "
                         "`nnwatch serve` printed\n",
                     )
-                response = await handler(request)
+                response = offline(await handler(request), port)
                 if request.path == "/" and request.query.get("token"):
                     response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
                 return response
@@ -104,7 +120,76 @@ def make_server(command: list[str], port: int, token: str, title: str) -> Any:
                 flush=True,
             )
 
-    return TokenServer(shlex.join(command), host=HOST, port=port, title=title)
+    return TokenServer(shell_command(command), host=HOST, port=port, title=title)
+
+
+#: Where the page may load from and connect to: this server only.
+_CSP = (
+    "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; font-src 'self' data:; "
+    "connect-src 'self' ws://127.0.0.1:{port} ws://localhost:{port}"
+)
+#: textual-serve's template asks Google for its font; this serves the copy it ships instead.
+_FONT_FACE = (
+    '<style>@font-face {{ font-family: "Roboto Mono"; '
+    'src: url("/static/fonts/{name}") format("truetype"); }}</style>'
+)
+_REMOTE_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.I | re.S)
+
+
+def offline(response: Any, port: int) -> Any:
+    """``response`` made to ask nothing of the internet: remote ``<link>`` elements dropped from
+    a page (with the font served locally), and a policy that refuses anything but this server."""
+    if getattr(response, "prepared", False):
+        return response  # a websocket, already answered: nothing to change
+    response.headers["Content-Security-Policy"] = _CSP.format(port=port)
+    body = getattr(response, "text", None) if response.content_type == "text/html" else None
+    if isinstance(body, str) and _REMOTE_LINK.search(body):
+        font = _local_font()
+        face = _FONT_FACE.format(name=font) if font else ""
+        response.text = _REMOTE_LINK.sub("", body).replace("</head>", face + "</head>", 1)
+    return response
+
+
+def _local_font() -> str | None:
+    """The name of the Roboto Mono file textual-serve ships in its static folder, if any."""
+    import textual_serve
+
+    fonts = Path(textual_serve.__file__).parent / "static" / "fonts"
+    found = sorted(p.name for p in fonts.glob("RobotoMono-*.ttf") if "Italic" not in p.name)
+    return found[0] if found else None
+
+
+def read_token(args: argparse.Namespace) -> str | None:
+    """The token: from ``--token-file`` (``-``: stdin), else ``$NNWATCH_SERVE_TOKEN`` (taken out of
+    the environment, so that no tab's process carries it), else a fresh random one; None, with a
+    message, when the one given cannot be used."""
+    if args.token is not None:
+        print(
+            "nnwatch serve: --token puts the token on the command line, where every user of this "
+            "machine reads it (`ps`); pass it in $NNWATCH_SERVE_TOKEN or with --token-file FILE "
+            "(- reads it from stdin)",
+            file=sys.stderr,
+        )
+        return None
+    env = os.environ.pop("NNWATCH_SERVE_TOKEN", None)
+    if args.token_file is None:
+        return env or secrets.token_urlsafe(24)
+    try:
+        if args.token_file == "-":
+            text = sys.stdin.readline()
+        else:
+            from nnwatch.store.paths import read_small_file
+
+            text = read_small_file(Path(args.token_file).expanduser(), limit=4096).decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"nnwatch serve: cannot read the token from {args.token_file}: {exc}", file=sys.stderr)
+        return None
+    token = text.strip()
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        print("nnwatch serve: the token file must hold one word of printable characters", file=sys.stderr)
+        return None
+    return token
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    token = read_token(args)
+    if token is None:
+        return 2
     command = monitor_command(args.run)
     if command is None:
         print(
@@ -124,7 +212,6 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    token = args.token or os.environ.get("NNWATCH_SERVE_TOKEN") or secrets.token_urlsafe(24)
     port = args.port or free_port()
     os.environ["NNWATCH_FORCE_TUI"] = "1"  # each tab's monitor talks to the browser, not a tty
     server = make_server(command, port, token, f"nnwatch · {Path(args.run).name}")

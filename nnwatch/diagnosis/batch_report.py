@@ -15,8 +15,8 @@ belongs in ``nnwatch/diagnosis`` once that package takes it over.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +26,9 @@ from typing import Any, cast
 import numpy as np
 
 from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
+from nnwatch.diagnosis.snapshot_files import load_npy
+from nnwatch.store.clean_text import loads
+from nnwatch.store.paths import read_small_file
 from nnwatch.store.run_reader import load_run
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
@@ -150,7 +153,7 @@ def build_report(
     meta = _read_json(snap.path / "meta.json") or {}
     num_classes = man.get("num_classes") or meta.get("num_classes")
     num_classes = int(num_classes) if num_classes else None
-    notes: list[str] = list(man.get("batch_notes") or [])
+    notes: list[str] = [*snap.unverified, *(man.get("batch_notes") or [])]
     inputs, targets, mask = split_batch(batch)
     if inputs is None:
         raise ReportError(
@@ -302,12 +305,12 @@ def grad_norms_before(
         if keep.any():
             return steps[keep], norms[keep]
     p = snapshot_dir / "metrics.npy"
-    if p.exists():
+    if os.path.lexists(p):
         try:
-            rows = np.load(p, allow_pickle=False)
+            rows = load_npy(p)  # never a link or a FIFO; no shape larger than the file
             steps = np.asarray(rows["step"], dtype=np.int64)
             norms = np.asarray(rows["grad_norm"], dtype=np.float64)
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, ReplayError):
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         keep = (steps >= step - n) & (steps <= step)
         return steps[keep], norms[keep]
@@ -554,8 +557,8 @@ def _plain(v: Any) -> Any:
 
 def _read_json(p: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
+        data = loads(read_small_file(p))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

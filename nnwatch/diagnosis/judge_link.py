@@ -27,20 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from nnwatch.store.child_python import CHILD_CWD, child_env, python_argv
+
 log = logging.getLogger("nnwatch")
 
 #: How long ``close`` waits for the process to read the ring to its end and report.
 CLOSE_WAIT_S = 30.0
 PROTOCOL = 1
-
-
-def _child_env() -> dict[str, str]:
-    """The trainer's environment, with this nnwatch first on the path (a script may have found
-    it through ``sys.path`` edits the child would not make)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 class JudgeLink:
@@ -80,14 +73,15 @@ class JudgeLink:
             return None
         try:
             proc = subprocess.Popen(  # noqa: S603 - our own module, run by this interpreter
-                [sys.executable, "-m", "nnwatch.diagnosis.judge_process"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_child_env(), close_fds=True,
+                python_argv("nnwatch.diagnosis.judge_process"),  # never from the cwd: see there
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env(), close_fds=True,
+                cwd=CHILD_CWD,
             )  # fmt: skip
         except OSError as exc:
             log.info("nnwatch: the detectors stay in this process: %s", exc)
             return None
         header = {
-            "protocol": PROTOCOL, "ring": str(ring), "state_len": len(state),
+            "protocol": PROTOCOL, "ring": os.path.abspath(ring), "state_len": len(state),
             "parent": os.getpid(),
         }  # fmt: skip
         try:

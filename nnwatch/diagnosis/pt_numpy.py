@@ -17,6 +17,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from nnwatch.store.safe_read import open_file
+
 #: The numpy dtype of each storage type torch writes (bfloat16 is read as its bits, see below).
 _STORAGES: dict[str, str] = {
     "FloatStorage": "<f4", "DoubleStorage": "<f8", "HalfStorage": "<f2",
@@ -66,12 +68,19 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 def load(path: str | Path) -> Any:
     """What ``torch.load(path, weights_only=True)`` returns, with numpy arrays for tensors."""
     path = Path(path)
+    try:  # never a link, never a FIFO
+        fh = open_file(path)
+    except OSError as exc:
+        raise PtReadError(f"{path} cannot be read: {exc.strerror or exc}") from None
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(fh)
     except (OSError, zipfile.BadZipFile) as exc:
+        fh.close()
         raise PtReadError(f"{path} is not a torch.save zip file: {exc}") from None
-    with archive:
+    with fh, archive:
         names = archive.namelist()
+        if any(i.compress_type != zipfile.ZIP_STORED for i in archive.infolist()):
+            raise PtReadError(f"{path} holds compressed entries: torch.save never writes those")
         pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
         if pkl is None:
             raise PtReadError(f"{path} has no data.pkl: not a file torch.save wrote")

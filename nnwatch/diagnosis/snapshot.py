@@ -40,6 +40,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import (
     SNAPSHOT_MANIFEST,
@@ -255,20 +256,20 @@ def _write_contents(
 ) -> None:
     import torch
 
-    files: dict[str, str] = {}
+    files, sizes = dict[str, str](), dict[str, int]()  # sha256 and length of each file written
 
     def save_torch(name: str, obj: Any) -> None:
         path = d / name
         with _new_file(path) as fh:
             torch.save(obj, fh)
-        files[name] = _sha256(path)
+        files[name] = _sha256(path, sizes)
 
     def save_json(name: str, obj: Any) -> None:
         path = d / name
         text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
         with _new_file(path) as fh:
             fh.write(text.encode())
-        files[name] = _sha256(path)
+        files[name] = _sha256(path, sizes)
 
     saved_state = {
         k: state[k] for k in ("model", "optimizer", "scaler") if k in state and state[k] is not None
@@ -286,14 +287,14 @@ def _write_contents(
     if isinstance(recent, np.ndarray) and recent.dtype.names:
         with _new_file(d / METRICS) as fh:
             np.save(fh, recent, allow_pickle=False)
-        files[METRICS] = _sha256(d / METRICS)
+        files[METRICS] = _sha256(d / METRICS, sizes)
     save_json(LAYERS, latest_layer_stats(w, recent))
     save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
     meta = w.meta
     if meta is not None:
         with _new_file(d / META) as fh:
             fh.write(meta.to_json().encode())
-        files[META] = _sha256(d / META)
+        files[META] = _sha256(d / META, sizes)
     model = w.model
     device = str(w.device)
     optimizer = w.stepping_optimizer
@@ -333,6 +334,7 @@ def _write_contents(
         "buffers_note": "buffers (e.g. BatchNorm running stats) already include this step's forward",
         "batch_notes": batch_notes,
         "files": files,
+        "sizes": sizes,
     }
     save_json(MANIFEST, manifest)
 
@@ -495,7 +497,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     when it is unreadable, not a JSON object, or has a version or step of the wrong kind."""
     path = Path(path)
     try:
-        manifest = json.loads(read_small_file(path))
+        manifest = loads(read_small_file(path))
     except FileNotFoundError as exc:
         raise SnapshotError(f"{path} is missing: this is not a complete snapshot") from exc
     except OSError as exc:
@@ -514,7 +516,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     step = manifest.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 53:
         raise SnapshotError(f"{path} is corrupt: its step is {_show(step)}, not a step number")
-    for key, kind in (("has", dict), ("files", dict), ("reason", str), ("run_dir", str)):
+    for key, kind in (("has", dict), ("files", dict), ("sizes", dict), ("reason", str), ("run_dir", str)):
         if key in manifest and not isinstance(manifest[key], kind):
             raise SnapshotError(f"{path} is corrupt: {key} has the wrong type")
     return manifest
@@ -525,7 +527,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
     checked; None when it is missing or damaged (a truncated file), so replay falls back to the
     run log instead of failing."""
     try:
-        rec = json.loads(read_small_file(path, limit=1 << 20))
+        rec = loads(read_small_file(path, limit=1 << 20))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(rec, dict):
@@ -552,11 +554,12 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, sizes: dict[str, int]) -> str:
     h = hashlib.sha256()
     with os.fdopen(open_regular(path), "rb") as fh:  # the file just written, not a link
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
+        sizes[path.name] = fh.tell()
     return h.hexdigest()
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,8 +20,10 @@ import numpy as np
 
 from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.float_bits import from_bits, json_float
-from nnwatch.store.paths import SNAPSHOTS_DIR, open_regular
+from nnwatch.store.clean_text import loads
+from nnwatch.store.paths import SNAPSHOTS_DIR, open_regular, read_small_file
 from nnwatch.store.run_reader import load_run
+from nnwatch.store.safe_read import held_size, hole_tail, open_file
 
 
 class ReplayError(RuntimeError):
@@ -45,6 +46,9 @@ class Snapshot:
 
     path: Path
     manifest: dict[str, Any]
+    #: what could not be verified against the manifest's checksums, in words (show and replay
+    #: print each: a snapshot read unverified must say so)
+    unverified: list[str] = field(default_factory=list)
 
     @property
     def step(self) -> int:
@@ -59,7 +63,10 @@ class Snapshot:
         except ModuleNotFoundError:  # a laptop that only watches: tensors come as numpy arrays
             return _load_without_torch(p)
         try:
-            return torch.load(p, map_location="cpu", weights_only=True)
+            with open_file(p) as fh:  # never a link, never a FIFO (torch.load would wait on it)
+                return torch.load(fh, map_location="cpu", weights_only=True)
+        except OSError as exc:
+            raise ReplayError(f"{p} cannot be read: {exc.strerror or exc}") from exc
         except Exception as exc:  # noqa: BLE001 - torch raises several types for a bad file
             raise ReplayError(
                 f"{p} cannot be loaded safely (weights_only=True): {exc}. nnwatch never unpickles "
@@ -82,11 +89,17 @@ class Snapshot:
 
     def metrics(self) -> np.ndarray:
         p = self.path / snap.METRICS
-        return np.load(p, allow_pickle=False) if p.exists() else np.zeros(0)
+        return load_npy(p) if os.path.lexists(p) else np.zeros(0)
 
     def findings(self) -> list[dict[str, Any]]:
         p = self.path / snap.FINDINGS
-        return json.loads(p.read_text()) if p.exists() else []
+        if not os.path.lexists(p):
+            return []
+        try:
+            found = loads(read_small_file(p))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ReplayError(f"{p} cannot be read: {exc}") from exc
+        return found if isinstance(found, list) else []
 
     def original(self) -> dict[str, Any] | None:
         """The recorded loss and gradient norm of this step (float32), or None if unknown."""
@@ -127,9 +140,9 @@ def load_snapshot(path: str | Path) -> Snapshot:
             (
                 d
                 for d in (p / SNAPSHOTS_DIR).iterdir()
-                if d.is_dir() and not d.name.startswith(".")
+                if d.is_dir() and not d.is_symlink() and not d.name.startswith(".")
             ),
-            key=lambda d: d.stat().st_mtime,
+            key=lambda d: d.lstat().st_mtime,
         )
         if not found:
             raise ReplayError(f"{p} is a run directory without snapshots")
@@ -146,21 +159,28 @@ def load_snapshot(path: str | Path) -> Snapshot:
         raise ReplayError(str(exc)) from exc
     if int(manifest.get("version", 0)) > snap.SNAPSHOT_VERSION:
         raise ReplayError(f"{p} was written by a newer nnwatch; upgrade nnwatch to replay it")
-    verify_files(p, manifest)
-    return Snapshot(p, manifest)
+    return Snapshot(p, manifest, verify_files(p, manifest))
 
 
-def verify_files(path: Path, manifest: dict[str, Any]) -> None:
-    """Check every file the manifest lists against its sha256, before anything is loaded from it.
+def verify_files(path: Path, manifest: dict[str, Any]) -> list[str]:
+    """Check every file the manifest lists against its sha256, before anything is loaded from it;
+    return what could not be checked, in words (a manifest without its ``files`` map, a file it
+    does not list), for the caller to show.
 
     A flipped byte in ``batch.pt`` or ``state.pt`` still loads as tensors (a feature of -6.6e27,
     weights that no longer reproduce the step), so without this check ``show`` and ``replay``
     would report on damaged data as if it were the run's. A listed file that is missing is left
-    to the loader, which names it when (and only if) it is needed.
+    to the loader, which names it when (and only if) it is needed. Sizes come first: a file
+    whose length is not the one recorded, or that ends in a hole, is damaged without hashing
+    gigabytes of zeros.
     """
     files = manifest.get("files")
     if not isinstance(files, dict):
-        return
+        return [
+            f"not verified: {path / snap.MANIFEST} lists no checksums (written by an older "
+            "nnwatch, or damaged), so the snapshot's files are read as they are"
+        ]
+    sizes = manifest["sizes"] if isinstance(manifest.get("sizes"), dict) else {}
     for name, expected in sorted(files.items()):
         if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
             raise ReplayError(f"{path / snap.MANIFEST} is corrupt: it lists a file named {name!r}")
@@ -169,6 +189,7 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
                 f"{path / snap.MANIFEST} is corrupt: the sha256 of {name} is {expected!r}"
             )
         try:
+            _check_size(path / name, sizes.get(name))
             found = file_sha256(path / name)
         except FileNotFoundError:
             continue
@@ -180,6 +201,49 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
                 f"{expected[:12]}..., now {found[:12]}...): the file was damaged after the "
                 "snapshot was written, so nothing is shown or replayed from it"
             )
+    present = [n for n in _LOADED if n not in files and os.path.lexists(path / n)]
+    return [f"not verified: {', '.join(present)} (the manifest lists no checksum for it)"] if present else []
+
+
+#: The files show and replay load, which the manifest's checksums must cover.
+_LOADED = (snap.STATE, snap.RNG, snap.BATCH, snap.METRICS, snap.FINDINGS, snap.META)
+#: A file nnwatch wrote never ends in a hole; a sparse copy may leave a block or so of zeros as one.
+_MAX_HOLE = 1 << 20
+
+
+def _check_size(p: Path, recorded: object) -> None:
+    """Refuse a file whose length is not the one the manifest recorded, or that ends in more
+    than a little never-written space (a damaged or extended file: hashing it would read it all)."""
+    size, held = hole_tail(p)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != size:
+        raise ReplayError(
+            f"{p} is {size} bytes, but the snapshot recorded {recorded}: the file was changed "
+            "after the snapshot was written, so nothing is shown or replayed from it"
+        )
+    if size - held > _MAX_HOLE:
+        raise ReplayError(
+            f"{p} ends in {size - held} bytes that were never written (a hole): the file was "
+            "extended after the snapshot was written, so nothing is shown or replayed from it"
+        )
+
+
+def load_npy(p: Path) -> np.ndarray:
+    """A ``.npy`` file of a snapshot, never through a link or a FIFO, and only when the array
+    its header describes fits in the file (a header can claim any shape: numpy would size the
+    array from it before reading a byte)."""
+    try:
+        with open_file(p) as fh:
+            fmt = np.lib.format
+            version = fmt.read_magic(fh)
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _fortran, dtype = read_header(fh)
+            need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+            if dtype.hasobject or need > held_size(fh.fileno()) - fh.tell():
+                raise ReplayError(f"{p} is damaged: its header describes more than the file holds")
+            fh.seek(0)
+            return cast("np.ndarray", np.load(fh, allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"{p} cannot be read: {exc}") from exc
 
 
 def file_sha256(path: Path) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.paths import open_dir_nofollow
+
 _counter = itertools.count()
 _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -58,13 +60,21 @@ class EventFile:
 
         self._Event = Event
         self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         name = (
             f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
             f"{os.getpid()}.{next(_counter)}"
         )
         self.path = self.log_dir / name
-        self._fh = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        # The directory is walked from / without following a link or entering a directory that
+        # another user could replace (see open_dir_nofollow), and the file is created new in it:
+        # a symlink planted in OUT_DIR must not carry a root export into someone's directory.
+        dir_fd = open_dir_nofollow(self.log_dir, create=True)
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=dir_fd)  # fmt: skip
+        finally:
+            os.close(dir_fd)
+        self._fh = os.fdopen(fd, "ab")
         self.write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 

@@ -45,6 +45,7 @@ import numpy as np
 from nnwatch.export.event_file import EventFile
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.events import Event, FindingEvent
+from nnwatch.store.paths import open_dir_nofollow
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError, split_records
 from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta, fields_of
@@ -132,8 +133,7 @@ class TensorBoardWriter:
         per_layer: bool = True,
     ) -> None:
         self._Summary, self._tb = _load_tensorboard()
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = Path(out_dir)  # made by the event file, never through a link
         self.meta = meta
         self.histogram_every = max(0, int(histogram_every))
         self.per_layer = per_layer
@@ -262,6 +262,11 @@ def target_dir(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str])
 
 
 def _clear_previous(target: Path, overwrite: bool) -> None:
+    if os.path.lexists(target):
+        try:  # an earlier export's directory, judged as the event file will judge it
+            os.close(open_dir_nofollow(target))
+        except OSError as exc:
+            raise ExportError(f"cannot export into {target}: {exc}") from None
     old = sorted(target.glob(EVENT_FILE_PREFIX + "*")) if target.is_dir() else []
     if not old:
         return

@@ -35,6 +35,7 @@ from nnwatch.store.paths import (
     ensure_private_dir,
     make_run_dir,
     pin_dir,
+    read_small_file,
     unpin_dir,
 )
 from nnwatch.store.runlog import RunLogWriter
@@ -132,7 +133,7 @@ def choose_run_dir(
 def same_layout(run_dir: Path, schema: RunSchema) -> bool:
     """Whether the run in ``run_dir`` records rows of exactly ``schema``'s layout."""
     try:
-        earlier = RunMeta.from_json((Path(run_dir) / "meta.json").read_text())
+        earlier = RunMeta.from_json(read_small_file(Path(run_dir) / "meta.json"))
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return earlier.schema == schema

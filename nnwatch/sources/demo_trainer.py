@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nnwatch.store.child_python import CHILD_CWD, child_env, isolation_flags
+
 if TYPE_CHECKING:
     from nnwatch.store.registry import RunInfo
 
@@ -83,10 +85,11 @@ class Trainer:
         self.demo = demo
         self.scratch = Path(tempfile.mkdtemp(prefix="nnwatch-demo-"))
         self.output_path = self.scratch / "output.txt"
-        argv = [sys.executable, str(demo.path), "--delay", str(delay), "--seed", str(seed)]
+        argv = [sys.executable, *isolation_flags(), str(demo.path), "--delay", str(delay),
+                "--seed", str(seed)]  # fmt: skip
         if steps is not None:
             argv += ["--steps", str(steps)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(child_env(), PYTHONUNBUFFERED="1")  # nothing imported from the cwd (see there)
         env.setdefault("OMP_NUM_THREADS", "1")
         try:
             with open(self.output_path, "wb") as out:
@@ -96,6 +99,7 @@ class Trainer:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    cwd=CHILD_CWD,
                     start_new_session=True,  # its own process group: Ctrl-C is ours to handle
                 )
         except OSError as exc:

@@ -38,6 +38,7 @@ from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
 from nnwatch.store.job_health import HEARTBEAT_PERIOD, SILENT_SLACK, certain_first, judge_job
 from nnwatch.store.jobs import Job
+from nnwatch.store.schema import MAX_WORLD_SIZE
 
 CONNECT_TIMEOUT = 30.0
 RETRY_S = 5.0
@@ -229,7 +230,7 @@ class JobFanout:
                 events.setdefault(key, []).extend(
                     e for e in job.get("events", []) if isinstance(e, dict)
                 )
-                world = max(world, int(job.get("world_size") or 0))
+                world = max(world, min(int(job.get("world_size") or 0), MAX_WORLD_SIZE))
                 label = str(job.get("label") or label).split(" (")[0]
         unreachable = []
         for link in self.links:

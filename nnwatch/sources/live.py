@@ -30,6 +30,7 @@ from nnwatch.store.events import Event
 from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.log_catchup import gap_rows, load_history
+from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry import RunInfo, find_runs, list_runs
 from nnwatch.store.ring_layout import RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
@@ -95,7 +96,7 @@ class LiveSource(RunSource):
         self.run_dir = Path(run_dir).expanduser()
         meta_path = self.run_dir / "meta.json"
         try:
-            self._meta = RunMeta.from_json(meta_path.read_text())
+            self._meta = RunMeta.from_json(read_small_file(meta_path))
         except FileNotFoundError:
             raise SourceError(
                 f"{self.run_dir} has no meta.json: not an nnwatch run, or it has not stepped yet"

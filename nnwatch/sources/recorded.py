@@ -140,7 +140,7 @@ def _read_ahead(arr: np.ndarray) -> None:
     if not filename or not hasattr(os, "posix_fadvise"):
         return
     try:
-        fd = os.open(filename, os.O_RDONLY)
+        fd = os.open(filename, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # never waits
     except OSError:
         return
     try:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import read_small_file, write_private_file
 
 COPY_FILE = "copied.json"
@@ -38,7 +39,7 @@ def write_copy_note(run_dir: Path, header: dict[str, Any], host: str) -> None:
 def read_copy_note(run_dir: Path | str) -> dict[str, Any] | None:
     """The note of a copied run (fields checked), or None for a run written on this host."""
     try:
-        note = json.loads(read_small_file(Path(run_dir) / COPY_FILE, limit=65536))
+        note = loads(read_small_file(Path(run_dir) / COPY_FILE, limit=65536))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(note, dict):

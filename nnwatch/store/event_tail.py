@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.events import Event
+from nnwatch.store.paths import open_regular
+from nnwatch.store.safe_read import held_size
 
 #: Read at most this much per call, so a huge backlog cannot stall a monitor's poll.
 MAX_READ = 4 * 1024 * 1024
@@ -27,12 +29,12 @@ class EventTail:
 
     def read(self) -> list[dict[str, Any]]:
         """New lines as JSON objects, as written: what the channel forwards to remote monitors."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:  # never a link, never a FIFO (a plain open would wait for its writer forever)
+            fd = open_regular(self.path)
         except OSError:
             return []
         try:
-            size = os.fstat(fd).st_size
+            size = held_size(fd)  # a hole a crash left at the end is not lines
             if size < self.offset:  # truncated or replaced: start over
                 self.offset = 0
             if size == self.offset:
@@ -52,7 +54,7 @@ class EventTail:
             if not raw.strip():
                 continue
             try:
-                ev = json.loads(raw)
+                ev = loads(raw)
             except (ValueError, RecursionError):  # a line nested past the parser's depth too
                 self.skipped += 1
                 continue

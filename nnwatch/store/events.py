@@ -20,12 +20,12 @@ The wire stays JSON: the channel forwards the lines as dicts and a source parses
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.finding import Finding
 
 FINDING = "finding"
@@ -326,7 +326,7 @@ _BY_TYPE: dict[str, type[Event]] = {
 def parse_line(line: bytes | str) -> Event | None:
     """One line of ``events.jsonl``: None when it is not a JSON object (the reader counts it)."""
     try:
-        data = json.loads(line)
+        data = loads(line)
     except (ValueError, RecursionError):
         return None
     return Event.from_json(data) if isinstance(data, dict) else None

@@ -12,7 +12,6 @@ The trainer can only say what it knows: it writes "running", "paused" or (at a c
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.events import Event, RunEnded, parse_line
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import ENDED
 from nnwatch.store.ring_reader import RingReader, RingState
+from nnwatch.store.safe_read import held_size, open_file
 
 #: The heartbeat thread beats at 1 Hz; this many seconds without one means the process is frozen.
 HEARTBEAT_STALE = 5.0
@@ -80,7 +81,7 @@ def read_end(run_dir: Path | None) -> dict[str, Any] | None:
             return None
         return _damaged_end(Path(run_dir), f"it cannot be read: {exc.strerror or exc}")
     try:
-        end = clean_end(json.loads(raw))
+        end = clean_end(loads(raw))
     except (ValueError, RecursionError):
         end = None
     if end is None:
@@ -99,10 +100,10 @@ def _damaged_end(run_dir: Path, why: str) -> dict[str, Any]:
 def tail_events(path: Path, limit: int = 1 << 16) -> list[Event]:
     """The events in the last ``limit`` bytes of ``events.jsonl`` (unreadable lines skipped)."""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
+        with open_file(path) as fh:
+            size = held_size(fh.fileno())
             fh.seek(max(0, size - limit))
-            data = fh.read(limit)
+            data = fh.read(min(limit, size))
     except OSError:
         return []
     return [ev for ev in map(parse_line, data.splitlines()) if ev is not None]

@@ -63,6 +63,29 @@ def pid_namespace() -> int:
         return 0
 
 
+#: The inode the kernel gives the initial PID namespace (``PROC_PID_INIT_INO``): the host's own.
+INIT_PID_NS = 0xEFFFFFFC
+_TAG: list[str] = []
+
+
+def namespace_tag() -> str:
+    """What makes this process's pid unique on a machine whose ``/dev/shm`` and host name other
+    PID namespaces share (two containers, both pid 1): "" in the host's own namespace (names stay
+    as they were), ``-n<inode>`` in another, and a random ``-x<hex>`` (once per process) where
+    the namespace cannot be read. Registry entries and sockets carry it in their names."""
+    if not _TAG:
+        ns = pid_namespace()
+        if ns == INIT_PID_NS:
+            _TAG.append("")
+        elif ns:
+            _TAG.append(f"-n{ns}")
+        else:
+            import secrets
+
+            _TAG.append(f"-x{secrets.token_hex(4)}")
+    return _TAG[0]
+
+
 def pid_checkable(host: str | None, pid_ns: object = 0) -> bool:
     """Whether a writer's pid can be checked from here: same host, and the same PID namespace
     when the writer recorded one (``pid_ns``, 0 or None: an older writer, taken as the same)."""

@@ -11,7 +11,6 @@ also split by start time and by rank (a job holds each rank once). A loopback ma
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Iterable, Mapping
@@ -19,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.health import read_end
+from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry import RunInfo, inspect_dir
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import RunLogError
@@ -94,9 +95,9 @@ def read_job(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if hit is not None and hit[0] == mtime:
         return hit[1]
     try:
-        meta = json.loads(path.read_text())
+        meta = loads(read_small_file(path))
         job = (meta.get("extra") or {}).get("job")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         job = None
     job = job if isinstance(job, dict) else None
     _job_cache[key] = (mtime, job)
@@ -208,7 +209,7 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
 
     run_dir = Path(run_dir).expanduser()
     try:
-        meta = RunMeta.from_json((run_dir / "meta.json").read_text())
+        meta = RunMeta.from_json(read_small_file(run_dir / "meta.json"))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunLogError(f"{run_dir} is not a readable nnwatch run ({exc})") from None
     seen = inspect_dir(run_dir)  # when things happened: heartbeat, last step, end, pid
@@ -259,8 +260,8 @@ def read_job_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     has none (the job summary is off, or this is not rank 0)."""
     path = Path(run_dir) / JOB_SUMMARY_FILE
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = loads(read_small_file(path))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("ranks"), list):
         return None

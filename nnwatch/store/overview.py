@@ -29,7 +29,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from nnwatch.store.paths import open_for_append, read_small_file
+from nnwatch.store.paths import open_for_append
+from nnwatch.store.safe_read import held_size, open_file
 
 OVERVIEW_FILE = "overview.bin"
 MAGIC = b"NNWOVR1\0"
@@ -353,7 +354,8 @@ def _write_all(fd: int, data: bytes) -> None:
 def read_stored(path: Path, fields: tuple[str, ...], scalar_size: int) -> dict[int, np.ndarray]:
     """The complete buckets of ``overview.bin`` by level. Raises ValueError (plain words) when the
     file is not one of this log, or any record is damaged or out of order."""
-    data = read_small_file(path, limit=1 << 34)
+    with open_file(path) as fh:  # never a link or a FIFO; a hole at the end is no bucket
+        data = fh.read(min(held_size(fh.fileno()), 1 << 34))
     if len(data) < HEADER_SIZE:
         raise ValueError(f"{path.name} is shorter than its header")
     magic, nf, row_size, names = _HEADER.unpack(data[: _HEADER.size])

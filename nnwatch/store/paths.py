@@ -47,26 +47,61 @@ class UnsafeFileError(OSError):
 
 
 def default_root() -> Path:
-    """The per-user root: $NNWATCH_RUN_DIR, else /dev/shm/nnwatch-$UID, else /tmp/nnwatch-$UID.
+    """The per-user root: $NNWATCH_RUN_DIR, else /dev/shm/nnwatch-$UID, else /tmp/nnwatch-$UID,
+    else (both made first by another user) a directory of this user's with an unpredictable name.
 
     Not $XDG_RUNTIME_DIR: it is removed at logout and would take runs started under nohup with it.
     """
     env = os.environ.get(ENV_RUN_DIR)
     if env:
         return Path(env).expanduser()
-    uid = os.getuid()
+    stem = f"nnwatch-{os.getuid()}"
     shm = Path("/dev/shm")
-    fallback = Path(tempfile.gettempdir()) / f"nnwatch-{uid}"
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        root = shm / f"nnwatch-{uid}"
+    parents = [shm] if shm.is_dir() and os.access(shm, os.W_OK) else []
+    parents.append(Path(tempfile.gettempdir()))
+    taken = []
+    for parent in parents:
+        root = parent / stem
         why = _taken(root)
         if why is None:
-            return root
-        _say_once(
-            f"nnwatch: {root} {why}; runs go to {fallback} instead (NNWATCH_RUN_DIR chooses "
-            "another place)"
-        )
-    return fallback
+            break
+        taken.append(f"{root} {why}")
+    else:
+        root = own_dir(parents[0], stem)
+    if taken:
+        _say_once(f"nnwatch: {'; '.join(taken)}; runs go to {root} instead (NNWATCH_RUN_DIR "
+                  "chooses another place)")  # fmt: skip
+    return root
+
+
+def own_dir(parent: Path, stem: str) -> Path:
+    """``parent/stem`` when it is this user's or not there yet; else this user's own
+    ``parent/stem.<random>``, made now if there is none.
+
+    A predictable name in a shared directory can be made first by anyone (mode 0777, say), and
+    nnwatch must never use another user's directory: that would switch monitoring off for
+    everyone whose name was taken. The fallback's name cannot be guessed ahead, and it is found
+    again (by the trainer and by ``ls`` alike) by ownership: only this user can own it. Of two
+    made at the same moment, both processes settle on the first by name.
+    """
+    if _taken(parent / stem) is None:
+        return parent / stem
+
+    def mine() -> list[str]:
+        try:
+            names = [e.name for e in os.scandir(parent) if e.name.startswith(stem + ".")]
+        except OSError:
+            return []
+        return sorted(n for n in names if _taken(parent / n) is None)
+
+    found = mine()
+    if not found:
+        try:
+            os.mkdir(parent / f"{stem}.{secrets.token_hex(8)}", 0o700)
+        except OSError:
+            pass
+        found = mine()
+    return parent / found[0] if found else parent / f"{stem}.{secrets.token_hex(8)}"
 
 
 _SAID: set[str] = set()
@@ -133,7 +168,7 @@ def ensure_private_dir(path: Path) -> Path:
     """
     path = Path(path)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_dirs(path)
     except FileExistsError as exc:
         if os.path.islink(path):  # a symlink to a file: say what it is, not what it points to
             raise RunDirError(
@@ -144,6 +179,29 @@ def ensure_private_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise RunDirError(f"{path} is not writable")
     return path
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p path``, every directory it makes 0700 whatever the umask: under ``umask 000``
+    mkdir's own parents would be 0777 without the sticky bit, writable by every user (and then
+    refused by the very checks that follow). FileExistsError when ``path`` is not a directory."""
+    todo = []
+    p = Path(os.path.abspath(path))
+    while not os.path.lexists(p) and p != p.parent:
+        todo.append(p)
+        p = p.parent
+    for d in reversed(todo):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone: what it is, is judged by the caller
+        fd = os.open(d, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+    if not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, f"{path} exists and is not a directory")
 
 
 def make_run_dir(path: str | os.PathLike[str]) -> Path:
@@ -375,16 +433,34 @@ def _check_own_regular(fd: int, path: Path) -> os.stat_result:
 def open_regular(path: Path | str) -> int:
     """Open a file for reading only if it is a regular file and not a symlink. Never blocks: a
     FIFO is opened non-blocking and then refused."""
-    fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    try:
+        fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(errno.ELOOP, f"{path} is a symlink (not followed)") from exc
+        if exc.errno == errno.ENXIO:
+            raise UnsafeFileError(errno.ENXIO, f"{path} is a socket, not a file") from exc
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(errno.EINVAL, f"{path} is not a regular file")
+            raise UnsafeFileError(errno.EINVAL, f"{path} is {_not_a_file(st.st_mode)}")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _not_a_file(mode: int) -> str:
+    """What a path that should be a regular file is instead, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO, not a file"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a file"
+    return "not a regular file"
 
 
 def read_small_file(path: Path | str, limit: int = MAX_SMALL_FILE) -> bytes:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.copy_note import describe_copy, read_copy_note
 from nnwatch.store.health import (
     HEARTBEAT_STALE,
@@ -43,6 +44,7 @@ from nnwatch.store.identity import (
 )
 from nnwatch.store.paths import (
     default_root,
+    own_dir,
     read_small_file,
     write_private_file,
 )
@@ -56,6 +58,7 @@ from nnwatch.store.ring_layout import ENDED, RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log
 from nnwatch.store.runlog import RunLogError
+from nnwatch.store.safe_read import hole_tail
 from nnwatch.store.schema import RunMeta
 
 #: A run in another PID namespace (a container) cannot be checked by its pid; gc takes it as gone
@@ -153,7 +156,7 @@ def _read_entry(path: Path, problems: list[str] | None = None) -> dict[str, Any]
             if problems is not None:
                 problems.append(f"skipped the registry entry {path.name}: {odd}")
             return None
-        entry = validate_entry(json.loads(read_small_file(path, limit=1024 * 1024)))
+        entry = validate_entry(loads(read_small_file(path, limit=1024 * 1024)))
     except FileNotFoundError:
         return None  # removed between the listing and the read (a run that closed)
     except (OSError, ValueError, RecursionError) as exc:
@@ -268,7 +271,7 @@ def note_first_stop(run_dir: str | Path, rank: int, others: list[int], how: str)
 
 def _seen_first(run_dir: str | Path) -> float | None:
     try:
-        note = json.loads(read_small_file(Path(run_dir) / FIRST_STOP_FILE, limit=65536))
+        note = loads(read_small_file(Path(run_dir) / FIRST_STOP_FILE, limit=65536))
         seen = float(note["seen_at"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
@@ -368,7 +371,7 @@ def _socket_dirs(root: Path | None) -> set[str]:
     base = Path(root) if root is not None else default_root()
     return {
         os.path.realpath(base / SOCKET_DIR),
-        os.path.realpath(Path("/tmp") / f"nnwatch-{os.getuid()}-s"),
+        os.path.realpath(own_dir(Path("/tmp"), f"nnwatch-{os.getuid()}-s")),
     }
 
 
@@ -378,7 +381,7 @@ def _not_its_socket(info: RunInfo, dirs: set[str]) -> str | None:
     path = Path(str(info.socket))
     if os.path.realpath(path.parent) not in dirs:
         return "it is not in nnwatch's socket directory"
-    if not re.fullmatch(rf"{info.pid}-r{info.rank}(-w[0-9]+)?\.sock", path.name):
+    if not re.fullmatch(rf"{info.pid}(-n[0-9]+|-x[0-9a-f]+)?-r{info.rank}(-w[0-9]+)?\.sock", path.name):
         return "it is not named for that run's process"
     try:
         st = os.lstat(path)
@@ -528,8 +531,8 @@ def inspect_dir(
             else:
                 state, message = "running", "unregistered, and its ring is unreadable"
     if not isinstance(steps, int):
-        try:  # rows in scalars.bin: 64-byte header, then fixed-size rows
-            size = (run_dir / "scalars.bin").stat().st_size
+        try:  # rows in scalars.bin: 64-byte header, then fixed-size rows (a hole is none)
+            size = hole_tail(run_dir / "scalars.bin")[1]
             steps = max(0, (size - 64) // meta.schema.scalar_size)
         except OSError:
             steps = None

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from nnwatch._version import __version__
-from nnwatch.store.identity import own_start_time, pid_namespace, this_host
-from nnwatch.store.paths import default_root, ensure_private_dir, write_private_file
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.identity import namespace_tag, own_start_time, pid_namespace, this_host
+from nnwatch.store.paths import default_root, ensure_private_dir, own_dir, write_private_file
+from nnwatch.store.schema import MAX_WORLD_SIZE, RunMeta
 
 REGISTRY_DIR = "registry"
 SOCKET_DIR = "s"
@@ -41,7 +41,10 @@ def _instance_suffix(instance: int) -> str:
 
 
 def entry_path(host: str, pid: int, rank: int, root: Path | None = None, instance: int = 1) -> Path:
-    return registry_dir(root) / f"{_safe(host)}-{int(pid)}-r{int(rank)}{_instance_suffix(instance)}.json"
+    """Where this process's entry goes: host, pid (with :func:`namespace_tag`: pid 1 of two
+    containers sharing /dev/shm are two runs), rank and instance."""
+    name = f"{_safe(host)}-{int(pid)}{namespace_tag()}-r{int(rank)}{_instance_suffix(instance)}"
+    return registry_dir(root) / f"{name}.json"
 
 
 def socket_path(pid: int, rank: int, root: Path | None = None, instance: int = 1) -> Path:
@@ -49,12 +52,12 @@ def socket_path(pid: int, rank: int, root: Path | None = None, instance: int = 1
     further watches open at once in one process), or a short private directory under /tmp when
     the root is too deep for a Unix socket path."""
     root = Path(root) if root is not None else default_root()
-    name = f"{int(pid)}-r{int(rank)}{_instance_suffix(instance)}.sock"
+    name = f"{int(pid)}{namespace_tag()}-r{int(rank)}{_instance_suffix(instance)}.sock"
     path = root / SOCKET_DIR / name
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
         ensure_private_dir(path.parent)
         return path
-    short = Path("/tmp") / f"nnwatch-{os.getuid()}-s"
+    short = own_dir(Path("/tmp"), f"nnwatch-{os.getuid()}-s")  # never another user's
     ensure_private_dir(short)
     return short / name
 
@@ -161,7 +164,7 @@ def validate_entry(entry: Any) -> dict[str, Any]:
         value = cast(Any, value)  # its kind was checked above
         if isinstance(value, int) and key in ("rank", "local_rank", "instance") and not 0 <= value < 1 << 31:
             raise EntryError(f"{key} is out of range ({value})")
-        if key == "world_size" and not 1 <= value < 1 << 31:
+        if key == "world_size" and not 1 <= value <= MAX_WORLD_SIZE:
             raise EntryError(f"world_size is out of range ({value})")
         if isinstance(value, str) and "\0" in value:
             raise EntryError(f"{key} holds a NUL byte")

@@ -275,7 +275,9 @@ class RingReader:
         seq_before = copy["seq"].astype(np.int64)
         expected = 2 * ns + 2
         intact = (seq_before == expected) & (seq_after.astype(np.int64) == expected)
-        overwritten = seq_before > expected
+        # lapped: the writer was at this slot again before or during the copy (it writes the
+        # slot's sequence with its payload, in one call)
+        overwritten = (seq_before > expected) | (seq_after.astype(np.int64) > expected)
         quiet = ns < self._quiet_below
         dropped += int(np.count_nonzero(overwritten & ~quiet))
         torn_mask = ~intact & ~overwritten

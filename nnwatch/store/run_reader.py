@@ -7,7 +7,6 @@ row cut short by a ``kill -9`` is ignored, and a crashed run's last steps are ta
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import zlib
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.clean_text import loads
 from nnwatch.store.copy_note import read_copy_note
 from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
@@ -39,6 +39,7 @@ from nnwatch.store.runlog import (
     crc_path,
     split_records,
 )  # fmt: skip
+from nnwatch.store.safe_read import held_size, iter_lines, read_held
 from nnwatch.store.schema import PARAM_LAYER_FIELDS, RunMeta
 from nnwatch.store.summary import RunSummary, last_finite
 
@@ -163,7 +164,8 @@ def _map_rows(
     except OSError as exc:
         raise RunLogError(f"{path} cannot be read: {exc.strerror or exc}") from exc
     with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+        on_disk = os.fstat(fh.fileno()).st_size
+        size = held_size(fh.fileno(), on_disk)  # a hole at the end holds no rows
         if size < HEADER_SIZE:
             if size:
                 warnings.append(f"{path.name} is shorter than its header ({size} bytes)")
@@ -174,7 +176,7 @@ def _map_rows(
         if row_size != dtype.itemsize or file_kind != kind:
             raise RunLogError(_header_mismatch(path, size, row_size, file_kind, dtype.itemsize))
         n, extra = divmod(size - HEADER_SIZE, row_size)
-        if extra:
+        if extra and size == on_disk:
             warnings.append(
                 f"{path.name}: ignored a partial last row ({extra} bytes: its write was cut short, "
                 "by a writer that was killed or a disk that filled up)"
@@ -182,6 +184,15 @@ def _map_rows(
         if n == 0:
             return np.zeros(0, dtype=dtype)
         rows: np.ndarray = np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
+    covered = _checksummed(path) if magic == MAGIC else 0  # rows a checksum vouches for stay
+    zeros = min(_zero_tail(rows), max(0, len(rows) - covered))
+    if zeros or size < on_disk:
+        rows = rows[: len(rows) - zeros]
+        left = on_disk - HEADER_SIZE - len(rows) * row_size
+        warnings.append(
+            f"{path.name}: left out its last {left} bytes, zeros never written as rows (the file "
+            "was extended past its last row, as a crash or a copy can leave it)"
+        )
     if magic == MAGIC:
         bad = _failed_checksums(path, rows, warnings, ended=ended)
         if bad is not None:
@@ -193,6 +204,38 @@ def _map_rows(
             )
             rows = np.asarray(rows[~bad])
     return rows
+
+
+def _checksummed(path: Path) -> int:
+    """How many rows from the first the checksum file beside ``path`` covers, in order."""
+    try:
+        table = read_held(crc_path(path), limit=1 << 31)
+    except OSError:
+        return 0
+    covered = 0
+    for first, count, _crc in CRC_ENTRY.iter_unpack(table[: len(table) - len(table) % CRC_ENTRY.size]):
+        if first != covered:
+            break
+        covered += count
+    return covered
+
+
+def _zero_tail(rows: np.ndarray, chunk: int = 4096) -> int:
+    """How many rows at the end of ``rows`` are all zero bytes (no row nnwatch writes is: its
+    step and rates are set), read back from the end a chunk at a time."""
+    if not len(rows):
+        return 0
+    raw = rows.view(np.uint8).reshape(len(rows), -1) if rows.flags.c_contiguous else None
+    if raw is None:
+        return 0
+    end = len(rows)
+    while end > 0:
+        start = max(0, end - chunk)
+        filled = np.flatnonzero(raw[start:end].any(axis=1))
+        if len(filled):
+            return len(rows) - (start + int(filled[-1]) + 1)
+        end = start
+    return len(rows)
 
 
 def _header_mismatch(path: Path, size: int, row_size: int, file_kind: int, want: int) -> str:
@@ -222,7 +265,7 @@ def _failed_checksums(
     checksums leaves, and saying nothing would load damaged bytes as if they were verified.
     """
     try:
-        table = read_small_file(crc_path(path), limit=1 << 31)
+        table = read_held(crc_path(path), limit=1 << 31)  # a hole at its end is no checksum
     except FileNotFoundError:
         warnings.append(f"{path.name}: its checksums ({crc_path(path).name}) are missing; rows not verified")
         return None
@@ -267,13 +310,16 @@ def _failed_checksums(
 def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[str, Any]]:
     """The lines of ``events.jsonl`` as JSON objects, skipping (and counting) lines that are not;
     :func:`read_events` types them."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return
     bad = 0
-    with open(path, "rb") as fh:
-        for raw in fh:
+    try:  # never a link, never a FIFO; as far as the file holds data; no line without end
+        for raw in iter_lines(path):
+            if raw is None:  # a line too long to be ours
+                bad += 1
+                continue
             try:
-                ev = json.loads(raw)
+                ev = loads(raw)
             except (ValueError, RecursionError):  # a line nested past the parser's depth too
                 bad += 1
                 continue
@@ -281,6 +327,9 @@ def iter_events(path: Path, warnings: list[str] | None = None) -> Iterator[dict[
                 yield ev
             else:
                 bad += 1
+    except OSError as exc:
+        if warnings is not None:
+            warnings.append(f"{path.name} cannot be read ({exc.strerror or exc}); no events")
     if bad and warnings is not None:
         warnings.append(f"{path.name}: skipped {bad} unreadable line(s)")
 

@@ -54,6 +54,7 @@ from nnwatch.store.paths import (
     unlink_file,
     write_private_file,
 )
+from nnwatch.store.safe_read import held_size
 from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
 
 #: Weight of one drain in the writer's recent CPU per record.
@@ -87,15 +88,13 @@ def map_log_rows(path: Path, dtype: np.dtype) -> np.ndarray:
     without reading them or their checksums (a 10M-step log opens in milliseconds): empty when
     the file is missing or does not start with a run-log header. ``load_run`` is the checked read.
     """
-    try:
-        size = os.stat(path).st_size
+    try:  # never a link or a FIFO; a hole at the end holds no rows
+        fh = os.fdopen(open_regular(path), "rb")
     except OSError:
         return np.zeros(0, dtype)
-    n = max(0, size - HEADER_SIZE) // dtype.itemsize
-    if n == 0:
-        return np.zeros(0, dtype)
-    with open(path, "rb") as fh:
-        if fh.read(len(MAGIC))[:6] != MAGIC[:6]:  # "NNWLOG", whichever format version
+    with fh:
+        n = max(0, held_size(fh.fileno()) - HEADER_SIZE) // dtype.itemsize
+        if n == 0 or fh.read(len(MAGIC))[:6] != MAGIC[:6]:  # "NNWLOG", whichever version
             return np.zeros(0, dtype)
         return np.memmap(fh, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(n,))
 

@@ -22,6 +22,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from nnwatch.store import clean_text
+
 SCHEMA_VERSION = 4
 # 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"; 4 made the device scalars float64 and
 # added what each update did (the update fields below) and the batch's label entropy
@@ -287,7 +289,7 @@ class RunMeta:
         """Parse ``meta.json`` (or the copy in a ring header). Every field is checked: anything
         malformed raises ValueError with the field's name."""
         try:
-            d = json.loads(text)
+            d = clean_text.loads(text)  # names shown in terminals: no escape obeyed
         except RecursionError as exc:
             raise ValueError("meta.json is nested too deeply to be ours") from exc
         if not isinstance(d, dict):
@@ -308,11 +310,15 @@ class RunMeta:
             value = cast(Any, value)  # checked above: an int or a float from here on
             if name in ("pid", "rank", "local_rank") and not 0 <= value < 1 << 31:
                 raise ValueError(f"meta.json: {name} is out of range ({value})")
-            if name == "world_size" and not 1 <= value < 1 << 31:
+            if name == "world_size" and not 1 <= value <= MAX_WORLD_SIZE:
                 raise ValueError(f"meta.json: world_size is out of range ({value})")
             out[name] = float(value) if name == "started" else value
         return cls(**out)
 
+
+#: The most ranks a job may say it has (the largest jobs run on ~10^5 GPUs): readers size job
+#: views from this number, so one that is absurd (10^9) is refused before anything is allocated.
+MAX_WORLD_SIZE = 1 << 20
 
 #: (field, accepted JSON types, required) for RunMeta.from_json.
 _META_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Footer, Label
 
 from nnwatch.store.paths import default_root
 from nnwatch.store.registry import list_runs, recorded_runs
+from nnwatch.store.safe_read import iter_lines
 from nnwatch.tui import format as fmt
 from nnwatch.tui.run_sources import source_for
 
@@ -53,10 +54,9 @@ def findings_count(run_dir: str | Path) -> int | None:
     if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
         return hit[2]
     n = 0
-    try:
-        with open(path, "rb") as fh:
-            for line in fh:
-                n += _is_finding_line(line)
+    try:  # never a link or a FIFO, no line without end, nothing past the file's data
+        for line in iter_lines(path):
+            n += line is not None and _is_finding_line(line)
     except OSError:
         return None
     with _cache_lock:

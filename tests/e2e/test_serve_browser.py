@@ -130,3 +130,96 @@ def test_dashboard_renders_and_keys_work_in_chromium(served: str) -> None:
             assert response is not None and response.status == 403
         finally:
             browser.close()
+
+
+# -- issue 43: no token in argv, nothing from the internet, nothing from the cwd ---------------
+
+
+def _cmdlines() -> list[str]:
+    """Every process's command line on this machine, as ``ps`` shows them to any user."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+    return out
+
+
+def test_served_from_a_hostile_cwd_with_a_private_token(tmp_path: Path) -> None:
+    """``nnwatch serve`` started from a directory holding a planted ``nnwatch`` package, with its
+    token from stdin: the tab's monitor runs (the dashboard renders) and imports nothing planted,
+    no process shows the token in its command line, and every request the page makes goes to the
+    server itself (before: the page asked fonts.googleapis.com for Roboto Mono)."""
+    exe = chromium_path()
+    if exe is None:
+        pytest.skip("no Chromium binary (apt-get install chromium, or playwright install chromium)")
+    root = tmp_path / "root"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NNWATCH_RUN_DIR", str(root))
+    try:
+        run_dir = snapshot_runs.table_run(root / "table").parent.parent
+    finally:
+        mp.undo()
+    hostile = tmp_path / "hostile"
+    (hostile / "nnwatch").mkdir(parents=True)
+    (hostile / "nnwatch" / "__init__.py").write_text(
+        f"open({str(hostile / 'PWNED')!r}, 'w').close()\n"
+    )
+    token = "tok-" + os.urandom(8).hex()
+    script = Path(sys.executable).parent / "nnwatch"  # the console script: not run from the cwd
+    proc = subprocess.Popen(
+        [str(script), "serve", str(run_dir), "--token-file", "-"], cwd=hostile,
+        env=dict(os.environ, NNWATCH_RUN_DIR=str(root)), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(token + "\n")
+        proc.stdin.close()
+        url = None
+        while url is None:
+            line = proc.stdout.readline()
+            assert line, f"nnwatch serve exited with {proc.wait()}"
+            m = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=\S+)", line)
+            url = m.group(1) if m else None
+        assert url.endswith("token=" + token)
+        origin = url.split("/?")[0]
+        with sync_api.sync_playwright() as p:
+            try:
+                browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+            except Exception as exc:  # noqa: BLE001 - a broken browser install: say why and skip
+                pytest.skip(f"Chromium does not start here: {exc}")
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 800})
+                asked: list[str] = []
+                page.on("request", lambda r: asked.append(r.url))
+                frames = Frames(page)
+                response = page.goto(url)
+                assert response is not None and response.status == 200
+                assert "127.0.0.1" in (response.headers.get("content-security-policy") or "")
+                frames.wait_for(page, "Grad norm")  # the tab's monitor process runs
+                elsewhere = [u for u in asked if not u.startswith((origin, origin.replace("http", "ws", 1)))]
+                assert elsewhere == [], elsewhere
+                assert "googleapis" not in page.content()
+                shown = [c for c in _cmdlines() if token in c]
+                assert shown == [], shown
+            finally:
+                browser.close()
+        assert not (hostile / "PWNED").exists()
+    finally:
+        try:
+            os.killpg(proc.pid, 15)  # serve and every tab's monitor
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+def test_a_token_on_the_command_line_is_refused_in_words() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "nnwatch", "serve", "whatever", "--token", "secret"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "ps" in done.stderr and "--token-file" in done.stderr, done.stderr

@@ -126,3 +126,28 @@ def test_open_on_the_copied_run_in_a_real_terminal(fresh: Path, copied_run: Path
     finally:
         term.close()
     time.sleep(0.1)
+
+
+def test_children_import_nothing_from_the_cwd_with_the_installed_wheel(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """Issue 43, item 1, with the wheel installed as a user would (site-packages, no checkout on
+    any path): the detectors' process and the stream process, started from a directory holding
+    planted ``nnwatch``, ``numpy`` and ``json`` packages, run none of them and still work."""
+    import json
+
+    hostile = tmp_path / "hostile"
+    for name in ("nnwatch", "numpy", "json"):
+        (hostile / name).mkdir(parents=True)
+        (hostile / name / "__init__.py").write_text(
+            f"open({str(hostile / ('PWNED-' + name))!r}, 'w').close()\n"
+        )
+    driver = tmp_path / "children_driver.py"  # outside the cwd: a script's own directory is safe
+    shutil.copy(REPO / "tests" / "trainers" / "children_driver.py", driver)
+    root = tmp_path / "root"
+    done = _run([str(fresh / "bin" / "python"), str(driver)], cwd=hostile,
+                env=_env(fresh, root), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said == {"judge": ["nan_or_inf"], "stream_records": 10}, said
+    assert sorted(p.name for p in hostile.iterdir() if p.name.startswith("PWNED")) == []

@@ -49,6 +49,7 @@ def _reseal(snapshot: Path, name: str) -> None:
 
     man = json.loads((snapshot / "manifest.json").read_text())
     man["files"][name] = hashlib.sha256((snapshot / name).read_bytes()).hexdigest()
+    man.setdefault("sizes", {})[name] = (snapshot / name).stat().st_size  # its length, too
     (snapshot / "manifest.json").write_text(json.dumps(man))
 
 

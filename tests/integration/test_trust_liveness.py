@@ -60,12 +60,12 @@ def dead_entry(root: Path, *, run_dir: Path, ring: Path, sock: str | None) -> Pa
     return registry_entry.register(entry, root)
 
 
-def start_trainer(root: Path, *prefix: str) -> tuple[subprocess.Popen[str], dict]:
+def start_trainer(root: Path, *prefix: str, name: str = "synthetic") -> tuple[subprocess.Popen[str], dict]:
     """The synthetic trainer (ring, heartbeat, socket, registry entry), stepping until stopped."""
     env = dict(os.environ, NNWATCH_RUN_DIR=str(root), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [*prefix, PYTHON, "-m", "nnwatch.testing.synthetic", "--steps", "0", "--rate", "50",
-         "--layers", "2"],
+         "--layers", "2", "--name", name],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -139,11 +139,16 @@ def _can_unshare() -> str | None:
     return None if r.returncode == 0 else f"unshare --pid is not allowed here: {r.stderr!r}"
 
 
+#: A container of its own: a new PID namespace, whose pid 1 (the trainer) dies with ``unshare``
+#: (``--kill-child``; pid 1 of a namespace ignores the SIGTERM a test's clean-up sends).
+CONTAINER = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+
 def test_a_trainer_in_another_pid_namespace_is_live_and_gc_leaves_it(run_root: Path) -> None:
     why = _can_unshare()
     if why:
         pytest.skip(why)
-    proc, info = start_trainer(run_root, "unshare", "--pid", "--fork", "--mount-proc")
+    proc, info = start_trainer(run_root, *CONTAINER)
     try:
         assert info["pid"] != proc.pid  # the pid it registered means nothing on this side
         time.sleep(1.5)
@@ -156,6 +161,32 @@ def test_a_trainer_in_another_pid_namespace_is_live_and_gc_leaves_it(run_root: P
         assert "process is gone" not in out.stdout
     finally:
         stop(proc)
+
+
+def test_two_containers_sharing_dev_shm_and_host_name_are_two_runs(run_root: Path) -> None:
+    """Issue 43, item 4: two trainers, each pid 1 in a PID namespace of its own, one run root and
+    one host name (two containers sharing /dev/shm): two entries, two sockets, both steerable
+    (before: one entry, the second "commands from monitors are off ([Errno 98] ...)")."""
+    why = _can_unshare()
+    if why:
+        pytest.skip(why)
+    first, a = start_trainer(run_root, *CONTAINER, name="box-a")
+    try:
+        second, b = start_trainer(run_root, *CONTAINER, name="box-b")
+        try:
+            assert a["pid"] == b["pid"] == 1, (a, b)
+            assert a["entry"] != b["entry"] and a["socket"] != b["socket"]
+            assert a["socket"] != "None" and b["socket"] != "None", (a, b)
+            ls = json.loads(cli("ls", "--all", "--json", root=run_root).stdout)
+            assert sorted((r["name"], r["state"]) for r in ls) == [
+                ("box-a", "running"), ("box-b", "running")], ls  # fmt: skip
+            for name in ("box-a", "box-b"):
+                said = cli("ctl", name, "hello", root=run_root)
+                assert said.returncode == 0 and name in said.stdout, said.stdout + said.stderr
+        finally:
+            stop(second)
+    finally:
+        stop(first)
 
 
 # -- 4 --------------------------------------------------------------------------------------------

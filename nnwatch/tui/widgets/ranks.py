@@ -69,6 +69,21 @@ def missing_ranges(ranks: tuple[int, ...]) -> list[str]:
     return out
 
 
+def unseen_ranges(world_size: int, seen: set[int], most: int = 64) -> list[str]:
+    """The ranks of ``range(world_size)`` not in ``seen``, as ranges (see :func:`missing_ranges`),
+    from the seen ranks alone: a job that says it has a million ranks costs what it shows. At
+    most ``most`` ranges, then how many more."""
+    out: list[str] = []
+    start = 0
+    for r in sorted(x for x in seen if 0 <= x < world_size):
+        if r > start:
+            out.append(f"{start}-{r - 1}" if r - 1 > start else f"{start}")
+        start = r + 1
+    if start < world_size:
+        out.append(f"{start}-{world_size - 1}" if world_size - 1 > start else f"{start}")
+    return out if len(out) <= most else [*out[:most], f"... and {len(out) - most} more ranges"]
+
+
 def _nan_last(x: float | None, reverse: bool = False) -> float:
     if x is None or not math.isfinite(x):
         return math.inf
@@ -266,8 +281,7 @@ class RanksPane(Pane):
         for host, why in getattr(view, "unreachable", ()):
             tail.append(Text(f"  host {host}: unreachable ({why}); its ranks are not shown",
                              style=pal.error + Style(bold=True)))  # fmt: skip
-        unseen = tuple(r for r in range(job.world_size) if r not in seen)
-        tail += [Text(f"  rank {span}: other node", style=pal.muted) for span in missing_ranges(unseen)]  # fmt: skip
+        tail += [Text(f"  rank {span}: other node", style=pal.muted) for span in unseen_ranges(job.world_size, seen)]  # fmt: skip
         return Group(*head, table, *tail)
 
     @staticmethod
