@@ -126,7 +126,9 @@ def judged_jobs(runs: list[Any]) -> tuple[dict[str, Any], dict[int, Any]]:
 
     jobs = group_jobs(runs)
     job_of = {r.run_dir: job for job in jobs for r in job.runs}
-    stops = {id(job): judge_stops(list(job.runs)) for job in jobs if job.distributed}
+    stops = {
+        id(job): judge_stops(list(job.runs), missing=job.missing) for job in jobs if job.distributed
+    }
     return job_of, stops
 
 

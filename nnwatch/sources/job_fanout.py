@@ -264,7 +264,9 @@ class JobFanout:
             seen.append(SeenRank(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
                               r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
                               r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
-        stops = judge_job(seen, now=now, known_first=self._first_seen)
+        have = {r.rank for r in rows}
+        missing = tuple(r for r in range(world) if r not in have)
+        stops = judge_job(seen, now=now, known_first=self._first_seen, missing=missing)
         if not self._first_seen and self._settled(stops, [link for link, _ in pairs]):
             self._first_seen = certain_first(seen, stops)
         live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]

@@ -198,7 +198,7 @@ class JobMonitor:
                 runs.append(refresh(info, hung_min=self._hung_min))
             except Exception:  # noqa: BLE001 - an unreadable rank is judged as it was
                 runs.append(info)
-        stops = judge_stops(runs, known_first=self._first_seen)
+        stops = judge_stops(runs, known_first=self._first_seen, missing=self.job.missing)
         if not self._first_seen and _whole(runs):
             self._first_seen = certain_first(runs, stops)
         return stops
@@ -303,15 +303,17 @@ def summarize_runs(job: Job) -> JobView:
             {**e.to_json(), "reported_by": info.rank}
             for e in run.findings if e.finding.kind in CROSS_RANK_KINDS
         ]
-    stops = judge_stops([refresh(info) for info in job.runs])
+    stops = judge_stops([refresh(info) for info in job.runs], missing=job.missing)
     return build_view(job, states, run_state, findings, stops)
 
 
-def judge_stops(runs: list[RunInfo], *, known_first: tuple[int, ...] = ()) -> JobStops:
+def judge_stops(
+    runs: list[RunInfo], *, known_first: tuple[int, ...] = (), missing: tuple[int, ...] = ()
+) -> JobStops:
     """:func:`~nnwatch.store.job_health.judge_job` for the ranks of one job, recording in the
     first rank's run directory when this reader sees it stopped while the others still live (so
     that later readers know, even when the files alone could not order their deaths)."""
-    stops = judge_job(runs, known_first=known_first)
+    stops = judge_job(runs, known_first=known_first, missing=missing)
     # "stopped while every other rank still lived" holds only if every rank is seen: on one node
     # of a multi-node job, a rank whose collective failed after a rank elsewhere died would
     # otherwise be written down as the first (and every later reader would believe it)

@@ -33,7 +33,7 @@ from nnwatch.tui.widgets.base import Palette, Pane
 
 COLUMNS = ("RANK", "HOST", "STEP", "LAG", "STEPS/S", "LOSS", "GRAD NORM", "MEM", "STATUS")
 BAD = frozenset({"nan", "hung", "crashed", "lost", "killed", "exited", "frozen", "stopped",
-                 "unreachable"})  # fmt: skip
+                 "victim", "unreachable"})  # fmt: skip
 #: A rank that is fine itself but held up by another one.
 HELD = frozenset({"behind", "waiting"})
 #: Sort orders ``s`` cycles through: (name, key on a row).
