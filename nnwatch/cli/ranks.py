@@ -65,21 +65,33 @@ def _clean(x: Any) -> Any:
     return x
 
 
+#: How often the follower looks for ranks that ended before it started (no registry entry).
+RESCAN_ENDED_S = 5.0
+
+
+def _over(job: Any) -> bool:
+    """Every rank of the job here has ended (or its process is gone)."""
+    return all(r.ended or r.alive is False for r in job.runs)
+
+
 class _Follower:
     """The local jobs matching a spec, each followed by a JobMonitor, regrouped every poll.
 
-    A rank that ends cleanly (a SIGTERM from torchrun tearing the job down, a clean finish)
+    A rank that ends (a SIGTERM from torchrun tearing the job down, an exception, a clean finish)
     removes its registry entry; it is still a rank of the job, so the runs once followed are
-    remembered and judged from their directories, and so are the job's ranks that had already
-    ended here before the first poll: the story of who stopped first survives the teardown."""
+    remembered and judged from their directories, and so are the job's ranks that had ended here
+    before the first poll, even when none of them is registered any more: the story of who
+    stopped first survives the teardown. Of the jobs that are over, only the newest matching one
+    is shown (a name is reused by every run of a script)."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.monitors: dict[str, Any] = {}
         self.known: dict[str, Any] = {}  # run directory -> RunInfo of every rank followed
+        self._ended: list[Any] = []
+        self._ended_at = -RESCAN_ENDED_S
 
     def _runs(self) -> list[Any]:
-        from nnwatch.cli.ls import job_mates
         from nnwatch.store.registry import list_runs, recorded_runs, refresh
 
         runs = list_runs()
@@ -90,16 +102,31 @@ class _Follower:
                     runs.append(refresh(info))
                 except Exception:  # noqa: BLE001 - a rank that cannot be read is kept as it was
                     runs.append(info)
+        if time.monotonic() - self._ended_at >= RESCAN_ENDED_S:
+            self._ended_at = time.monotonic()
+            try:
+                self._ended = [r for r in recorded_runs(problems=[]) if r.world_size > 1]
+            except OSError:
+                self._ended = []
         listed = {r.run_dir for r in runs}
-        runs += [r for r in job_mates(runs, recorded_runs) if r.run_dir not in listed]
+        runs += [r for r in self._ended if r.run_dir not in listed]
         return runs
+
+    def _jobs(self) -> list[Any]:
+        from nnwatch.store.jobs import group_jobs
+
+        jobs = [j for j in group_jobs(self._runs()) if matches(j, self.spec)]
+        going = [j for j in jobs if not _over(j)]
+        over = [j for j in jobs if _over(j)]
+        newest = max(over, key=lambda j: max(r.started for r in j.runs), default=None)
+        return going + ([newest] if newest is not None and not going else [])
 
     def poll(self) -> dict[str, Any]:
         from nnwatch.sources.job_monitor import JobMonitor
-        from nnwatch.store.jobs import group_jobs, read_job
+        from nnwatch.store.jobs import read_job
         from nnwatch.store.registry import refresh
 
-        jobs = [j for j in group_jobs(self._runs()) if matches(j, self.spec)]
+        jobs = self._jobs()
         for job in jobs:
             self.known.update({r.run_dir: r for r in job.runs})
         out = []

@@ -15,6 +15,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer
 
 from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.tui.lost_terminal import watch_terminal
 from nnwatch.tui.model import RunState
 from nnwatch.tui.widgets.base import Palette, PaneContext, ViewSettings
 from nnwatch.tui.widgets.ranks import RanksPane
@@ -55,6 +56,7 @@ class JobApp(App[int | None]):
         pane.max_rows = max(8, self.size.height - 6)
         pane.focus()
         threading.Thread(target=self._collect, name="nnwatch-job", daemon=True).start()
+        watch_terminal(self)
 
     def on_resize(self) -> None:
         for pane in self.query(RanksPane):
