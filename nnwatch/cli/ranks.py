@@ -3,7 +3,9 @@
 What ``nnwatch attach --job JOB --hosts HOSTS`` runs on every host over ssh (one multiplexed
 connection per host): each line holds, for every job here whose name or run id starts with JOB,
 one row per local rank (step, steps/s, loss, grad norm, memory, status) and the facts the
-monitor needs to judge the whole job across hosts (heartbeat, last step, ending, pid alive).
+monitor needs to judge the whole job across hosts (heartbeat, last step, ending, pid alive);
+while the job is stuck, every local rank's Python stacks (``stacks``, each answer sent once, and
+``stuck``), asked through their sockets every few seconds.
 Without ``--json`` it prints the same as a table, once.
 """
 
@@ -90,6 +92,7 @@ class _Follower:
         self.known: dict[str, Any] = {}  # run directory -> RunInfo of every rank followed
         self._ended: list[Any] = []
         self._ended_at = -RESCAN_ENDED_S
+        self._stacks_sent: dict[str, float] = {}  # job key -> when the stacks sent were asked
 
     def _runs(self) -> list[Any]:
         from nnwatch.store.registry import list_runs, recorded_runs, refresh
@@ -148,9 +151,15 @@ class _Follower:
                 d = {k: _clean(v) for k, v in dataclasses.asdict(row).items()}
                 d.update(facts.get(row.rank, {}))
                 rows.append(d)
-            out.append({"key": job.key, "label": job.label, "world_size": job.world_size,
-                        "ident": read_job(job.runs[0].run_dir), "rows": rows,
-                        "events": [dict(e) for e in view.cross_rank_findings][-20:]})  # fmt: skip
+            entry = {"key": job.key, "label": job.label, "world_size": job.world_size,
+                     "ident": read_job(job.runs[0].run_dir), "rows": rows,
+                     "events": [dict(e) for e in view.cross_rank_findings][-20:],
+                     "stuck": bool(view.stacks)}  # fmt: skip
+            asked = mon.stack_watch.asked_at
+            if view.stacks and self._stacks_sent.get(job.key) != asked:  # each answer once
+                self._stacks_sent[job.key] = asked
+                entry["stacks"] = [st.to_dict() for st in view.stacks]
+            out.append(entry)
         return {"host": socket.gethostname(), "time": time.time(), "jobs": out}
 
 

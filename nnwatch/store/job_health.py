@@ -60,6 +60,9 @@ _PEER = re.compile(
 )
 #: What an ending says when a signal ended the rank from outside (the launcher, a scheduler).
 _OUTSIDE = re.compile(r"sigterm|signal 15|terminated|\bsignal\b", re.IGNORECASE)
+#: The few words of a failed collective's error that say what happened (its summary's gist).
+_GIST = re.compile(r"connection (closed|reset|refused)( by peer)?|broken pipe|timed? ?out|watchdog",
+                   re.IGNORECASE)  # fmt: skip
 _DIST_ERRORS = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
 #: Signals sent on purpose from outside; any other (SIGKILL, SIGSEGV, ...) is the rank's own end.
 _FROM_OUTSIDE = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
@@ -342,6 +345,16 @@ def certain_first(runs: Sequence[RankRun], stops: JobStops) -> tuple[int, ...]:
     return ()
 
 
+def _gist(detail: str) -> str:
+    """A failed collective's error in a few words: "RuntimeError: connection closed by peer"
+    rather than gloo's whole message (each rank's own words keep it whole)."""
+    found = _GIST.search(detail) or _PEER.search(detail)
+    if found is None:
+        return detail
+    kind = detail.split(":", 1)[0] if ":" in detail[:40] else ""
+    return f"{kind}: {found.group(0)}" if kind else found.group(0)
+
+
 def _ranges(ranks: Sequence[int]) -> str:
     """(2, 3, 4, 7) -> "2-4, 7"."""
     spans: list[tuple[int, int]] = []
@@ -387,9 +400,9 @@ def _story_of_stops(
         parts.append(f"{_ranks(launcher)} stopped after {them}, as the launcher ends a job")
     if first and victims:
         parts.append(f"{_ranks([s.rank for s in victims])} failed in a collective, victims of the "
-                     f"lost peer ({victims[0].detail})")  # fmt: skip
+                     f"lost peer ({_gist(victims[0].detail)})")  # fmt: skip
     if not first and after:
-        why = next((s.detail for s in after if s.cause == "peer"), after[0].detail)
+        why = _gist(next((s.detail for s in after if s.cause == "peer"), after[0].detail))
         parts.append(f"{_ranks([s.rank for s in after])} stopped because a peer was lost ({why})")
         if missing:
             parts.append(f"the rank that stopped first is not among those seen here (ranks "
