@@ -33,7 +33,7 @@ class JobApp(App[int | None]):
     and under it, while the job is stuck, every rank's stacks (the stacks pane)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "quit")]
-    CSS = "RanksPane { height: 1fr; max-height: 100%; }"
+    CSS = "RanksPane { height: 1fr; max-height: 100%; } StacksPane { display: none; }"
 
     def __init__(self, source: Any, *, interval: float = 1.0, theme: str | None = None) -> None:
         super().__init__()

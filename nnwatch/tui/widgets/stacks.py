@@ -1,6 +1,6 @@
 """The stacks pane: where each rank of a stuck job is, in the job view.
 
-While the job moves it stays out of the way (one muted line). Once ranks wait in a collective or
+While the job moves it is hidden. Once ranks wait in a collective or
 make no step for many times their usual step time, the job view's source asks every rank for its
 Python stacks (``nnwatch.sources.job_stacks``) and this pane draws them: first the ranks that
 did not answer (stopped, or holding the GIL), then each stack shared by a group of ranks, largest
@@ -43,8 +43,9 @@ class StacksPane(Pane):
         self.border_title = "stacks"
 
     def show(self, view: Any) -> None:
-        """Take a new job view (UI thread) and draw it."""
+        """Take a new job view (UI thread) and draw it; shown only while there are stacks."""
         self.view = view
+        self.display = bool(getattr(view, "stacks", ()))
         self.redraw()
 
     def build(self) -> RenderResult:
