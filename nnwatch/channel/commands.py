@@ -39,6 +39,8 @@ PROTOCOL_VERSION = 1
 PAUSE, RESUME, RENEW = "pause", "resume", "renew"
 #: Every thread's Python stack, answered by the server thread (a trainer blocked in C answers).
 STACKS = "stacks"
+#: The run's description, answered by the server thread.
+HELLO = "hello"
 #: The other commands' names, one constant each: every part that names a command uses these.
 SNAPSHOT, SET_CLIP, SET_LAYER_INTERVAL, ANOMALY, STOP = (
     "snapshot", "set_clip", "set_layer_interval", "anomaly", "stop",
@@ -228,7 +230,7 @@ class CommandSpec:
 
 
 COMMANDS: dict[str, CommandSpec] = {
-    "hello": CommandSpec(
+    HELLO: CommandSpec(
         "describe the run: name, pid, rank, paths, protocol version", applied_by_trainer=False
     ),
     "subscribe": CommandSpec(

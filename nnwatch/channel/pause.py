@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.channel.client import ChannelClient, ChannelError
-from nnwatch.channel.commands import PAUSE, RENEW, RESUME, Command, CommandReply
+from nnwatch.channel.commands import HELLO, PAUSE, RENEW, RESUME, Command, CommandReply
 from nnwatch.channel.connection import Connection
 
 #: How often a holder renews its pause: a third of the server's 30 s lease.
@@ -88,6 +88,7 @@ class KeptConnection:
         #: Why a pause this connection held ended without being lifted here ("" while none did).
         self.lost = ""
         self._lock = threading.Lock()
+        self._renew_with = RENEW  # HELLO for a run whose nnwatch predates ``renew``
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -124,9 +125,16 @@ class KeptConnection:
             if self.client is None or not self.client.still_open():
                 self._drop_client("the run closed the connection that held the pause")
                 return False
-            reply = self.client.request(RENEW, timeout=max(1.0, self.renew_s / 2))
-            if reply.ok and not reply.data.get("held"):
+            wait = max(1.0, self.renew_s / 2)
+            reply = self.client.request(self._renew_with, timeout=wait)
+            if not reply.ok and not reply.pending and self._renew_with == RENEW:
+                # a run older than ``renew``: any request renews its lease, ``hello`` will do
+                self._renew_with = HELLO
+                reply = self.client.request(HELLO, timeout=wait)
+            if reply.ok and self._renew_with == RENEW and not reply.data.get("held"):
                 self._forget("the run no longer counts this pause (resumed elsewhere, or lapsed)")
+            elif not reply.ok and not reply.pending:  # the run said why it closes this connection
+                self._drop_client(reply.error or "the run refused to renew the pause")
         except ChannelError as exc:
             self._drop_client(f"the connection that held the pause was lost: {exc}")
         finally:

@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from nnwatch.store.registry_entry import registry_dir
 
     if args.hosts:
+        args.hosts = [h.rstrip(":") for h in args.hosts]  # `ls gpu-host:` as `nnwatch gpu-host:`
         return _run_remote(args)
     root = args.root
     problems: list[str] = []

@@ -165,9 +165,12 @@ class RanksPane(Pane):
         self.max_rows = 12
 
     def show(self, view: Any) -> None:
-        """Take a new job view (UI thread) and draw it."""
+        """Take a new job view (UI thread) and draw it. Its height follows its rows (``auto``),
+        so the layout is done again: a pane sized for "looking for the other ranks…" stayed one
+        line high in the dashboard, its rows hidden."""
         self.view = view
         self.redraw()
+        self.refresh(layout=True)
 
     # -- keys ----------------------------------------------------------------------------------
     def action_cycle_sort(self) -> None:

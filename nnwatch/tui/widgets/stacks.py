@@ -47,6 +47,7 @@ class StacksPane(Pane):
         self.view = view
         self.display = bool(getattr(view, "stacks", ()))
         self.redraw()
+        self.refresh(layout=True)  # its height follows its lines
 
     def build(self) -> RenderResult:
         pal = self.ctx.palette
