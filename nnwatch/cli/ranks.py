@@ -90,12 +90,12 @@ class _Follower:
         self.spec = spec
         self.monitors: dict[str, Any] = {}
         self.known: dict[str, Any] = {}  # run directory -> RunInfo of every rank followed
-        self._ended: list[Any] = []
+        self._ended: dict[str, Any] = {}  # run directory -> RunInfo, unregistered ranks
         self._ended_at = -RESCAN_ENDED_S
         self._stacks_sent: dict[str, float] = {}  # job key -> when the stacks sent were asked
 
     def _runs(self) -> list[Any]:
-        from nnwatch.store.registry import list_runs, recorded_runs, refresh
+        from nnwatch.store.registry import list_runs, refresh
 
         runs = list_runs()
         listed = {r.run_dir for r in runs}
@@ -107,13 +107,31 @@ class _Follower:
                     runs.append(info)
         if time.monotonic() - self._ended_at >= RESCAN_ENDED_S:
             self._ended_at = time.monotonic()
-            try:
-                self._ended = [r for r in recorded_runs(problems=[]) if r.world_size > 1]
-            except OSError:
-                self._ended = []
+            self._scan_ended({r.run_dir for r in runs})
         listed = {r.run_dir for r in runs}
-        runs += [r for r in self._ended if r.run_dir not in listed]
+        runs += [r for r in self._ended.values() if r.run_dir not in listed]
         return runs
+
+    def _scan_ended(self, registered: set[str]) -> None:
+        """Ranks of distributed jobs with no registry entry: each run directory is judged once
+        (a host keeps many old runs); those of a followed job are judged again on every poll."""
+        from nnwatch.store.paths import default_root
+        from nnwatch.store.registry import inspect_dir
+
+        root = default_root()
+        try:
+            found = {str(p.parent) for p in (*root.glob("runs/*/meta.json"), *root.glob("*/meta.json"))}
+        except OSError:
+            return
+        for run_dir in sorted(found - set(self._ended) - registered):
+            try:
+                info = inspect_dir(run_dir)
+            except Exception:  # noqa: BLE001 - one damaged run must not hide the others
+                info = None
+            if info is not None and info.world_size > 1:
+                self._ended[run_dir] = info
+        for gone in set(self._ended) - found:
+            del self._ended[gone]
 
     def _jobs(self) -> list[Any]:
         from nnwatch.store.jobs import group_jobs
