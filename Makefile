@@ -31,6 +31,7 @@ bench: setup
 	.venv/bin/python bench/written_apart/run_nnwatch.py --seeds 0,1,2 --controls
 	.venv/bin/python bench/written_apart_2/run_nnwatch.py --seeds 0,1,2 --controls
 	.venv/bin/python bench/remote.py
+	.venv/bin/python bench/stacks.py
 	.venv/bin/python bench/corpus.py
 	.venv/bin/python bench/writer_stalls.py
 

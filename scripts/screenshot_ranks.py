@@ -4,6 +4,10 @@ A synthetic 64-rank job on 8 simulated hosts (``nnwatch.testing.synthetic_job``:
 run logs, 10 steps/s a rank) with a straggler (rank 37) and a rank whose loss is off (rank 5),
 followed by the real ``JobMonitor`` and drawn by the job screen (``attach --job``'s ranks pane) at
 160x48, written to ``screenshots/ranks-64-160x48.svg`` (Textual's export).
+
+Then a stuck job: 16 rank processes (``synthetic_job --processes``), every one blocked in a call
+that releases the GIL, as ranks waiting in a collective are, drawn by the same job screen with
+its stacks pane: ``screenshots/job-stacks-160x48.svg``.
 """
 
 from __future__ import annotations
@@ -56,7 +60,46 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+        stuck_shot(env)
     return 0
+
+
+def stuck_shot(env: dict[str, str]) -> None:
+    """The job screen of a stuck job: the ranks, and every rank's stacks under them."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nnwatch.testing.synthetic_job", "--processes", "--ranks", "16",
+         "--hosts", "2", "--rate", "10", "--seconds", "0", "--stuck-after", "2",
+         "--name", "stuckjob"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())
+        from nnwatch.sources.job_monitor import JobMonitor
+        from nnwatch.store.jobs import group_jobs
+        from nnwatch.store.registry import list_runs
+        from nnwatch.tui.job_app import JobApp
+        from nnwatch.tui.widgets.stacks import StacksPane
+
+        (job,) = [j for j in group_jobs(list_runs()) if j.distributed and j.runs[0].name == "stuckjob"]
+        app = JobApp(JobMonitor(job, use_summary=False), interval=0.5)
+
+        async def shoot() -> None:
+            async with app.run_test(size=(160, 48)) as pilot:
+                for _ in range(600):
+                    await pilot.pause(0.1)
+                    v = app.query_one(StacksPane).view
+                    if v is not None and len(v.stacks) == 16:
+                        break
+                await pilot.pause(0.5)
+                out = REPO / "screenshots"
+                app.save_screenshot("job-stacks-160x48.svg", path=str(out))
+                print(out / "job-stacks-160x48.svg")
+
+        asyncio.run(shoot())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ class ChannelClient:
                 return CommandReply(False, error=(
                     f"no reply within {wait:g} s: the run applies commands between steps, so it "
                     "may be hung, or stuck in a long step"
-                ))  # fmt: skip
+                ), pending=True)  # fmt: skip
             try:
                 obj = loads(line)
             except ValueError:

@@ -34,8 +34,13 @@ MAX_REQUEST_BYTES = 64 * 1024
 MAX_ID_CHARS = 64
 MAX_NOTE_CHARS = 200
 PROTOCOL_VERSION = 1
-#: The commands that take and lift a pause held by the connection that asked (see the server).
-PAUSE, RESUME = "pause", "resume"
+#: The commands that take, renew and lift a pause held by the connection that asked (the rule is
+#: in :mod:`nnwatch.channel.pause`).
+PAUSE, RESUME, RENEW = "pause", "resume", "renew"
+#: Every thread's Python stack, answered by the server thread (a trainer blocked in C answers).
+STACKS = "stacks"
+#: The run's description, answered by the server thread.
+HELLO = "hello"
 #: The other commands' names, one constant each: every part that names a command uses these.
 SNAPSHOT, SET_CLIP, SET_LAYER_INTERVAL, ANOMALY, STOP = (
     "snapshot", "set_clip", "set_layer_interval", "anomaly", "stop",
@@ -50,6 +55,8 @@ class CommandReply:
     applies_at_step: int | None = None
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    #: Sent, but no reply came in time: the run may still apply it at its next step boundary.
+    pending: bool = False
 
 
 class CommandError(ValueError):
@@ -223,7 +230,7 @@ class CommandSpec:
 
 
 COMMANDS: dict[str, CommandSpec] = {
-    "hello": CommandSpec(
+    HELLO: CommandSpec(
         "describe the run: name, pid, rank, paths, protocol version", applied_by_trainer=False
     ),
     "subscribe": CommandSpec(
@@ -262,11 +269,20 @@ COMMANDS: dict[str, CommandSpec] = {
         per_s=1.0,
     ),
     PAUSE: CommandSpec(
-        "hold training at the next step boundary until resumed or disconnected",
+        "hold training at the next step boundary until resumed (the asker renews it)",
         key="p",
         key_help="pause or resume training (asks first)",
     ),
     RESUME: CommandSpec("let paused training go on"),
+    RENEW: CommandSpec(
+        "renew the pause this connection holds; the reply says whether it still holds one",
+        applied_by_trainer=False,
+        not_for_ctl="`nnwatch ctl RUN pause` renews the pause it holds by itself",
+    ),
+    STACKS: CommandSpec(
+        "every thread's Python stack, answered at once (also while training is blocked in C)",
+        applied_by_trainer=False,
+    ),
     SET_CLIP: CommandSpec(
         "clip gradients to this global norm from the next step (off: the script's own value)",
         {

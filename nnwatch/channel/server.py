@@ -13,11 +13,13 @@ Requests the specification marks as applied by the server are answered by this t
 ``hello`` (the run's description) and ``subscribe``, which hands the connection to a streamer
 (:mod:`~nnwatch.channel.handoff`).
 
-A pause lifts itself when the connection that asked for it closes: when the last connection
-holding a pause goes away without a ``resume``, the server queues a *synthetic* ``resume``
-(``PendingCommand.synthetic`` is True, its ``reply`` does nothing), so a monitor that crashes or
-loses its SSH session can never leave training paused. ``PendingCommand.connection_alive()``
-tells whether the asker is still connected.
+The pause follows one rule (:mod:`nnwatch.channel.pause`): it holds while its holder renews it
+(``renew``, answered here), and when the last connection holding it closes or falls silent for
+the lease, the server queues a *synthetic* ``resume`` (``PendingCommand.synthetic`` is True, its
+``reply`` does nothing), so a monitor that crashes or loses its SSH session can never leave
+training paused. ``stacks`` is answered here too, from this thread: a training thread blocked in
+C (a collective) still shows where it is. ``PendingCommand.connection_alive()`` tells whether the
+asker is still connected.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from nnwatch.channel.commands import (
     MAX_REQUEST_BYTES,
     PAUSE,
     PROTOCOL_VERSION,
+    RENEW,
     RESUME,
+    STACKS,
     Command,
     CommandError,
     encode_reply,
@@ -45,6 +49,8 @@ from nnwatch.channel.connection import TOO_LONG, WAIT, Connection, PendingComman
 from nnwatch.channel.handoff import StreamHandoff
 from nnwatch.channel.limits import Bucket, Limits
 from nnwatch.channel.loop import ConnectionLoop
+from nnwatch.channel.pause import PauseBook
+from nnwatch.channel.stacks import own_stacks
 
 #: At close, how long streams served from threads get to send their last records and "end".
 STREAM_FLUSH_S = 1.0
@@ -81,13 +87,15 @@ class CommandServer(ConnectionLoop):
         self.answers: dict[str, Callable[[Connection, Command], None]] = {
             "hello": self._hello,
             "subscribe": self._subscribe,
+            RENEW: self._renew,
+            STACKS: self._stacks,
         }
         self._queue: collections.deque[PendingCommand] = collections.deque()
         #: the same queue, read-only for the step boundary: empty means nothing to drain (a
         #: truth test, where ``drain()`` is a call on every step)
         self.pending: collections.deque[PendingCommand] = self._queue
         self._arrived = threading.Event()
-        self._pause_holders: set[Connection] = set()
+        self.pauses = PauseBook(self._queue_synthetic)
         self._per_command: dict[str, Bucket] = {}  # for commands with a rate of their own
 
     def close(self) -> None:
@@ -220,12 +228,9 @@ class CommandServer(ConnectionLoop):
         if rate is not None:
             self._per_command[command.name].tokens -= 1
         if command.name == PAUSE:
-            conn.holds_pause = True
-            self._pause_holders.add(conn)
+            self.pauses.taken(conn)
         elif command.name == RESUME:
-            for holder in self._pause_holders:
-                holder.holds_pause = False
-            self._pause_holders.clear()
+            self.pauses.lifted()
         self._queue.append(PendingCommand(command, conn, self._send))
         self._arrived.set()
         return True
@@ -235,6 +240,18 @@ class CommandServer(ConnectionLoop):
         data.update(
             protocol=PROTOCOL_VERSION, commands=list(COMMANDS), subscribe=self.subscribe_mode
         )
+        self._send(conn, encode_reply(command.id, ok=True, data=data))
+
+    def _renew(self, conn: Connection, command: Command) -> None:
+        held = self.pauses.holds(conn)
+        self._send(conn, encode_reply(
+            command.id, ok=True, data={"held": held, "lease_s": self.limits.pause_lease}
+        ))  # fmt: skip
+
+    def _stacks(self, conn: Connection, command: Command) -> None:
+        data = own_stacks()
+        data.update(rank=self.hello.get("rank"), pid=self.hello.get("pid"),
+                    host=self.hello.get("host"))  # fmt: skip
         self._send(conn, encode_reply(command.id, ok=True, data=data))
 
     def _subscribe(self, conn: Connection, command: Command) -> None:
@@ -252,14 +269,11 @@ class CommandServer(ConnectionLoop):
 
     def _dropped(self, conn: Connection, *, lift_pause: bool) -> None:
         """A pause lifts when the last connection that holds one goes."""
-        if conn in self._pause_holders:
-            self._pause_holders.discard(conn)
-            if lift_pause and not self._pause_holders:
-                resume = Command(
-                    RESUME, {"reason": "the monitor that paused training disconnected"}
-                )
-                self._queue.append(PendingCommand(resume, None, self._send, synthetic=True))
-                self._arrived.set()
+        self.pauses.dropped(conn, lift=lift_pause)
+
+    def _queue_synthetic(self, command: Command) -> None:
+        self._queue.append(PendingCommand(command, None, self._send, synthetic=True))
+        self._arrived.set()
 
 
 def wait_for_socket(path: Path, timeout: float = 5.0) -> bool:

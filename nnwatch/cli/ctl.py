@@ -189,27 +189,17 @@ def _send(
     args: argparse.Namespace, command: str, cmd_args: dict[str, Any], targets: list[Any]
 ) -> int:
     """Send ``command`` to every target, report the replies, hold a pause while asked to."""
-    from nnwatch.channel.client import ChannelClient, ChannelError
     from nnwatch.channel.commands import PAUSE
+    from nnwatch.channel.pause import KeptConnection
 
-    clients: list[tuple[str, ChannelClient]] = []
+    conns: list[KeptConnection] = []
     status = 0
     results = []
     try:
         for label, path in targets:
-            try:
-                client = ChannelClient(path, timeout=args.timeout)
-            except ChannelError as exc:
-                results.append({"run": label, "ok": False, "error": str(exc)})
-                status = 1
-                continue
-            clients.append((label, client))
-            try:
-                reply = client.request(command, cmd_args)
-            except ChannelError as exc:
-                results.append({"run": label, "ok": False, "error": str(exc)})
-                status = 1
-                continue
+            conn = KeptConnection(path, timeout=args.timeout)
+            conns.append(conn)
+            reply = conn.send(command, cmd_args)
             results.append(
                 {
                     "run": label, "command": command, "ok": reply.ok,
@@ -221,10 +211,10 @@ def _send(
                 status = 1
         _report(results, command, as_json=args.json)
         if command == PAUSE and status == 0:
-            _hold_pause(clients, args.hold, quiet=args.json)
+            status = _hold_pause(conns, args.hold, quiet=args.json)
     finally:
-        for _, client in clients:
-            client.close()
+        for conn in conns:
+            conn.close()
     return status
 
 
@@ -242,6 +232,11 @@ def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> No
         prefix = f"{r['run']}: " if len(results) > 1 else ""
         if not r["ok"]:
             print(f"{prefix}{command} failed: {r['error']}", file=sys.stderr)
+        elif isinstance(r.get("data", {}).get("threads"), list):  # stacks
+            from nnwatch.channel.stacks import format_thread
+
+            for thread in r["data"]["threads"]:
+                print("\n".join(prefix + line for line in format_thread(thread, "")))
         elif r.get("applies_at_step") is None and r.get("data"):  # answered by the server
             data = r["data"]
             shown = [k for k in _SHOWN if k in data] or [
@@ -256,9 +251,11 @@ def _report(results: list[dict[str, Any]], command: str, *, as_json: bool) -> No
     sys.stdout.flush()
 
 
-def _hold_pause(clients: list[Any], hold: float | None, *, quiet: bool) -> None:
-    """Keep the connections (and so the pause) open until Ctrl-C, SIGTERM or ``hold`` seconds."""
+def _hold_pause(conns: list[Any], hold: float | None, *, quiet: bool) -> int:
+    """Hold the pause (each connection renews its own) until Ctrl-C, SIGTERM or ``hold``
+    seconds, then resume; 1 when the run lifted the pause first (resumed elsewhere, or gone)."""
     from nnwatch.channel.commands import RESUME
+    from nnwatch.channel.pause import hold_until
 
     if not quiet:
         until = f"for {hold:g} s" if hold is not None else "until Ctrl-C"
@@ -270,19 +267,19 @@ def _hold_pause(clients: list[Any], hold: float | None, *, quiet: bool) -> None:
 
     old = signal.signal(signal.SIGTERM, on_term)
     deadline = None if hold is None else time.monotonic() + hold
+    lost = ""
     try:
-        while not done["stop"] and (deadline is None or time.monotonic() < deadline):
-            if not any(c.still_open() for _, c in clients):
-                break
-            time.sleep(0.1)
+        lost = hold_until(conns, lambda: done["stop"] or (
+            deadline is not None and time.monotonic() >= deadline))  # fmt: skip
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
-    for _, client in clients:
-        try:
-            client.request(RESUME, timeout=2.0)
-        except Exception:  # noqa: BLE001 - closing the connection lifts the pause anyway
-            pass
+    if lost:
+        print(f"nnwatch ctl: the pause ended without this command: {lost}", file=sys.stderr)
+        return 1
+    for conn in conns:
+        conn.send(RESUME)  # closing the connection lifts the pause anyway
     if not quiet:
         print("resumed", flush=True)
+    return 0

@@ -12,6 +12,9 @@ When a rank of a job stopped, the first one and how it stopped are named under t
 ranks that followed are marked as stopped by the launcher; while a rank is dead or frozen and the
 others live, they are said to wait in a collective for it, since when
 (``nnwatch.store.job_health``). ``--json`` has this in ``job.stops`` and each row's ``job_role``.
+
+``nnwatch ls HOST [HOST ...]`` lists the runs on other machines over ssh instead, and judges a
+job's ranks on all of them together (:mod:`nnwatch.cli._ls_remote`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ COLUMNS = ("NAME", "PID", "HOST", "RANK", "STEP", "STEPS/S", "STATUS", "AGE")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "hosts", nargs="*", metavar="HOST",
+        help="list the runs on these hosts instead, over ssh (as you name them to ssh); the "
+        "ranks of a job on several hosts are judged together",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the runs as a JSON list")
     parser.add_argument(
         "--all", action="store_true", help="also list finished and crashed runs still on disk"
@@ -43,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="call a run hung after this long without a step (default: 20x its step time, >=10 s)",
     )
+    from nnwatch.cli.attach import add_ssh_arguments
+
+    add_ssh_arguments(parser, "with HOST, ")
 
 
 def format_age(seconds: float | None) -> str:
@@ -126,7 +137,9 @@ def judged_jobs(runs: list[Any]) -> tuple[dict[str, Any], dict[int, Any]]:
 
     jobs = group_jobs(runs)
     job_of = {r.run_dir: job for job in jobs for r in job.runs}
-    stops = {id(job): judge_stops(list(job.runs)) for job in jobs if job.distributed}
+    stops = {
+        id(job): judge_stops(list(job.runs), missing=job.missing) for job in jobs if job.distributed
+    }
     return job_of, stops
 
 
@@ -173,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     from nnwatch.store.registry import list_runs, recorded_runs
     from nnwatch.store.registry_entry import registry_dir
 
+    if args.hosts:
+        args.hosts = [h.rstrip(":") for h in args.hosts]  # `ls gpu-host:` as `nnwatch gpu-host:`
+        return _run_remote(args)
     root = args.root
     problems: list[str] = []
     try:
@@ -187,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
     for line in dict.fromkeys(problems):  # one line per bad entry, on stderr: --json stays clean
         print(f"nnwatch ls: {line}", file=sys.stderr)
     if args.json:
+        from nnwatch.store.findings_count import findings_count
+
         job_of, stops = judged_jobs(runs)
         rows = []
         for r in runs:
@@ -198,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
                     **r.to_dict(),
                     "job": job_dict(job, story),
                     "job_role": role.to_dict() if role is not None else None,
+                    "findings": findings_count(r.run_dir),
                 }
             )
         json.dump(rows, sys.stdout, indent=1)
@@ -229,3 +248,27 @@ def run(args: argparse.Namespace) -> int:
     if hidden:
         print(f"(--all would add {hidden} finished or crashed run{'s' if hidden != 1 else ''})")
     return 0
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    """``nnwatch ls HOST ...``: the runs there, under the names the user gave the hosts."""
+    from nnwatch.cli._ls_remote import remote_listing
+
+    runs, (job_of, stops), failed = remote_listing(args)
+    if args.json:
+        out = []
+        for info in runs:
+            job = job_of[info.run_dir]
+            story = stops.get(id(job))
+            role = story.ranks.get(info.rank) if story is not None else None
+            out.append({**info.to_dict(), "run_dir": info.run_dir.split(":", 1)[1],
+                        "job": job_dict(job, story),
+                        "job_role": role.to_dict() if role is not None else None})  # fmt: skip
+        json.dump(out, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    elif runs:
+        print(table(grouped_rows(runs, (job_of, stops))))
+    elif not failed:
+        what = "runs" if args.all else "live runs (`--all` adds finished and crashed ones)"
+        print(f"no {what} on {', '.join(args.hosts)}")
+    return 1 if failed == len(args.hosts) else 0

@@ -26,9 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from nnwatch.tui.launch import add_monitor_arguments
 
     parser.add_argument(
-        "run_dir", metavar=RUN, help="a run directory, or a run name from `nnwatch ls --all`"
+        "run_dir", metavar=RUN,
+        help="a run directory, a run name or a job's run id from `nnwatch ls --all` (NAME:RANK: one rank)",
     )
     add_root_argument(parser)
+    parser.add_argument(
+        "--hosts", metavar="HOSTS",
+        help="for a job: every node's ranks in the ranks pane, over ssh (a,b,c, a hostfile or "
+        "'slurm'), so its story takes every node into account",
+    )  # fmt: skip
+    from nnwatch.cli.attach import add_ssh_arguments
+
+    add_ssh_arguments(parser, "with --hosts, ")
     add_monitor_arguments(parser)
 
 
@@ -56,7 +65,7 @@ def resolve_run(spec: str) -> tuple[Path | None, Any]:
         spec, rank = split["name"], int(split["rank"])
     found = [r for r in runs if spec in (r.name, Path(r.run_dir).name)] or [
         r for r in runs if Path(r.run_dir).name.startswith(spec)
-    ]
+    ] or _by_job_id(spec, runs)
     if rank is not None:
         found = [r for r in found if r.rank == rank]
     if not found:
@@ -69,6 +78,16 @@ def resolve_run(spec: str) -> tuple[Path | None, Any]:
             return Path(info.run_dir), _job_of(Path(info.run_dir))
     newest = max(found, key=lambda r: r.started)
     return Path(newest.run_dir), _job_of(Path(newest.run_dir))
+
+
+def _by_job_id(spec: str, runs: list[Any]) -> list[Any]:
+    """The runs of the jobs whose torchrun run id (or master address) ``spec`` names: what
+    ``nnwatch ls`` prints in a job's line, and what ``attach --job`` takes."""
+    from nnwatch.cli.ranks import matches
+    from nnwatch.store.jobs import group_jobs
+
+    jobs = group_jobs([r for r in runs if r.world_size > 1])
+    return [r for job in jobs if job.distributed and matches(job, spec) for r in job.runs]
 
 
 def _job_of(run_dir: Path) -> Any:
@@ -120,4 +139,21 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"nnwatch open: {exc}", file=sys.stderr)
         return 1
-    return run_monitor(source, args, job=job)
+    if not getattr(args, "hosts", None):
+        return run_monitor(source, args, job=job)
+    from nnwatch.cli._config import ssh_options_for
+    from nnwatch.sources.job_fanout import JobFanout, parse_hosts
+
+    try:
+        hosts = parse_hosts(args.hosts)
+    except SourceError as exc:
+        source.close()
+        print(f"nnwatch open: {exc}", file=sys.stderr)
+        return 1
+    spec = _NAME_RANK.fullmatch(args.run_dir)
+    name = spec["name"] if spec is not None and job is not None else args.run_dir
+    fanout = JobFanout(name, hosts, options_for=lambda host: ssh_options_for(args, host))
+    try:
+        return run_monitor(source, args, job=job, job_views=fanout.poll)
+    finally:
+        fanout.close()

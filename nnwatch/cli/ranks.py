@@ -3,7 +3,9 @@
 What ``nnwatch attach --job JOB --hosts HOSTS`` runs on every host over ssh (one multiplexed
 connection per host): each line holds, for every job here whose name or run id starts with JOB,
 one row per local rank (step, steps/s, loss, grad norm, memory, status) and the facts the
-monitor needs to judge the whole job across hosts (heartbeat, last step, ending, pid alive).
+monitor needs to judge the whole job across hosts (heartbeat, last step, ending, pid alive);
+while the job is stuck, every local rank's Python stacks (``stacks``, each answer sent once, and
+``stuck``), asked through their sockets every few seconds.
 Without ``--json`` it prints the same as a table, once.
 """
 
@@ -65,22 +67,35 @@ def _clean(x: Any) -> Any:
     return x
 
 
+#: How often the follower looks for ranks that ended before it started (no registry entry).
+RESCAN_ENDED_S = 5.0
+
+
+def _over(job: Any) -> bool:
+    """Every rank of the job here has ended (or its process is gone)."""
+    return all(r.ended or r.alive is False for r in job.runs)
+
+
 class _Follower:
     """The local jobs matching a spec, each followed by a JobMonitor, regrouped every poll.
 
-    A rank that ends cleanly (a SIGTERM from torchrun tearing the job down, a clean finish)
+    A rank that ends (a SIGTERM from torchrun tearing the job down, an exception, a clean finish)
     removes its registry entry; it is still a rank of the job, so the runs once followed are
-    remembered and judged from their directories, and so are the job's ranks that had already
-    ended here before the first poll: the story of who stopped first survives the teardown."""
+    remembered and judged from their directories, and so are the job's ranks that had ended here
+    before the first poll, even when none of them is registered any more: the story of who
+    stopped first survives the teardown. Of the jobs that are over, only the newest matching one
+    is shown (a name is reused by every run of a script)."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.monitors: dict[str, Any] = {}
         self.known: dict[str, Any] = {}  # run directory -> RunInfo of every rank followed
+        self._ended: dict[str, Any] = {}  # run directory -> RunInfo, unregistered ranks
+        self._ended_at = -RESCAN_ENDED_S
+        self._stacks_sent: dict[str, float] = {}  # job key -> when the stacks sent were asked
 
     def _runs(self) -> list[Any]:
-        from nnwatch.cli.ls import job_mates
-        from nnwatch.store.registry import list_runs, recorded_runs, refresh
+        from nnwatch.store.registry import list_runs, refresh
 
         runs = list_runs()
         listed = {r.run_dir for r in runs}
@@ -90,16 +105,49 @@ class _Follower:
                     runs.append(refresh(info))
                 except Exception:  # noqa: BLE001 - a rank that cannot be read is kept as it was
                     runs.append(info)
+        if time.monotonic() - self._ended_at >= RESCAN_ENDED_S:
+            self._ended_at = time.monotonic()
+            self._scan_ended({r.run_dir for r in runs})
         listed = {r.run_dir for r in runs}
-        runs += [r for r in job_mates(runs, recorded_runs) if r.run_dir not in listed]
+        runs += [r for r in self._ended.values() if r.run_dir not in listed]
         return runs
+
+    def _scan_ended(self, registered: set[str]) -> None:
+        """Ranks of distributed jobs with no registry entry: each run directory is judged once
+        (a host keeps many old runs); those of a followed job are judged again on every poll."""
+        from nnwatch.store.paths import default_root
+        from nnwatch.store.registry import inspect_dir
+
+        root = default_root()
+        try:
+            found = {str(p.parent) for p in (*root.glob("runs/*/meta.json"), *root.glob("*/meta.json"))}
+        except OSError:
+            return
+        for run_dir in sorted(found - set(self._ended) - registered):
+            try:
+                info = inspect_dir(run_dir)
+            except Exception:  # noqa: BLE001 - one damaged run must not hide the others
+                info = None
+            if info is not None and info.world_size > 1:
+                self._ended[run_dir] = info
+        for gone in set(self._ended) - found:
+            del self._ended[gone]
+
+    def _jobs(self) -> list[Any]:
+        from nnwatch.store.jobs import group_jobs
+
+        jobs = [j for j in group_jobs(self._runs()) if matches(j, self.spec)]
+        going = [j for j in jobs if not _over(j)]
+        over = [j for j in jobs if _over(j)]
+        newest = max(over, key=lambda j: max(r.started for r in j.runs), default=None)
+        return going + ([newest] if newest is not None and not going else [])
 
     def poll(self) -> dict[str, Any]:
         from nnwatch.sources.job_monitor import JobMonitor
-        from nnwatch.store.jobs import group_jobs, read_job
+        from nnwatch.store.jobs import read_job
         from nnwatch.store.registry import refresh
 
-        jobs = [j for j in group_jobs(self._runs()) if matches(j, self.spec)]
+        jobs = self._jobs()
         for job in jobs:
             self.known.update({r.run_dir: r for r in job.runs})
         out = []
@@ -121,9 +169,15 @@ class _Follower:
                 d = {k: _clean(v) for k, v in dataclasses.asdict(row).items()}
                 d.update(facts.get(row.rank, {}))
                 rows.append(d)
-            out.append({"key": job.key, "label": job.label, "world_size": job.world_size,
-                        "ident": read_job(job.runs[0].run_dir), "rows": rows,
-                        "events": [dict(e) for e in view.cross_rank_findings][-20:]})  # fmt: skip
+            entry = {"key": job.key, "label": job.label, "world_size": job.world_size,
+                     "ident": read_job(job.runs[0].run_dir), "rows": rows,
+                     "events": [dict(e) for e in view.cross_rank_findings][-20:],
+                     "stuck": bool(view.stacks)}  # fmt: skip
+            asked = mon.stack_watch.asked_at
+            if view.stacks and self._stacks_sent.get(job.key) != asked:  # each answer once
+                self._stacks_sent[job.key] = asked
+                entry["stacks"] = [st.to_dict() for st in view.stacks]
+            out.append(entry)
         return {"host": socket.gethostname(), "time": time.time(), "jobs": out}
 
 

@@ -102,6 +102,9 @@ class ExitObserver:
         #: weak references to the closing methods of the open watches (closed before a SIGTERM's
         #: default action ends the process, which runs no ``atexit``)
         self._closers: list[Any] = []
+        #: weak references to the open runs' ``note_ending``: a SIGTERM's first act is to say how
+        #: the process ends (``exit.json``), before a close that may not finish in time
+        self._noters: list[Any] = []
         self._prev_sigterm: Any = None
         self._term_lock = threading.Lock()
         self._terminating = False
@@ -113,6 +116,12 @@ class ExitObserver:
         atexit.register(close_at_exit, ref)
         with self._lock:
             self._closers = [r for r in self._closers if r() is not None] + [ref]
+
+    def on_terminate(self, ref: Any) -> None:
+        """Call ``ref()`` (a weak reference to a run's ``note_ending(ending)``) first thing when a
+        SIGTERM ends the process."""
+        with self._lock:
+            self._noters = [r for r in self._noters if r() is not None] + [ref]
 
     def install(self) -> None:
         with self._lock:
@@ -175,6 +184,7 @@ class ExitObserver:
         except (ValueError, OSError):
             pass
         self._closers = []
+        self._noters = []
 
     def _watch_wakeup_fd(self) -> None:
         """A thread that learns of SIGTERM at once, even while the main thread is blocked in C
@@ -220,6 +230,13 @@ class ExitObserver:
                 return
             self._terminating = True
         self.note(SIGTERM_ENDING)
+        for ref in list(self._noters):
+            method = ref()
+            if method is not None:
+                try:
+                    method(self.final())
+                except Exception:  # noqa: BLE001 - the close below still runs
+                    pass
 
         def close_all() -> None:
             for ref in list(self._closers):

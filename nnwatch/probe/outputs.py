@@ -18,9 +18,11 @@ from torch import nn
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.live import DiagnosedRun, Diagnosis
 from nnwatch.probe.channel_link import ChannelLink, ChannelOwner
+from nnwatch.probe.mate_watch import start_mate_watch
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles
+from nnwatch.store.paths import default_root
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta
 from nnwatch.tensors.layers import LayerPlan
@@ -71,6 +73,8 @@ def start_outputs(run: OutputsOwner) -> None:
     assert run_log is not None and meta is not None
     if opts.channel:
         files.add_channel(_make_channel(run))
+    if files.channel is not None:  # its registry entry is how this node's other ranks find it
+        files.mates = start_mate_watch(meta, default_root())
     if opts.detectors:
         files.diagnosis = _make_diagnosis(run, run_log)
         if files.diagnosis is not None and files.channel is not None:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from nnwatch.diagnosis.live import Diagnosis
     from nnwatch.export.tensorboard import LiveExport
     from nnwatch.probe.channel_link import ChannelLink
+    from nnwatch.probe.mate_watch import MateWatch
     from nnwatch.store.finding import Finding
 
 RECENT_STEPS = 500  # records kept in memory for snapshots
@@ -225,6 +226,7 @@ class RunFiles:
         self.channel: ChannelLink | None = None  # the ring file and command socket
         self.diagnosis: Diagnosis | None = None  # the detectors (an observer of the log)
         self.exporter: LiveExport | None = None  # the live TensorBoard export (an observer too)
+        self.mates: MateWatch | None = None  # this node's other ranks, watched for a silent death
         #: events of the first step that came before its record started the log (a finding the
         #: probe makes during step 0), written when the outputs start; None after
         self.early: list[Event] | None = []
@@ -296,6 +298,8 @@ class RunFiles:
         """After the last records were flushed: detectors, log (``end.json``), export, channel."""
         if self.diagnosis is not None:
             self.diagnosis.close()
+        if self.mates is not None:
+            self.mates.close()
         run_log = self.log
         if run_log is not None:
             run_log.close(status, step, ending)

@@ -72,6 +72,8 @@ class Watch:
             _BY_NAME[(run.name, run.rank.rank)] = weakref.ref(self)
         self._atexit = weakref.WeakMethod(self._close_at_exit)
         OBSERVER.at_exit(self._atexit)  # at exit, and before a SIGTERM ends the process
+        self._noter = weakref.WeakMethod(run.note_ending)
+        OBSERVER.on_terminate(self._noter)  # a SIGTERM says how the process ends, first
         print(f"nnwatch: watching {run.name} -> {run.run_dir}", file=sys.stderr)
 
     # ------------------------------------------------------------------------------------------

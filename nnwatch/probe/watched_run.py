@@ -41,6 +41,7 @@ from nnwatch.probe.run_files import (
 )
 from nnwatch.probe.update_recorder import update_setup
 from nnwatch.store.events import Event, FindingEvent, RunEnded
+from nnwatch.store.exit_note import write_exit_note
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import RunDirError
 from nnwatch.store.schema import RunMeta, RunSchema
@@ -327,6 +328,15 @@ class WatchedRun:
             scaler_discovery.stop_waiting(self._adopt_scaler)
 
     # ------------------------------------------------------------------------------------------
+    def note_ending(self, ending: Ending) -> None:
+        """A SIGTERM is ending the process: say how in ``exit.json`` at once, before a close that
+        waits on a collective whose peer is gone may run out of time (and ``end.json`` with it)."""
+        if self.closed or self.run_dir is None:
+            return
+        said = {k: v for k, v in ending.to_dict().items()
+                if k in ("status", "reason", "signal", "exit_code") and v is not None}  # fmt: skip
+        write_exit_note(self.run_dir, said, "the process itself")
+
     def close(self, ending: Ending) -> None:
         """End the run: remove every hook, flush the log, write ``end.json``."""
         status = ending.status

@@ -17,6 +17,7 @@ the Slurm job (``SLURM_JOB_NODELIST``, or the one a local rank recorded).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 
 from nnwatch.sources.base import SourceError
 from nnwatch.sources.job_findings import job_findings, lag_limit
+from nnwatch.sources.job_stacks import RankStacks
 from nnwatch.sources.job_table import SeenRank
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
@@ -108,6 +110,8 @@ class HostLink:
         self.follow: subprocess.Popen[str] | None = None
         self.latest: dict[str, Any] | None = None
         self.latest_at = 0.0
+        #: job key -> the stacks this host last sent for its ranks of that job (while stuck)
+        self.stacks: dict[str, list[dict[str, Any]]] = {}
         self.error = ""  # why the host cannot be reached, in ssh's own words
         self.lock = threading.Lock()
         self.closed = False
@@ -163,11 +167,21 @@ class HostLink:
                 continue
             with self.lock:
                 self.latest, self.latest_at, self.error = doc, time.time(), ""
+                self._keep_stacks(doc)
         err = (self.follow.stderr.read() if self.follow.stderr else "").strip().splitlines()
         code = self.follow.wait()
         if not self.closed:
             why = explain_failure(self.host, code, "\n".join(err), self.remote_nnwatch)
             raise SourceError(f"`nnwatch ranks` on {self.host} ended: {why}")
+
+    def _keep_stacks(self, doc: dict[str, Any]) -> None:
+        """Stacks come once per answer, and go when the job moves again."""
+        for job in doc.get("jobs") or []:
+            key = _job_key(job)
+            if isinstance(job.get("stacks"), list):
+                self.stacks[key] = [s for s in job["stacks"] if isinstance(s, dict)]
+            elif not job.get("stuck"):
+                self.stacks.pop(key, None)
 
     def close(self) -> None:
         self.closed = True
@@ -224,8 +238,7 @@ class JobFanout:
             with link.lock:
                 doc = link.latest
             for job in (doc or {}).get("jobs", []):
-                ident = job.get("ident") or {}
-                key = f"{ident.get('id') or job.get('key')}#{ident.get('restart') or 0}"
+                key = _job_key(job)
                 groups.setdefault(key, []).extend((link, r) for r in job.get("rows", []))
                 events.setdefault(key, []).extend(
                     e for e in job.get("events", []) if isinstance(e, dict)
@@ -265,7 +278,9 @@ class JobFanout:
             seen.append(SeenRank(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
                               r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
                               r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
-        stops = judge_job(seen, now=now, known_first=self._first_seen)
+        have = {r.rank for r in rows}
+        missing = tuple(r for r in range(world) if r not in have)
+        stops = judge_job(seen, now=now, known_first=self._first_seen, missing=missing)
         if not self._first_seen and self._settled(stops, [link for link, _ in pairs]):
             self._first_seen = certain_first(seen, stops)
         live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]
@@ -284,8 +299,17 @@ class JobFanout:
         self.job = job
         found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=cross)
         stragglers = tuple(r.rank for r in rows if r.status == "behind")
+        stacks = []
+        for link in self.links:
+            with link.lock:
+                stacks += [RankStacks.from_dict(d) for d in link.stacks.get(key, [])]
+        stacks = [dataclasses.replace(st, host=self._host_of(st.rank) or st.host) for st in stacks]
         return JobView(job, tuple(rows), origin, stragglers, tuple(cross), stops, found,
-                       unreachable=tuple(unreachable), via="ssh")  # fmt: skip
+                       unreachable=tuple(unreachable), via="ssh",
+                       stacks=tuple(sorted(stacks, key=lambda st: st.rank)))  # fmt: skip
+
+    def _host_of(self, rank: int) -> str:
+        return self.where.get(rank, ("", ""))[0]
 
     @staticmethod
     def _settled(stops: Any, links: list[HostLink]) -> bool:
@@ -310,11 +334,15 @@ class JobFanout:
         closed(self)
 
 
+def _job_key(job: dict[str, Any]) -> str:
+    """One job's key across hosts: the identity its ranks recorded, and the restart."""
+    ident = job.get("ident") or {}
+    return f"{ident.get('id') or job.get('key')}#{ident.get('restart') or 0}"
+
+
 def _told(row: RankSummary, stops: Any, lead: int | None, limit: int) -> RankSummary:
     """The row with its lag behind the job's leading rank (on any host) and what judging the
     whole job said of it (first to stop, waiting, ...)."""
-    import dataclasses
-
     behind = (
         lead - row.step if lead is not None and row.step is not None and row.state in _LIVE else 0
     )

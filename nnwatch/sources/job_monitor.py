@@ -16,6 +16,7 @@ others (parameter drift, a rank gone NaN) travels through the cross-rank consist
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.sources.job_findings import LAG_STEPS, job_findings, lag_limit
+from nnwatch.sources.job_stacks import RankStacks, StackWatch, Target, stalled
 from nnwatch.sources.job_table import view_from_summary
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.live import LiveSource
@@ -143,6 +145,8 @@ class JobMonitor:
         #: ranks seen stopped while every other rank still lived: the first, for certain, even
         #: when the files alone could not order their deaths any more
         self._first_seen: tuple[int, ...] = ()
+        #: every rank's stacks while the job is stuck (asked through their sockets)
+        self.stack_watch = StackWatch()
 
     def _source(self, info: RunInfo) -> RunSource | None:
         src = self._sources.get(info.rank)
@@ -177,9 +181,22 @@ class JobMonitor:
             for ev in update.events:
                 if isinstance(ev, FindingEvent) and ev.finding.kind in CROSS_RANK_KINDS:
                     self._findings.append({**ev.to_json(), "reported_by": info.rank})
-        return build_view(
-            self.job, self._states, self._run_state, self._findings, self._judge_stops()
-        )
+        stops, runs = self._judge_stops()
+        stacks = self._stacks(runs, stops)
+        return build_view(self.job, self._states, self._run_state, self._findings, stops, stacks)
+
+    def _stacks(self, runs: list[RunInfo], stops: JobStops) -> tuple[RankStacks, ...]:
+        """Every live rank's stacks while the job is stuck: a rank waits in a collective, holds
+        the others, or has made no step for many times its usual step time."""
+        now = time.time()
+        live = [r for r in runs if not r.ended and r.alive is not False and r.socket]
+        stuck = any(r.role in ("waiting", "holds") for r in stops.ranks.values()) or any(
+            r.state == "hung" or (r.state != "paused" and stalled(r.last_step_at, r.step_interval, now))
+            for r in live
+        )  # fmt: skip
+        targets = [Target(r.rank, r.host, r.pid, str(r.socket)) for r in live]
+        got = self.stack_watch.update(targets, stuck)
+        return tuple(got[k] for k in sorted(got))
 
     def _summary_view(self) -> JobView | None:
         """Rank 0's job summary, when ranks are on other nodes and rank 0 writes one: it holds
@@ -190,18 +207,19 @@ class JobMonitor:
         doc = read_job_summary(rank0.run_dir)
         return None if doc is None else view_from_summary(doc, self.job)
 
-    def _judge_stops(self) -> JobStops:
-        """Which rank stopped first, and which one the others wait for, judged afresh."""
+    def _judge_stops(self) -> tuple[JobStops, list[RunInfo]]:
+        """Which rank stopped first, and which one the others wait for, judged afresh (and the
+        ranks as they were judged)."""
         runs = []
         for info in self.job.runs:
             try:
                 runs.append(refresh(info, hung_min=self._hung_min))
             except Exception:  # noqa: BLE001 - an unreadable rank is judged as it was
                 runs.append(info)
-        stops = judge_stops(runs, known_first=self._first_seen)
+        stops = judge_stops(runs, known_first=self._first_seen, missing=self.job.missing)
         if not self._first_seen and _whole(runs):
             self._first_seen = certain_first(runs, stops)
-        return stops
+        return stops, runs
 
     def close(self) -> None:
         for src in self._sources.values():
@@ -216,6 +234,7 @@ def build_view(
     run_state: Mapping[int, str],
     findings: Iterable[dict[str, Any]] = (),
     stops: JobStops | None = None,
+    stacks: tuple[RankStacks, ...] = (),
 ) -> JobView:
     """Rows plus what stands out: the NaN origin (earliest forward NaN), the stragglers, and
     (``stops``, from :func:`nnwatch.store.job_health.judge_job`) the rank that stopped first or
@@ -280,7 +299,7 @@ def build_view(
         )
     findings = tuple(findings)
     found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=findings)
-    return JobView(job, tuple(rows), origin, stragglers, findings, stops, found)
+    return JobView(job, tuple(rows), origin, stragglers, findings, stops, found, stacks=stacks)
 
 
 def summarize_runs(job: Job) -> JobView:
@@ -303,15 +322,17 @@ def summarize_runs(job: Job) -> JobView:
             {**e.to_json(), "reported_by": info.rank}
             for e in run.findings if e.finding.kind in CROSS_RANK_KINDS
         ]
-    stops = judge_stops([refresh(info) for info in job.runs])
+    stops = judge_stops([refresh(info) for info in job.runs], missing=job.missing)
     return build_view(job, states, run_state, findings, stops)
 
 
-def judge_stops(runs: list[RunInfo], *, known_first: tuple[int, ...] = ()) -> JobStops:
+def judge_stops(
+    runs: list[RunInfo], *, known_first: tuple[int, ...] = (), missing: tuple[int, ...] = ()
+) -> JobStops:
     """:func:`~nnwatch.store.job_health.judge_job` for the ranks of one job, recording in the
     first rank's run directory when this reader sees it stopped while the others still live (so
     that later readers know, even when the files alone could not order their deaths)."""
-    stops = judge_job(runs, known_first=known_first)
+    stops = judge_job(runs, known_first=known_first, missing=missing)
     # "stopped while every other rank still lived" holds only if every rank is seen: on one node
     # of a multi-node job, a rank whose collective failed after a rank elsewhere died would
     # otherwise be written down as the first (and every later reader would believe it)

@@ -83,7 +83,9 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         ))  # fmt: skip
         first_nf = _num(r.get("first_nonfinite"))
         rows.append((r, rank, state, step, step_time, first_nf))
-    stops = judge_job(seen, now=at)
+    world = int(doc.get("world_size") or len(seen))
+    have = {r.rank for r in seen}
+    stops = judge_job(seen, now=at, missing=tuple(r for r in range(world) if r not in have))
     origin_steps = [(int(f), rank) for _, rank, _, _, _, f in rows if math.isfinite(f) and f >= 0]
     origin = tuple(sorted(rk for f, rk in origin_steps if f == min(origin_steps)[0])) if origin_steps else ()  # fmt: skip
     out = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nnwatch.sources.job_findings import JobFinding
+from nnwatch.sources.job_stacks import RankStacks
 from nnwatch.store.job_health import JobStops
 from nnwatch.store.jobs import Job
 
@@ -57,3 +58,5 @@ class JobView:
     unreachable: tuple[tuple[str, str], ...] = ()
     via: str = "local"  # how the rows were gathered: local, ssh or summary (rank 0's job summary)
     note: str = ""  # one line about the view itself (e.g. a stale job summary)
+    #: while the job is stuck: every rank's Python stacks, as last asked (empty while it moves)
+    stacks: tuple[RankStacks, ...] = ()

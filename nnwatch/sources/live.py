@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.channel.client import ChannelError, Subscription
+from nnwatch.channel.pause import KeptConnection
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
-from nnwatch.sources.command_line import CommandLine
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.events import Event
 from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
@@ -111,7 +111,7 @@ class LiveSource(RunSource):
         self._filter = _StepFilter()
         self._events = EventTail(self.run_dir / "events.jsonl")
         self._reader: RingReader | None = None
-        self._commands = CommandLine(command_timeout)
+        self._commands: KeptConnection | None = None  # once a command is sent
         self._history_done = False
         self._check_gap = False
         self._health: Health | None = None
@@ -154,7 +154,6 @@ class LiveSource(RunSource):
     def poll(self) -> SourceUpdate:
         if self._closed:
             raise SourceError("this live source is closed")
-        self._commands.keepalive()
         schema = self._meta.schema
         scalar_parts: list[np.ndarray] = []
         layer_parts: list[np.ndarray] = []
@@ -227,13 +226,21 @@ class LiveSource(RunSource):
         path = self._find_socket()
         if path is None:
             return CommandReply(False, error="this run has no command socket; it cannot be steered")
-        return self._commands.send(path, name, args)
+        if self._commands is None or self._commands.path != path:
+            self._close_commands()
+            self._commands = KeptConnection(path, timeout=self.command_timeout)
+        return self._commands.send(name, args)
+
+    def _close_commands(self) -> None:
+        if self._commands is not None:
+            self._commands.close()
+            self._commands = None
 
     def reconnect(self) -> None:
         if self._reader is not None:
             self._reader.close()
         self._open_ring()
-        self._commands.close()
+        self._close_commands()
 
     def close(self) -> None:
         if self._closed:
@@ -241,7 +248,7 @@ class LiveSource(RunSource):
         self._closed = True
         if self._reader is not None:
             self._reader.close()
-        self._commands.close()
+        self._close_commands()
 
 
 #: Waits between reconnection attempts after the stream was lost (then the last one, repeated).
@@ -285,7 +292,7 @@ class ConnectedSource(RunSource):
         self.max_hz = max_hz
         self.auto_reconnect = auto_reconnect
         self._filter = _StepFilter()
-        self._commands = CommandLine(timeout)
+        self._commands = KeptConnection(self.socket_path, timeout=timeout)
         self._status_msg: dict[str, Any] = {}
         self._dropped = 0  # steps neither the ring nor the run log had (gap messages)
         self._torn = 0
@@ -388,7 +395,6 @@ class ConnectedSource(RunSource):
     def poll(self) -> SourceUpdate:
         if self._closed:
             raise SourceError("this source is closed")
-        self._commands.keepalive()
         if self._sub.lost and self._sub.ended is None and self.auto_reconnect:
             self._retry()
         for msg in self._sub.poll(0.0):
@@ -457,7 +463,7 @@ class ConnectedSource(RunSource):
         )
 
     def command(self, name: str, **args: Any) -> CommandReply:
-        return self._commands.send(self.socket_path, name, args)
+        return self._commands.send(name, args)
 
     def reconnect(self) -> None:
         """Subscribe again, resuming after what is held: only what is new comes down the link."""

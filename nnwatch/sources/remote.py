@@ -139,6 +139,8 @@ class RemoteRun:
     run_dir: str
     live: bool
     machine: str = ""
+    #: findings in its events, as the host counted them (None: that host's nnwatch is older)
+    findings: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any], host: str) -> RemoteRun:
@@ -154,6 +156,7 @@ class RemoteRun:
             rank=int(num("rank") or 0), world_size=int(num("world_size") or 1),
             age=num("age") or 0.0, run_dir=str(row.get("run_dir", "")),
             live=bool(row.get("live")) and bool(row.get("socket")) and not row.get("ended"),
+            findings=int(row["findings"]) if isinstance(row.get("findings"), int) else None,
         )  # fmt: skip
 
 

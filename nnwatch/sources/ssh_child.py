@@ -146,12 +146,17 @@ def closed(obj: Closable) -> None:
     _OPEN.discard(obj)
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def close_all() -> None:
+    """Close every tunnel and connection still open (a dashboard whose terminal is gone)."""
     for obj in list(_OPEN):
         try:
             obj.close()
         except Exception:  # noqa: BLE001 - the rest must still be closed
             pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    close_all()
     prev = _HANDLED.get(signum)
     if callable(prev):
         prev(signum, frame)

@@ -8,9 +8,8 @@ It is :class:`~nnwatch.tui.model.Seekable`: when the monitor shows a range it ho
 (the cursor moved back in a long run), ``scalars_between`` fetches that range from the trainer
 host's log, at full resolution, on the same connection.
 
-A pause asked through this source is a lease: while it holds one, a keepalive goes to the run
-every ``KEEPALIVE_S`` seconds, and the run lifts the pause when they stop (the command server's
-``PAUSE_LEASE``), as it does when the connection closes.
+A pause asked through this source holds until it is lifted, renewed by the source's command
+connection itself (:mod:`nnwatch.channel.pause`), whether or not anyone polls.
 """
 
 from __future__ import annotations

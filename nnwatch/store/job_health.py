@@ -10,15 +10,22 @@ This module compares the ranks of one job, from what any reader can see of each 
 :class:`~nnwatch.store.registry.RunInfo`): ``end.json`` with its time and reason, the ring's last
 heartbeat and last step, and whether the pid lives.
 
-- A rank that ended with ``end.json`` stopped at its ``ended`` time, exactly. One that vanished
-  without it (SIGKILL, the OOM killer, ``os._exit``, a segfault) died after its last heartbeat and
-  at most about a heartbeat period (1 s) later.
-- A stop that is a *consequence* (a failed collective, a peer that closed its connection, a
-  termination signal) never counts as first while a rank stopped for its own reason.
-- The first rank is the one whose stop came earliest. Two silent deaths less than a heartbeat
-  apart cannot be ordered from the files: both are named, and the words say so. A monitor that
-  was watching at the time knows better, and passes what it saw as ``known_first``.
-- Every later stop (not a clean finish) is marked as stopped by the launcher after the first.
+- A rank that ended with ``end.json`` stopped at its ``ended`` time, exactly; so did one whose
+  ``exit.json`` says how it ended when ``end.json`` could not be written (a SIGTERM's first act,
+  or a node-mate that read a SIGKILL's exit status: :mod:`nnwatch.store.exit_note`). One that
+  vanished without a word died after its last heartbeat and at most about a heartbeat period
+  (1 s) later.
+- Each stop has a cause: its *own* (an exception, an exit status, a kill), from *outside* (a
+  SIGTERM: the launcher tearing the job down, a scheduler) or a *peer* (its collective failed:
+  "Connection reset by peer", a gloo or NCCL error). The first rank is the earliest of those
+  that stopped for a reason of their own; failing that, a rank terminated from outside before
+  any collective failed. A rank whose collective failed is never first: it is a victim.
+- Two stops less than a heartbeat apart cannot be ordered from the files: both are named, and
+  the words say so. A monitor that was watching at the time knows better, and passes what it
+  saw as ``known_first``.
+- Every later stop is a victim: stopped by the launcher, or failed in a collective.
+- When the job's other ranks are not seen (``missing``: on other nodes) and no rank seen stopped
+  for a reason of its own, no rank is named first: the story says the first is elsewhere.
 - A live rank that has made no step for a while (``stalled``) while another rank is dead, frozen
   (no heartbeat) or behind it, waits in a collective for that rank: the rank that holds the job.
 
@@ -45,13 +52,20 @@ SILENT_SLACK = 0.5
 #: while another rank holds the job is waiting for it.
 STALL_FACTOR = 5.0
 STALL_MIN = 2.0
-#: What a rank's exception says when it stopped because a peer went away, not for its own reason.
-_CONSEQUENCE = re.compile(
+#: What a rank's exception says when its collective failed because a peer went away.
+_PEER = re.compile(
     r"connection (closed|reset|refused)|by peer|broken pipe|gloo|nccl|collective|watchdog|"
-    r"timed? ?out|process ?group|rendezvous|sigterm|signal 15|terminated|\bsignal\b",
+    r"timed? ?out|process ?group|rendezvous",
     re.IGNORECASE,
 )
+#: What an ending says when a signal ended the rank from outside (the launcher, a scheduler).
+_OUTSIDE = re.compile(r"sigterm|signal 15|terminated|\bsignal\b", re.IGNORECASE)
+#: The few words of a failed collective's error that say what happened (its summary's gist).
+_GIST = re.compile(r"connection (closed|reset|refused)( by peer)?|broken pipe|timed? ?out|watchdog",
+                   re.IGNORECASE)  # fmt: skip
 _DIST_ERRORS = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
+#: Signals sent on purpose from outside; any other (SIGKILL, SIGSEGV, ...) is the rank's own end.
+_FROM_OUTSIDE = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
 DETAIL_MAX = 160
 
 
@@ -84,9 +98,10 @@ class RankRun(Protocol):
 class RankStop:
     """What stands out about one rank of the job.
 
-    ``role``: ``first`` (stopped first), ``stopped_by_launcher`` (stopped after it), ``holds``
-    (alive but frozen or behind, while the others wait for it) or ``waiting`` (alive, in a
-    collective, waiting for the rank that holds the job).
+    ``role``: ``first`` (stopped first, for a reason of its own), ``stopped_by_launcher`` (ended
+    from outside after it: torchrun's SIGTERM), ``victim`` (its collective failed because a peer
+    was gone), ``holds`` (alive but frozen or behind, while the others wait for it) or
+    ``waiting`` (alive, in a collective, waiting for the rank that holds the job).
     """
 
     rank: int
@@ -102,6 +117,7 @@ class RankStop:
         return {
             "first": self.how if self.how in ("killed", "crashed", "exited", "interrupted") else "crashed",
             "stopped_by_launcher": "stopped",
+            "victim": "victim",
             "holds": "frozen" if self.how == "frozen" else "behind",
             "waiting": "waiting",
         }.get(self.role, self.role)  # fmt: skip
@@ -113,6 +129,8 @@ class RankStop:
             return f"← stopped first ({self.how}, {clock(self.at)})"
         if self.role == "stopped_by_launcher":
             return f"stopped by the launcher ({clock(self.at)})"
+        if self.role == "victim":
+            return f"victim of a lost peer ({clock(self.at)})"
         if self.role == "holds":
             return f"← holds the job ({self.how} since {clock(self.at)})"
         return f"waits in a collective since {clock(self.at)}"
@@ -150,7 +168,13 @@ class _Stop:
     hi: float  # latest possible stop time
     how: str
     detail: str
-    consequence: bool
+    #: "own" (its own failure: an exception, an exit status, a kill), "outside" (a signal sent to
+    #: it: the launcher's teardown, a scheduler) or "peer" (its collective failed: a peer went first)
+    cause: str
+
+    @property
+    def consequence(self) -> bool:
+        return self.cause != "own"
 
 
 def clock(t: float | None) -> str:
@@ -174,45 +198,58 @@ def _short(text: str) -> str:
     return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 1] + "…"
 
 
+def _span(end: dict[str, Any], hb: float | None) -> tuple[float, float]:
+    t = end.get("ended")
+    if isinstance(t, (int, float)):
+        return float(t), float(t)
+    if hb is not None:
+        return hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK
+    return math.nan, math.nan
+
+
+def _how_it_ended(end: dict[str, Any]) -> tuple[str, str, str]:
+    """(how, detail, cause) from ``end.json`` (or the ``exit.json`` that stands in for it)."""
+    status = str(end.get("status", "finished"))
+    reason = str(end.get("reason") or "")
+    exc = end.get("exception") if isinstance(end.get("exception"), dict) else None
+    detail = f"{exc.get('type', 'Exception')}: {exc.get('message', '')}".rstrip(": ") if exc else reason
+    sig = end.get("signal") if isinstance(end.get("signal"), str) else ""
+    seen = str(end.get("observed_by") or "")
+    if sig and sig not in _FROM_OUTSIDE and not exc:
+        by = f"by {sig}" + (f", seen by {seen}" if seen and seen != "the process itself" else "")
+        return "killed", by, "own"
+    if sig and not exc:
+        return "terminated", f"{sig} ({reason})" if reason and sig not in reason else reason or sig, "outside"
+    peer = bool(_PEER.search(detail)) or (exc is not None and str(exc.get("type")) in _DIST_ERRORS)
+    outside = bool(_OUTSIDE.search(detail))
+    if status == "interrupted":
+        return ("terminated", detail, "outside") if (outside or peer) else ("interrupted", detail, "own")
+    if exc:
+        if peer:
+            return "collective failed", detail, "peer"
+        return ("terminated", detail, "outside") if outside else ("crashed", detail, "own")
+    if isinstance(end.get("exit_code"), int):
+        return "exited", detail or f"exit status {end['exit_code']}", "own"
+    if peer:
+        return "collective failed", detail, "peer"
+    return ("terminated", detail, "outside") if outside else ("crashed", detail, "own")
+
+
 def stop_of(run: RankRun) -> _Stop | None:
     """How and when one rank stopped; None while it runs, and for a clean finish."""
     end = run.ending
     hb = run.heartbeat_at if run.heartbeat_at is not None else run.last_step_at
     if end is not None:
-        status = str(end.get("status", "finished"))
-        if status == "finished":
+        if str(end.get("status", "finished")) == "finished":
             return None
-        t = end.get("ended")
-        if isinstance(t, (int, float)):
-            lo = hi = float(t)
-        elif hb is not None:
-            lo, hi = hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK
-        else:
-            lo = hi = math.nan
-        reason = str(end.get("reason") or "")
-        exc = end.get("exception") if isinstance(end.get("exception"), dict) else None
-        if exc:
-            detail = f"{exc.get('type', 'Exception')}: {exc.get('message', '')}".rstrip(": ")
-        else:
-            detail = reason
-        consequence = bool(_CONSEQUENCE.search(detail)) or (
-            exc is not None and str(exc.get("type")) in _DIST_ERRORS
-        )
-        if status == "interrupted":
-            how = "terminated" if consequence else "interrupted"
-        elif exc:
-            how = "collective failed" if consequence else "crashed"
-        elif isinstance(end.get("exit_code"), int):
-            how = "exited"
-            detail = detail or f"exit status {end['exit_code']}"
-        else:
-            how = "terminated" if consequence else "crashed"
-        return _Stop(run.rank, lo, hi, how, _short(detail), consequence)
+        lo, hi = _span(end, hb)
+        how, detail, cause = _how_it_ended(end)
+        return _Stop(run.rank, lo, hi, how, _short(detail), cause)
     if run.alive is False or (run.state == "crashed" and run.alive is None):
         # gone without a word: it died after its last heartbeat, within about one period
         if hb is None:
-            return _Stop(run.rank, math.nan, math.nan, "killed", "", False)
-        return _Stop(run.rank, hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK, "killed", "", False)
+            return _Stop(run.rank, math.nan, math.nan, "killed", "", "own")
+        return _Stop(run.rank, hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK, "killed", "", "own")
     return None
 
 
@@ -230,31 +267,43 @@ def _frozen(run: RankRun, now: float) -> bool:
 def _first_words(s: _Stop) -> str:
     at = clock(s.lo)
     if s.how == "killed":
+        if s.detail:
+            return f"killed {s.detail} at {at}"
         return (
             f"killed at {at} (its process vanished without a word: SIGKILL, the OOM killer, "
             "os._exit or a segfault)"
         )
-    verb = {"exited": "exited", "interrupted": "interrupted"}.get(s.how, "crashed")
+    verb = {"exited": "exited", "interrupted": "interrupted", "terminated": "terminated"}.get(
+        s.how, "crashed"
+    )
     return f"{verb} at {at}" + (f" ({s.detail})" if s.detail else "")
 
 
 def _first_line(s: _Stop) -> str:
-    """ "rank 1 died at 12:03:04 (killed)", "rank 1 crashed at 12:03:04 (OSError: ...)"."""
+    """ "rank 1 died at 12:03:04 (killed by SIGKILL)", "rank 1 crashed at 12:03:04 (OSError: ...)"."""
     at = clock(s.lo)
     if s.how == "killed":
-        return f"rank {s.rank} died at {at} (killed)"
-    verb = {"exited": "exited", "interrupted": "was interrupted"}.get(s.how, "crashed")
-    return f"rank {s.rank} {verb} at {at}" + (f" ({s.detail})" if s.detail else "")
+        return f"rank {s.rank} died at {at} (killed{' ' + s.detail if s.detail else ''})"
+    verb = {"exited": "exited", "interrupted": "was interrupted", "terminated": "was terminated"}
+    return f"rank {s.rank} {verb.get(s.how, 'crashed')} at {at}" + (f" ({s.detail})" if s.detail else "")
 
 
 def _after_words(s: _Stop, who: str) -> str:
     at = clock(s.lo)
-    if s.how == "collective failed":
-        return f"stopped at {at}, after rank {who}: its collective failed ({s.detail})"
+    if s.cause == "peer":
+        return f"a victim of rank {who}: its collective failed at {at} ({s.detail})"
     if s.how == "killed":
         return f"stopped by the launcher at {at}, after rank {who} (ended from outside)"
     why = f"{s.how}: {s.detail}" if s.detail else s.how
     return f"stopped by the launcher at {at}, after rank {who} ({why})"
+
+
+def _unexplained_words(s: _Stop) -> str:
+    """A rank that stopped because of another, when the first rank is not among those seen."""
+    at = clock(s.lo)
+    if s.cause == "peer":
+        return f"a victim of a lost peer: its collective failed at {at} ({s.detail})"
+    return f"{s.how} at {at}" + (f" ({s.detail})" if s.detail else "") + ", from outside"
 
 
 def _finite(t: float) -> float | None:
@@ -262,10 +311,21 @@ def _finite(t: float) -> float | None:
 
 
 def _pick_first(stops: dict[int, _Stop], known_first: Sequence[int]) -> tuple[int, ...]:
+    """The rank(s) that stopped first, for a reason of their own; () when none seen here did.
+
+    A rank's own end (an exception, an exit status, a kill) comes first; else a signal sent to a
+    rank from outside, when it came before any collective failed (a ``kill`` by hand, then the
+    others lost their peer). A failed collective is never the first cause: its peer went first.
+    """
     known = [r for r in known_first if r in stops]
     if known:
         return tuple(sorted(known))
-    pool = [s for s in stops.values() if not s.consequence] or list(stops.values())
+    pool = [s for s in stops.values() if s.cause == "own"]
+    if not pool:
+        peer_at = min((s.lo for s in stops.values() if s.cause == "peer" and math.isfinite(s.lo)),
+                      default=math.inf)  # fmt: skip
+        pool = [s for s in stops.values()
+                if s.cause == "outside" and math.isfinite(s.lo) and s.hi <= peer_at]  # fmt: skip
     timed = [s for s in pool if math.isfinite(s.lo)]
     if not timed:
         return tuple(sorted(s.rank for s in pool))
@@ -285,40 +345,44 @@ def certain_first(runs: Sequence[RankRun], stops: JobStops) -> tuple[int, ...]:
     return ()
 
 
-def judge_job(
-    runs: Sequence[RankRun], *, now: float | None = None, known_first: Sequence[int] = ()
-) -> JobStops:
-    """The story of one job's ranks right now (see the module docstring). ``known_first``: ranks
-    a reader saw stop first; ranks whose run records that (``seen_first_at``) count as such too."""
-    now = time.time() if now is None else now
-    if len(runs) < 2:
-        return JobStops()
-    stops = {s.rank: s for s in (stop_of(r) for r in runs) if s is not None}
-    seen = [r.rank for r in runs if getattr(r, "seen_first_at", None) is not None]
-    known_first = list(known_first) or seen
+def _gist(detail: str) -> str:
+    """A failed collective's error in a few words: "RuntimeError: connection closed by peer"
+    rather than gloo's whole message (each rank's own words keep it whole)."""
+    found = _GIST.search(detail) or _PEER.search(detail)
+    if found is None:
+        return detail
+    kind = detail.split(":", 1)[0] if ":" in detail[:40] else ""
+    return f"{kind}: {found.group(0)}" if kind else found.group(0)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    """(2, 3, 4, 7) -> "2-4, 7"."""
+    spans: list[tuple[int, int]] = []
+    for r in sorted(ranks):
+        if spans and spans[-1][1] == r - 1:
+            spans[-1] = (spans[-1][0], r)
+        else:
+            spans.append((r, r))
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+
+
+def _story_of_stops(
+    stops: dict[int, _Stop], first: tuple[int, ...], missing: Sequence[int]
+) -> tuple[dict[int, RankStop], list[str]]:
+    """Each stopped rank's part, and the story's first sentences."""
     out: dict[int, RankStop] = {}
     parts: list[str] = []
-
-    if len(stops) > 1 and all(s.how == "interrupted" for s in stops.values()):
-        # Ctrl-C reaches every rank at once: none of them went first
-        for s in stops.values():
-            out[s.rank] = RankStop(
-                s.rank, "stopped_by_launcher", s.how, _finite(s.lo), _first_words(s), s.detail
-            )
-        at = min((s.lo for s in stops.values() if math.isfinite(s.lo)), default=math.nan)
-        return JobStops(out, summary=f"{_ranks(sorted(stops))} were interrupted at {clock(at)}")
-
-    first = _pick_first(stops, known_first) if stops else ()
     heads = [stops[r] for r in first]
-    first_at = min((s.lo for s in heads if math.isfinite(s.lo)), default=None)
+    here = " of the ranks seen here" if missing else ""
     for s in heads:
         out[s.rank] = RankStop(s.rank, "first", s.how, _finite(s.lo), _first_words(s), s.detail)
     if len(heads) == 1:
-        parts.append(_first_line(heads[0]) + ", the first rank to stop")
+        parts.append(_first_line(heads[0]) + f", the first rank to stop{here}")
     elif heads:
         hows = ", ".join(sorted({s.how for s in heads}))
+        at = min((s.lo for s in heads if math.isfinite(s.lo)), default=math.nan)
         parts.append(
-            f"{_ranks(first)} stopped within a second of each other at {clock(first_at)} "
+            f"{_ranks(first)} stopped within a second of each other at {clock(at)} "
             f"({hows}); nnwatch cannot tell which went first"
         )
     after = sorted(
@@ -326,13 +390,59 @@ def judge_job(
         key=lambda s: (s.lo if math.isfinite(s.lo) else math.inf, s.rank),
     )
     for s in after:
-        words = _after_words(s, _join(first))
-        out[s.rank] = RankStop(s.rank, "stopped_by_launcher", s.how, _finite(s.lo), words, s.detail)
-    if after:
-        them = "it" if len(first) == 1 else "them"
-        parts.append(
-            f"{_ranks([s.rank for s in after])} stopped after {them}, as the launcher ends a job"
-        )
+        role = "victim" if s.cause == "peer" else "stopped_by_launcher"
+        words = _after_words(s, _join(first)) if first else _unexplained_words(s)
+        out[s.rank] = RankStop(s.rank, role, s.how, _finite(s.lo), words, s.detail)
+    launcher = [s.rank for s in after if s.cause != "peer"]
+    victims = [s for s in after if s.cause == "peer"]
+    them = "it" if len(first) == 1 else "them"
+    if first and launcher:
+        parts.append(f"{_ranks(launcher)} stopped after {them}, as the launcher ends a job")
+    if first and victims:
+        parts.append(f"{_ranks([s.rank for s in victims])} failed in a collective, victims of the "
+                     f"lost peer ({_gist(victims[0].detail)})")  # fmt: skip
+    if not first and after:
+        why = _gist(next((s.detail for s in after if s.cause == "peer"), after[0].detail))
+        parts.append(f"{_ranks([s.rank for s in after])} stopped because a peer was lost ({why})")
+        if missing:
+            parts.append(f"the rank that stopped first is not among those seen here (ranks "
+                         f"{_ranges(missing)} are on other nodes: name them with --hosts)")  # fmt: skip
+        else:
+            parts.append("no rank was seen stopping for a reason of its own first")
+    return out, parts
+
+
+def judge_job(
+    runs: Sequence[RankRun],
+    *,
+    now: float | None = None,
+    known_first: Sequence[int] = (),
+    missing: Sequence[int] = (),
+) -> JobStops:
+    """The story of one job's ranks right now (see the module docstring). ``known_first``: ranks
+    a reader saw stop first; ranks whose run records that (``seen_first_at``) count as such too.
+    ``missing``: the job's ranks not among ``runs`` (on other nodes), so that no rank seen here is
+    named first for a stop that only followed one of theirs."""
+    now = time.time() if now is None else now
+    if len(runs) < 2 and not missing:
+        return JobStops()
+    stops = {s.rank: s for s in (stop_of(r) for r in runs) if s is not None}
+    seen = [r.rank for r in runs if getattr(r, "seen_first_at", None) is not None]
+    known_first = list(known_first) or seen
+
+    if len(stops) > 1 and all(s.how == "interrupted" for s in stops.values()):
+        # Ctrl-C reaches every rank at once: none of them went first
+        out = {
+            s.rank: RankStop(s.rank, "stopped_by_launcher", s.how, _finite(s.lo), _first_words(s), s.detail)
+            for s in stops.values()
+        }  # fmt: skip
+        at = min((s.lo for s in stops.values() if math.isfinite(s.lo)), default=math.nan)
+        return JobStops(out, summary=f"{_ranks(sorted(stops))} were interrupted at {clock(at)}")
+
+    first = _pick_first(stops, known_first) if stops else ()
+    out, parts = _story_of_stops(stops, first, missing)
+    heads = [stops[r] for r in first]
+    first_at = min((s.lo for s in heads if math.isfinite(s.lo)), default=None)
 
     # the live ranks: who holds the job, and who waits for it
     live = [r for r in runs if r.rank not in stops and r.ending is None and r.alive is not False]

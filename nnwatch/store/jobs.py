@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.store.clean_text import loads
+from nnwatch.store.exit_note import read_exit_note
 from nnwatch.store.health import read_end
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry import RunInfo, inspect_dir
@@ -229,7 +230,7 @@ def run_info_from_dir(run_dir: str | os.PathLike[str]) -> RunInfo:
         heartbeat_at=seen.heartbeat_at if seen else None,
         last_step_at=seen.last_step_at if seen else None,
         step_interval=seen.step_interval if seen else None,
-        ending=end, alive=seen.alive if seen else None,
+        ending=end or read_exit_note(run_dir), alive=seen.alive if seen else None,
     )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from nnwatch.store.clean_text import loads
 from nnwatch.store.copy_note import describe_copy, read_copy_note
+from nnwatch.store.exit_note import read_exit_note
 from nnwatch.store.health import (
     HEARTBEAT_STALE,
     Health,
@@ -234,7 +235,7 @@ def inspect(
         if end is not None and isinstance(end.get("steps"), int):
             step = int(end["steps"]) - 1
     started = float(entry.get("started") or start_time or now)
-    ending = read_end(run_dir)
+    ending = read_end(run_dir) or read_exit_note(run_dir)  # the note: when end.json never came
     alive = same_process(pid, start_time) if checkable else None
     return RunInfo(
         name=str(entry.get("name", "?")), pid=pid, host=host, rank=int(entry.get("rank", 0)),
@@ -550,7 +551,8 @@ def inspect_dir(
         socket=None, entry_path="", local_rank=meta.local_rank, started=meta.started,
         layers=meta.schema.num_layers, nnwatch_version=meta.nnwatch_version,
         heartbeat_at=heartbeat_at, last_step_at=last_step_at, step_interval=interval,
-        ending=end, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=how,
+        ending=end or read_exit_note(run_dir), alive=alive, seen_first_at=_seen_first(run_dir),
+        ended_as=how,
     )  # fmt: skip
 
 

@@ -9,6 +9,11 @@ rank that stops stepping. Run it as::
     python -m nnwatch.testing.synthetic_job --ranks 64 --hosts 8 --rate 10 --seconds 30
 
 It prints one JSON line when every rank is ready (``run_dirs``) and one at the end.
+
+``--processes`` makes every rank a process of its own, each serving its command socket as a
+trainer does (so ``nnwatch stacks`` and the job view can ask all of them at once; ``bench/stacks.py``
+measures that on 64 ranks); ``--stuck-after S`` then blocks every rank's main thread after S
+seconds in a call that releases the GIL, as a rank waiting in a collective does.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss-factor", type=float, default=5.0, help="... by this factor")
     p.add_argument("--stop-rank", type=int, default=-1, help="this rank stops stepping ...")
     p.add_argument("--stop-after", type=float, default=5.0, help="... after this many seconds")
+    p.add_argument("--processes", action="store_true", help="one process per rank, each serving")
+    p.add_argument("--stuck-after", type=float, default=-1.0,
+                   help="with --processes: every rank blocks (GIL released) after this long")  # fmt: skip
+    p.add_argument("--one-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.one_rank >= 0:
+        return _one_rank(args)
+    if args.processes:
+        return _processes(args, argv or sys.argv[1:])
 
     world, per_host = args.ranks, max(1, -(-args.ranks // max(1, args.hosts)))
     root = ensure_private_dir(default_root())
@@ -104,6 +119,91 @@ def main(argv: list[str] | None = None) -> int:
             end.close(status)
     print(json.dumps({"done": True, "steps": steps}), flush=True)
     return 0
+
+
+def _meta_for(args: argparse.Namespace, rank: int, run_id: str) -> Any:
+    world, per_host = args.ranks, max(1, -(-args.ranks // max(1, args.hosts)))
+    meta = make_meta(args.name, args.layers)
+    meta.rank, meta.world_size, meta.local_rank = rank, world, rank % per_host
+    meta.host = f"node{rank // per_host:02d}"
+    meta.extra = {"job": {"id": f"torchelastic:{run_id}", "source": "torchelastic",
+                          "master": "node00:29500", "restart": 0, "world_size": world,
+                          "group_rank": str(rank // per_host)}}  # fmt: skip
+    return meta
+
+
+def _processes(args: argparse.Namespace, argv: list[str]) -> int:
+    """Every rank a process of its own (``--one-rank R``); ready once all of them are."""
+    import signal
+    import subprocess
+
+    from nnwatch.sources.ssh_child import spawn_tied  # each rank dies with this process
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    run_id = f"{args.name}-{os.getpid()}"
+    kids = [spawn_tied([sys.executable, "-m", "nnwatch.testing.synthetic_job", *argv,
+                        "--one-rank", str(r), "--run-id", run_id],
+                       stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]  # fmt: skip
+    ready = []
+    for kid in kids:
+        assert kid.stdout is not None
+        line = kid.stdout.readline()
+        if not line:
+            for k in kids:
+                k.kill()
+            print(json.dumps({"ready": False}), flush=True)
+            return 1
+        ready.append(json.loads(line))
+    print(json.dumps({"ready": True, "run_dirs": [x["run_dir"] for x in ready],
+                      "pids": [x["pid"] for x in ready], "pid": os.getpid()}), flush=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + args.seconds if args.seconds > 0 else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        for kid in kids:
+            kid.terminate()
+        for kid in kids:
+            kid.wait(timeout=30)
+    return 0
+
+
+def wait_in_a_collective(seconds: float) -> None:
+    """Stands in for a collective whose peer never comes: blocked in C, the GIL released."""
+    time.sleep(seconds)
+
+
+def _one_rank(args: argparse.Namespace) -> int:
+    """One rank of ``--processes``: a run with its ring, log, registry entry and socket."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    rank = args.one_rank
+    meta = _meta_for(args, rank, args.run_id)
+    root = ensure_private_dir(default_root())
+    run_dir = ensure_private_dir(root / f"{args.name}-{os.getpid()}-r{rank}")
+    log = RunLogWriter(run_dir, meta)
+    end = RunEndpoint(meta, run_dir)
+    log.keep_within(end.slots)
+    record = np.zeros(1, meta.schema.record_dtype())
+    print(json.dumps({"run_dir": str(run_dir), "pid": os.getpid()}), flush=True)
+    t0, step = time.monotonic(), 0
+    try:
+        while True:
+            if 0 <= args.stuck_after < time.monotonic() - t0:
+                wait_in_a_collective(3600.0)
+            record["step"], record["time"] = step, time.time()
+            record["loss"], record["grad_norm"], record["step_time"] = 1.0, 1.0, 1.0 / args.rate
+            view = record.view(np.uint8).data
+            end.publish(view)
+            log.put(bytes(view))
+            step += 1
+            time.sleep(1.0 / max(args.rate, 0.1))
+    finally:
+        log.close("interrupted", step)
+        end.close("stopped")
 
 
 if __name__ == "__main__":

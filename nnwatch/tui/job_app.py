@@ -15,9 +15,11 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer
 
 from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.tui.lost_terminal import watch_terminal
 from nnwatch.tui.model import RunState
 from nnwatch.tui.widgets.base import Palette, PaneContext, ViewSettings
 from nnwatch.tui.widgets.ranks import RanksPane
+from nnwatch.tui.widgets.stacks import StacksPane
 
 
 def job_meta(name: str, world: int) -> RunMeta:
@@ -27,10 +29,11 @@ def job_meta(name: str, world: int) -> RunMeta:
 
 
 class JobApp(App[int | None]):
-    """The ranks pane, full screen, for one job followed by ``source`` (``poll() -> JobView``)."""
+    """The ranks pane, full screen, for one job followed by ``source`` (``poll() -> JobView``),
+    and under it, while the job is stuck, every rank's stacks (the stacks pane)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "quit")]
-    CSS = "RanksPane { height: 1fr; max-height: 100%; }"
+    CSS = "RanksPane { height: 1fr; max-height: 100%; } StacksPane { display: none; }"
 
     def __init__(self, source: Any, *, interval: float = 1.0, theme: str | None = None) -> None:
         super().__init__()
@@ -45,6 +48,7 @@ class JobApp(App[int | None]):
 
     def compose(self) -> ComposeResult:
         yield RanksPane(self.ctx, id="ranks")
+        yield StacksPane(self.ctx, id="stacks")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -55,6 +59,7 @@ class JobApp(App[int | None]):
         pane.max_rows = max(8, self.size.height - 6)
         pane.focus()
         threading.Thread(target=self._collect, name="nnwatch-job", daemon=True).start()
+        watch_terminal(self)
 
     def on_resize(self) -> None:
         for pane in self.query(RanksPane):
@@ -75,6 +80,7 @@ class JobApp(App[int | None]):
     def _show(self, view: Any) -> None:
         self.views += 1
         self.query_one(RanksPane).show(view)
+        self.query_one(StacksPane).show(view)
 
     def switch_rank(self, rank: int) -> bool:
         """Enter on a row: leave the job view for that rank's dashboard."""

@@ -29,6 +29,7 @@ from nnwatch.tui.collectors import (
     SourceCollector,
 )
 from nnwatch.tui.feeds import Feeds, HardwareOption
+from nnwatch.tui.lost_terminal import watch_terminal
 from nnwatch.tui.messages import (
     RanksUpdated,
     ReaderFailed,
@@ -145,6 +146,12 @@ class MonitorBase(App[int]):
         self.theme_changed_signal.subscribe(self, self._on_theme_changed)
         self.feeds.start()
         self.set_interval(1.0 / self.fps, self.refresh_panes, name="nnwatch-redraw")
+        watch_terminal(self, self._release_all)  # a terminal gone without a hangup ends it
+
+    def _release_all(self) -> None:
+        """What the dashboard holds, closed now: the collectors and the run's source."""
+        self._stop_collectors()
+        self.source.close()
 
     def on_unmount(self) -> None:
         self._stop_collectors()

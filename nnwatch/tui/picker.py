@@ -15,10 +15,12 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label
 
+from nnwatch.sources.remote import RemoteRun
+from nnwatch.store.findings_count import findings_count
 from nnwatch.store.paths import default_root
 from nnwatch.store.registry import list_runs, recorded_runs
-from nnwatch.store.safe_read import iter_lines
 from nnwatch.tui import format as fmt
+from nnwatch.tui.lost_terminal import watch_terminal
 from nnwatch.tui.run_sources import source_for
 
 __all__ = ["RunPickerApp", "default_lister", "findings_count", "list_with_findings", "source_for"]
@@ -35,42 +37,6 @@ EMPTY_HELP = (
     "No runs found yet. Runs appear here once a training script calls nnwatch.watch(model, "
     "optimizer) and steps; this list refreshes itself. Try `nnwatch demo exploding`."
 )
-
-
-_findings_cache: dict[str, tuple[int, int, int]] = {}  # events.jsonl -> (size, mtime_ns, count)
-_cache_lock = threading.Lock()
-
-
-def findings_count(run_dir: str | Path) -> int | None:
-    """Findings in a run's ``events.jsonl`` (None if it has none to read)."""
-    path = Path(run_dir) / "events.jsonl"
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    key = str(path)
-    with _cache_lock:
-        hit = _findings_cache.get(key)
-    if hit is not None and hit[:2] == (st.st_size, st.st_mtime_ns):
-        return hit[2]
-    n = 0
-    try:  # never a link or a FIFO, no line without end, nothing past the file's data
-        for line in iter_lines(path):
-            n += line is not None and _is_finding_line(line)
-    except OSError:
-        return None
-    with _cache_lock:
-        _findings_cache[key] = (st.st_size, st.st_mtime_ns, n)
-    return n
-
-
-def _is_finding_line(line: bytes) -> bool:
-    """A finding, as ``model.is_finding`` judges a parsed event: it has a ``kind`` and its type
-    is "finding" or absent (snapshots and commands have a type of their own). Bytes only: a
-    long run's events file is scanned every two seconds while it grows."""
-    if b'"kind"' not in line:
-        return False
-    return b'"type": "finding"' in line or b'"type":"finding"' in line or b'"type"' not in line
 
 
 def default_lister() -> list[Any]:
@@ -119,9 +85,16 @@ def list_with_findings(
     Reads files: call it off the UI thread."""
     try:
         runs = lister()
-        return runs, {str(r.run_dir): findings_count(r.run_dir) for r in runs}, ""
+        return runs, {str(r.run_dir): _count(r) for r in runs}, ""
     except Exception as exc:  # noqa: BLE001 - shown on screen, never raised
         return [], {}, f"cannot list runs: {exc}"
+
+
+def _count(run: Any) -> int | None:
+    """A run's findings: as its host counted them (a run listed over ssh), else from its file."""
+    if isinstance(run, RemoteRun):
+        return run.findings
+    return findings_count(run.run_dir)
 
 
 class RunPickerApp(App[Any]):
@@ -166,6 +139,7 @@ class RunPickerApp(App[Any]):
         self.query_one(DataTable).focus()
         self.action_refresh()
         self.set_interval(self.refresh_s, self.action_refresh)
+        watch_terminal(self)
 
     def action_refresh(self) -> None:
         if not self._busy.acquire(blocking=False):

@@ -35,6 +35,15 @@ COVERED = {
     "nnwatch attach --job JOB --hosts node01,node02": (
         "tests/e2e/test_job_multinode.py (the fan-out and job screen it runs, two sshd 'nodes')"
     ),
+    "nnwatch ls --all node01 node02": (
+        "tests/e2e/test_job_story.py (ls over two sshd 'nodes': the whole job's story)"
+    ),
+    "nnwatch open JOB --hosts node01,node02": (
+        "tests/e2e/test_job_story.py (open job --hosts node0,node1 in tmux, after the teardown)"
+    ),
+    "nnwatch stacks JOB --hosts node01,node02": (
+        "tests/e2e/test_job_story.py (a rank stuck, the others in the all-reduce, two sshd 'nodes')"
+    ),
     "nnwatch demo nan_log --headless --keep": "test_snapshot_and_replay_commands",
     "nnwatch replay RUN_DIR --model nnwatch.demos.nan_log:make --anomaly": "test_snapshot_and_replay_commands",
     "nnwatch check tests.fixtures.check_factories:healthy": "test_check_command",

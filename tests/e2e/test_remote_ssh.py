@@ -147,7 +147,7 @@ def test_a_frozen_ssh_link_costs_the_trainer_nothing_lets_a_held_pause_lapse_and
     """The link freezes for 60 s (the local ssh stopped: nothing closes, nothing moves) while the
     monitor holds a pause through it: the pause lapses with its lease, the trainer then steps at
     its usual rate, and when the link moves again the monitor catches up without a restart."""
-    from nnwatch.sources.command_line import CommandLine
+    from nnwatch.channel.pause import KeptConnection
 
     trainer = Trainer(subprocess_env, "--steps", "0", "--rate", "400", "--name", "frozen-link")
     host = f"{getpass.getuser()}@127.0.0.1"
@@ -160,8 +160,8 @@ def test_a_frozen_ssh_link_costs_the_trainer_nothing_lets_a_held_pause_lapse_and
         t0, n0 = time.monotonic(), trainer.published()
         time.sleep(3)
         rate = (trainer.published() - n0) / (time.monotonic() - t0)
-        line = CommandLine(timeout=10)
-        assert line.send(source.tunnel.local, "pause", {}).ok  # through the tunnel
+        line = KeptConnection(source.tunnel.local, timeout=10)  # renews its pause by itself
+        assert line.send("pause").ok  # through the tunnel
         time.sleep(1)
         held = trainer.published()
         time.sleep(2)

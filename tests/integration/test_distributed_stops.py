@@ -78,7 +78,8 @@ def test_sigkill_of_one_rank_names_it_first_and_the_other_stopped_after(
         one, zero = rows[1]["job_role"], rows[0]["job_role"]
         assert one is not None and zero is not None, rows
         assert one["role"] == "first" and one["how"] == "killed" and one["status"] == "killed"
-        assert zero["role"] == "stopped_by_launcher" and zero["status"] == "stopped"
+        # rank 0 is a victim: its collective failed, or the launcher stopped it
+        assert (zero["role"], zero["status"]) in (("stopped_by_launcher", "stopped"), ("victim", "victim"))
         stops = rows[0]["job"]["stops"]
         assert stops["first"] == [1] and stops["first_how"] == "killed"
         assert stops["summary"].startswith("rank 1 died at ")
@@ -90,11 +91,14 @@ def test_sigkill_of_one_rank_names_it_first_and_the_other_stopped_after(
     # afterwards, with both ranks gone: the same story, and in the text listing too
     rows = _ls_json(capsys)
     assert rows[1]["job_role"]["role"] == "first" and rows[0]["job_role"]["role"] != "first"
+    # rank 0, alive when rank 1 died, read its exit status before torchrun reaped it
+    assert "killed by SIGKILL" in rows[1]["job_role"]["words"], rows[1]["job_role"]
     assert cli_main(["ls"]) == 0
     text = capsys.readouterr().out
-    assert "rank 1 died at" in text and "the first rank to stop" in text, text
+    assert "rank 1 died at" in text and "(killed by SIGKILL" in text, text
+    assert "the first rank to stop" in text, text
     lines = {ln.split()[3]: ln.split() for ln in text.splitlines() if ln.startswith("  ddp")}
-    assert lines["1/2"][6] == "killed" and lines["0/2"][6] == "stopped", text
+    assert lines["1/2"][6] == "killed" and lines["0/2"][6] in ("stopped", "victim"), text
 
 
 def test_a_frozen_rank_holds_the_job_and_the_other_waits_in_a_collective(
@@ -159,8 +163,32 @@ def test_judgement_on_hand_made_ranks() -> None:
     oom = {"status": "crashed", "ended": 99.5,
            "exception": {"type": "OutOfMemoryError", "message": "CUDA out of memory"}}  # fmt: skip
     stops = judge_job([_Rank(0, "crashed", ending=gloo), _Rank(1, "crashed", ending=oom)], now=120)
-    assert stops.first == (1,) and stops.ranks[0].role == "stopped_by_launcher"
-    assert "OutOfMemoryError" in stops.summary
+    assert stops.first == (1,) and stops.ranks[0].role == "victim"
+    assert "OutOfMemoryError" in stops.summary and "victims of the lost peer" in stops.summary
+
+    # one node of two after the end: both ranks here are victims, and neither is named first
+    sigterm = {"status": "interrupted", "ended": 99.2, "signal": "SIGTERM",
+               "reason": "SIGTERM (signal 15): terminated from outside"}  # fmt: skip
+    stops = judge_job([_Rank(0, "crashed", ending=sigterm), _Rank(1, "crashed", ending=gloo)],
+                      now=120, missing=(2, 3))  # fmt: skip
+    assert stops.first == () and stops.ranks[1].role == "victim", stops
+    assert stops.ranks[0].role == "stopped_by_launcher"
+    assert "not among those seen here (ranks 2-3 are on other nodes" in stops.summary
+    # the whole job: rank 2's SIGKILL read by its node-mate (exit.json), rank 3 terminated
+    killed = {"status": "crashed", "ended": 98.9, "signal": "SIGKILL",
+              "observed_by": "rank 3 (pid 7) on this node", "reason": "killed by SIGKILL"}  # fmt: skip
+    term3 = dict(sigterm, ended=99.0)
+    whole = [_Rank(0, "crashed", ending=sigterm), _Rank(1, "crashed", ending=gloo),
+             _Rank(2, "crashed", ending=killed, alive=False), _Rank(3, "crashed", ending=term3)]  # fmt: skip
+    stops = judge_job(whole, now=120)
+    assert stops.first == (2,) and stops.summary.startswith("rank 2 died at"), stops.summary
+    assert "(killed by SIGKILL, seen by rank 3" in stops.summary
+    assert {r: stops.ranks[r].role for r in (0, 1, 3)} == {
+        0: "stopped_by_launcher", 1: "victim", 3: "stopped_by_launcher"}
+    # a SIGTERM sent by hand before any collective failed is the first cause
+    early = dict(sigterm, ended=98.0)
+    stops = judge_job([_Rank(0, "crashed", ending=early), _Rank(1, "crashed", ending=gloo)], now=120)
+    assert stops.first == (0,) and stops.ranks[1].role == "victim"
 
     # Ctrl-C reaches every rank: no first rank
     ctrl_c = {"status": "interrupted", "ended": 100.0, "reason": "KeyboardInterrupt (Ctrl-C)"}

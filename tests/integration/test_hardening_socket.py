@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -241,6 +242,13 @@ def test_silent_connections_time_out_but_a_pause_holder_stays(tmp_path: Path) ->
         srv.close()
 
 
+def wait_until(cond: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
 class _TrainingThread:
     """Applies commands at "step boundaries" like a trainer's thread, and keeps their names."""
 
@@ -258,27 +266,33 @@ class _TrainingThread:
 
 
 def test_a_pause_is_a_lease_that_lapses_when_its_holder_goes_silent(tmp_path: Path) -> None:
-    """A frozen link (a holder that neither closes nor speaks) cannot hold a run paused."""
-    from nnwatch.sources.command_line import CommandLine
+    """A frozen link (a holder that neither closes nor speaks) cannot hold a run paused; one that
+    renews holds it past the lease, and learns when it has lost it."""
+    from nnwatch.channel.commands import PAUSE, RENEW
+    from nnwatch.channel.pause import KeptConnection
 
     srv = _serve(tmp_path, pause_lease=0.8)
     trainer = _TrainingThread(srv)
     try:
-        kept = CommandLine(timeout=5, keepalive_s=0.2)
-        assert kept.send(srv.path, "pause", {}).ok
-        for _ in range(40):  # 2 s, over twice the lease: the keepalives renew it
-            kept.keepalive()
+        kept = KeptConnection(srv.path, timeout=5, renew_s=0.2)  # renews by itself
+        assert kept.send(PAUSE).ok
+        deadline = time.monotonic() + 2.0  # over twice the lease: the renewals hold it
+        while time.monotonic() < deadline:
+            assert kept.holding, kept.lost
             time.sleep(0.05)
-        assert trainer.names == ["pause"] and kept.pausing
-        time.sleep(2.0)  # now the link freezes: no keepalive, the connection stays open
-        assert trainer.names == ["pause", "resume"]  # the server lifted the pause itself
-        assert kept.client is not None
-        kept.client.sock.settimeout(2)
+        assert trainer.names == ["pause"]
+        kept.close()
+        wait_until(lambda: trainer.names == ["pause", "resume"])  # closing lifts it
+
+        silent = ChannelClient(srv.path, timeout=5)  # one that never renews
+        assert silent.request(PAUSE).ok and silent.request(RENEW).data["held"] is True
+        wait_until(lambda: trainer.names == ["pause", "resume", "pause", "resume"])
+        silent.sock.settimeout(2)
         told = b""
         while b"\n" not in told:
-            told += kept.client.sock.recv(4096)
-        assert b"held a pause but sent nothing" in told
-        kept.close()
+            told += silent.sock.recv(4096)
+        assert b"held a pause but sent nothing" in told  # the server lifted the pause itself
+        silent.close()
     finally:
         trainer.stop.set()
         srv.close()

@@ -4,7 +4,9 @@
 
 ``--summary-every N`` sends every rank's summary to rank 0 every N steps; ``--loss-scale R X``
 multiplies rank R's loss by X (a data-sharding bug: one shard's labels are off; from step
-``--scale-from N``, so ``--loss-scale 3 nan --scale-from 5`` makes rank 3 go NaN first); ``--sleep S``
+``--scale-from N``, so ``--loss-scale 3 nan --scale-from 5`` makes rank 3 go NaN first); ``--hang-rank
+R --hang-file F``: once F exists, rank R stops in ``stuck_loading_data`` (a Python sleep, as a
+stuck data loader) and the others wait for it in the gradient all-reduce; ``--sleep S``
 makes each step S seconds longer so a test can look at (or kill) the live job; ``--steps 0`` runs
 until killed. Each rank prints ``rank R run_dir DIR`` once it is watched.
 """
@@ -26,6 +28,12 @@ import nnwatch
 from nnwatch.probe.watch import internals
 
 
+def stuck_loading_data() -> None:
+    """A rank that never brings its next batch: the others wait for it in the all-reduce."""
+    while True:
+        time.sleep(0.5)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20, help="0: until killed")
@@ -36,6 +44,8 @@ def main() -> int:
     ap.add_argument("--scale-from", type=int, default=0, help="--loss-scale from this step on")
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--watch-ranks", type=int, nargs="*", default=None, help="default: all")
+    ap.add_argument("--hang-rank", type=int, default=-1)
+    ap.add_argument("--hang-file", default="")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -58,6 +68,8 @@ def main() -> int:
             print(f"rank {rank} run_dir {w.run_dir}", flush=True)
         step = 0
         while args.steps <= 0 or step < args.steps:
+            if rank == args.hang_rank and args.hang_file and os.path.exists(args.hang_file):
+                stuck_loading_data()
             x = torch.randn(8, 16, generator=gen)
             y = torch.randint(0, 4, (8,), generator=gen)
             opt.zero_grad()

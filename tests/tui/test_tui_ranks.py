@@ -236,3 +236,31 @@ def test_pane_of_a_64_rank_job_sorts_strips_and_opens_a_rank(
     assert re.search(r"rows 1-\d+ of 64 \(sorted by worst", text), text
     first_row = next(ln for ln in text.splitlines() if re.match(r"^\s+\d+\s+node", ln))
     assert first_row.split()[0] == "37", text  # worst first: the rank furthest behind leads
+
+
+def test_the_dashboards_ranks_pane_grows_to_show_the_rows_that_came_later() -> None:
+    """The pane's height follows its rows: one sized while it looked for the other ranks stayed a
+    line high in the dashboard when they came, the story's rows hidden (seen in `open JOB`)."""
+    job = Job("k", "ddp (4/4 ranks here)", "torchelastic", 4, 0, tuple(_info(r, 4) for r in range(4)))
+    states = {r: RankState() for r in range(4)}
+    for st in states.values():
+        st.step = 5
+    view = build_view(job, states, dict.fromkeys(range(4), "live"))
+    polls: list[int] = []
+
+    def views() -> Any:
+        polls.append(1)
+        return view if len(polls) > 2 else None  # the rows come after a few polls
+
+    source = FixtureSource(50)
+    source.meta.world_size, source.meta.rank = 4, 0
+    app = NNWatchApp(source, hardware=fixed_hardware, fps=10, job_views=views)
+
+    async def main() -> int:
+        async with app.run_test(size=(160, 48)) as pilot:
+            pane = app.query_one(RanksPane)
+            await wait_until(pilot, lambda: pane.view is not None, timeout=30)
+            await wait_until(pilot, lambda: pane.size.height >= 4 + 2, timeout=30)
+            return pane.size.height
+
+    assert asyncio.run(main()) >= 6

@@ -17,7 +17,7 @@ from nnwatch.cli import _options, build_parser, main
 #: Commands run on the far host by other commands, never typed by a user.
 PLUMBING = {"pack", "ranks"}
 #: Commands that find a run by name, pid or directory among the registered and recorded runs.
-LOOK_UP_RUNS = {"attach", "open", "ctl", "ls", "gc", "pack", "pick", "serve", "ranks"}
+LOOK_UP_RUNS = {"attach", "open", "ctl", "ls", "gc", "pack", "pick", "serve", "ranks", "stacks"}
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -79,9 +79,9 @@ class RunHeader(Pane):
         left = Text(no_wrap=True, overflow="ellipsis")
         left.append("nnwatch ", style=pal.accent + Style(bold=True))
         left.append(meta.name, style=pal.text + Style(bold=True))
-        left.append(
-            f" {meta.host}:{meta.pid}" if compact else f"  {meta.host}:{meta.pid}", style=pal.muted
-        )
+        # a run on another machine: the host as the user named it to ssh, not its own hostname
+        host = getattr(self.ctx.source, "files_host", None) or meta.host
+        left.append(f" {host}:{meta.pid}" if compact else f"  {host}:{meta.pid}", style=pal.muted)
         rank = (
             f"r{meta.rank}/{meta.world_size}" if compact else f"rank {meta.rank}/{meta.world_size}"
         )

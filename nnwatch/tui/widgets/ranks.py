@@ -4,7 +4,8 @@ Each row: rank, host, step, lag behind the leading rank, steps/s, loss, grad nor
 status. Above the table a heat strip draws every rank's usual step time as one cell, coloured
 against the job's median, so one straggler among 256 ranks stands out at a glance; under it the
 job-level findings (the rank that died first or holds the job, stragglers with their host, a rank
-whose loss or grad norm is far from the others', the first non-finite rank). Hosts that could not
+whose loss or grad norm is far from the others', the first non-finite rank) and, while the job is
+stuck, where its ranks are (their stacks, folded, in one line). Hosts that could not
 be reached are listed as such, never hidden, and ranks no reader has seen are named in ranges.
 
 ``s`` cycles the sort (worst first by default: stopped, then non-finite, then lagging), the arrow
@@ -28,12 +29,13 @@ from textual.app import RenderResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 
+from nnwatch.sources.job_stacks import group, span
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
 COLUMNS = ("RANK", "HOST", "STEP", "LAG", "STEPS/S", "LOSS", "GRAD NORM", "MEM", "STATUS")
 BAD = frozenset({"nan", "hung", "crashed", "lost", "killed", "exited", "frozen", "stopped",
-                 "unreachable"})  # fmt: skip
+                 "victim", "unreachable"})  # fmt: skip
 #: A rank that is fine itself but held up by another one.
 HELD = frozenset({"behind", "waiting"})
 #: Sort orders ``s`` cycles through: (name, key on a row).
@@ -178,9 +180,12 @@ class RanksPane(Pane):
         self.max_rows = 12
 
     def show(self, view: Any) -> None:
-        """Take a new job view (UI thread) and draw it."""
+        """Take a new job view (UI thread) and draw it. Its height follows its rows (``auto``),
+        so the layout is done again: a pane sized for "looking for the other ranks…" stayed one
+        line high in the dashboard, its rows hidden."""
         self.view = view
         self.redraw()
+        self.refresh(layout=True)
 
     # -- keys ----------------------------------------------------------------------------------
     def action_cycle_sort(self) -> None:
@@ -242,6 +247,10 @@ class RanksPane(Pane):
                 head.append(Text(f"  {f.summary}", style=style))
         elif stops is not None and stops.summary:
             head.append(Text(f"  {stops.summary}", style=pal.error + Style(bold=True)))
+        stacks = getattr(view, "stacks", ())
+        if stacks:  # the job is stuck: where each rank is, in one line (the job view has them all)
+            where = "; ".join(f"{span(g.ranks)} in {g.where}" for g in group(stacks)[:3])
+            head.append(Text(f"  stacks: {where} (`nnwatch stacks` prints them)", style=pal.warning))
         table = Table(box=None, padding=(0, 1), expand=False, show_edge=False)
         for c in COLUMNS:
             table.add_column(c, style=pal.text, header_style=pal.muted + Style(bold=True),
