@@ -22,6 +22,7 @@ becomes a ``snapshot_failed`` finding, and raises: the probe turns the exception
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -452,18 +453,14 @@ def complete_pending(w: object, rows: np.ndarray) -> None:
         hits = [(s, pending.pop(s)) for s in list(pending) if (steps == s).any()]
     for s, path in hits:
         row = rows[np.flatnonzero(steps == s)[0]]
-        try:
+        with contextlib.suppress(OSError):  # replay falls back to the run's scalars.bin
             write_record(path, row)
-        except OSError:
-            pass  # replay falls back to the run's scalars.bin
 
 
 def write_record(path: Path, row: Any) -> None:
-    """The step's own loss and norm for replay to compare with: the values as recorded (float64
-    from schema 4), and their float32 bits, which a replay reproduces bit for bit."""
+    """The step's loss and norm as recorded, and the float32 bits a replay reproduces exactly."""
     with np.errstate(over="ignore"):  # a float64 loss past float32's range has inf bits
-        loss = np.float32(row["loss"])
-        gn = np.float32(row["grad_norm"])
+        loss, gn = np.float32(row["loss"]), np.float32(row["grad_norm"])
     record = {
         "step": int(row["step"]),
         "loss": _plain_number(row["loss"]),

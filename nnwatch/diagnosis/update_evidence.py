@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nnwatch.diagnosis.context import SPARSE_GRAD_KINDS, RunContext
+from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, SPARSE_GRAD_KINDS, RunContext
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import fmt
 
@@ -42,6 +42,9 @@ NO_GRAD_SHARE = 0.01  # 1% of the trainable elements without a gradient at the u
 NO_GRAD_UPDATES = 5  # ... on this many measured updates in a row
 TINY_RATIO = 1e-5  # an update under 1e-5 of the weights (healthy ~1e-3)
 LARGE_RATIO = 0.3  # an update of a third of the weights' norm
+#: an adaptive optimizer whose nominal step (the LR on every element) is half the weights' size
+#: themselves: its measured ratio falls once most units die, its LR stays the cause
+NOMINAL_RATIO = 0.5
 PINNED = 0.5  # the weights' norm at half of where the run began
 RISE_LR = 2.0  # an LR twice the one the run was stable at
 #: an update ratio ten times the run's stable one: more than an adaptive optimizer's own swing
@@ -139,6 +142,10 @@ class UpdateEvidence:
             self.labels.append((row.label_entropy, row.label_mean, row.label_var))
             self.batch = row.batch_size
             self._mix = None
+        # the shares come with every measured step, an update sampled or not (an optimizer that
+        # holds only frozen parameters samples nothing)
+        self.no_grad_run = _run(self.no_grad, row.params_no_grad, self.no_grad_run)
+        self.unoptimized_run = _run(self.unoptimized, row.params_unoptimized, self.unoptimized_run)
         if row.update_layer is None or row.weight_layer is None:
             return
         self.updates += 1
@@ -165,8 +172,6 @@ class UpdateEvidence:
                 self.lr_at.append((row.step, row.lr0))
         if math.isfinite(row.update_frozen):
             self.frozen.append(row.update_frozen)
-        self.no_grad_run = _run(self.no_grad, row.params_no_grad, self.no_grad_run)
-        self.unoptimized_run = _run(self.unoptimized, row.params_unoptimized, self.unoptimized_run)
 
     # -- what the recent updates show ------------------------------------------------------------
     @property
@@ -176,8 +181,8 @@ class UpdateEvidence:
     def recent_ratio(self) -> float:
         return _median(self.ratio)
 
-    def stall(self, ctx: RunContext, lr: float) -> Mechanism | None:
-        """The mechanism that explains a loss that does not fall, the most certain first."""
+    def stall(self, ctx: RunContext, lr: float) -> list[Mechanism]:
+        """The mechanisms that explain a loss that does not fall, the most certain first."""
         found = self._missing_gradients()
         if found is None and ctx.loss_broadcast:
             found = Mechanism(
@@ -187,9 +192,11 @@ class UpdateEvidence:
                 "give the prediction and the target the same shape (pred.squeeze(-1) against a "
                 "(B,) target, or y.view(-1, 1)); torch's mse_loss warns about this mismatch",
             )
-        if found is not None or not self.ready:
-            return found
-        return self._frozen(ctx) or self._pinned(ctx) or self._tiny(lr) or self._large(lr)
+        out: list[Mechanism | None] = [found]
+        if self.ready:
+            # a huge LR kills units, after which the measured updates are tiny: large first
+            out += [self._frozen(ctx), self._pinned(ctx), self._large(lr, ctx), self._tiny(lr)]
+        return [m for m in out if m is not None]
 
     def _missing_gradients(self) -> Mechanism | None:
         if self.no_grad_run >= NO_GRAD_UPDATES and self.ran_without_grad >= NO_GRAD_UPDATES:
@@ -285,19 +292,32 @@ class UpdateEvidence:
         recent = [x for _, x in self.lr_at][-RECENT:]
         return bool(recent) and math.isfinite(lr) and lr > 1.5 * recent[0]
 
-    def _large(self, lr: float) -> Mechanism | None:
+    def _large(self, lr: float, ctx: RunContext) -> Mechanism | None:
         ratio = self.recent_ratio()
-        if not ratio >= LARGE_RATIO:
+        nominal = _adaptive_step(lr, ctx)
+        at = f" ({fmt(lr)})" if math.isfinite(lr) else ""
+        remedy = (
+            f"lower the LR{at} by 10-100x, or run the LR range test (nnwatch check MODULE:FACTORY)"
+        )
+        if ratio >= LARGE_RATIO:
+            return Mechanism(
+                "updates_too_large",
+                f"each update changes the weights by {fmt(ratio)} of their norm (healthy is about "
+                f"1e-3): the LR{at} is far too high, so every step overshoots what the last one "
+                "learned",
+                remedy, {"update_to_weight_ratio": ratio, "lr": lr},
+            )  # fmt: skip
+        if not nominal >= NOMINAL_RATIO:
             return None
+        rms = ctx.param_norm / math.sqrt(ctx.total_numel)
         return Mechanism(
             "updates_too_large",
-            f"each update changes the weights by {fmt(ratio)} of their norm (healthy is about "
-            "1e-3): the LR" + (f" ({fmt(lr)})" if math.isfinite(lr) else "") + " is far too high, "
-            "so every step overshoots what the last one learned",
-            "lower the LR by 10-100x" + (f" (now {fmt(lr)})" if math.isfinite(lr) else "")
-            + ", or run the LR range test (nnwatch check MODULE:FACTORY)",
-            {"update_to_weight_ratio": ratio, "lr": lr},
-        )
+            f"{ctx.optimizer} moves every weight by about the LR{at} on each step, "
+            f"{fmt(nominal)} of the weights' typical size ({fmt(rms)}): far too high for it, "
+            "so the units it throws into dead or saturated ranges stop learning (its measured "
+            f"updates are now {fmt(ratio)} of the weights)",
+            remedy, {"update_to_weight_ratio": ratio, "nominal_update_ratio": nominal, "lr": lr},
+        )  # fmt: skip
 
     def backs_rise(self, row: Row, since: int) -> bool | None:
         """Did the updates grow with a rise that began at ``since``? True: the update ratio rose
@@ -381,30 +401,42 @@ class UpdateEvidence:
         all of it lies between the batches."""
         if self._mix is not None and self._mix[0] == k:
             return self._mix[1]
-        found = self._label_mix(k)
+        found = _label_mix(self.labels, self.batch, k)
         self._mix = (k, found)
         return found
 
-    def _label_mix(self, k: int | None) -> Mechanism | None:
-        if not k or k < 2 or len(self.labels) < 8 or not self.batch >= MIN_BATCH:
-            return None
-        means = [m for _, m, _ in self.labels]
-        mu = sum(means) / len(means)
-        between = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
-        within = sum(v for _, _, v in self.labels) / len(self.labels)
-        share = between / (between + within) if between + within > 0 else 0.0
-        if share < ORDERED_SHARE:
-            return None
-        classes = math.exp(_median([e for e, _, _ in self.labels]))
-        return Mechanism(
-            "batches_not_shuffled",
-            f"the batches come in order of their labels: each holds about {fmt(classes)} of the "
-            f"{k} classes, and {fmt(100 * share)}% of the labels' variance lies between batches "
-            "(shuffled batches put all but about 1/batch-size of it within each one)",
-            "shuffle the data (DataLoader(..., shuffle=True), or a new random permutation each "
-            "epoch)",
-            {"label_variance_between_batches": share, "classes_per_batch": classes},
-        )
+
+def _label_mix(
+    labels: deque[tuple[float, float, float]], batch: float, k: int | None
+) -> Mechanism | None:
+    """The labels' variance between batches against that within them (see ``label_mix``)."""
+    if not k or k < 2 or len(labels) < 8 or not batch >= MIN_BATCH:
+        return None
+    means = [m for _, m, _ in labels]
+    mu = sum(means) / len(means)
+    between = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
+    within = sum(v for _, _, v in labels) / len(labels)
+    share = between / (between + within) if between + within > 0 else 0.0
+    if share < ORDERED_SHARE:
+        return None
+    classes = math.exp(_median([e for e, _, _ in labels]))
+    return Mechanism(
+        "batches_not_shuffled",
+        f"the batches come in order of their labels: each holds about {fmt(classes)} of the "
+        f"{k} classes, and {fmt(100 * share)}% of the labels' variance lies between batches "
+        "(shuffled batches put all but about 1/batch-size of it within each one)",
+        "shuffle the data (DataLoader(..., shuffle=True), or a new random permutation each "
+        "epoch)",
+        {"label_variance_between_batches": share, "classes_per_batch": classes},
+    )
+
+
+def _adaptive_step(lr: float, ctx: RunContext) -> float:
+    """An adaptive optimizer's nominal update over the weights: it moves every element by
+    about the LR, so LR x sqrt(#elements) / ||w|| (NaN for others, or when unknown)."""
+    if ctx.optimizer not in ADAPTIVE_OPTIMIZERS or not (ctx.param_norm > 0 and ctx.total_numel):
+        return math.nan
+    return lr * math.sqrt(ctx.total_numel) / ctx.param_norm if math.isfinite(lr) else math.nan
 
 
 def _row_ratio(row: Row, dense: np.ndarray | None) -> float:

@@ -30,7 +30,7 @@ Everything stays on the device; the only host reads are of CPU tensors.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,9 +85,7 @@ class GradientRecorder:
         self.on_nonfinite = on_nonfinite  # the guard, for loops without an optimizer
         #: told when torch's norm is taken before ``scaler.unscale_()`` (see ``still_scaled``)
         self.on_scaled_norm: Callable[[], None] | None = None
-        #: torch norms still to check for that: the mistake is in the loop's code, so it shows
-        #: on the first ones or never
-        self.scaled_checks = SCALED_CHECKS
+        self.scaled_checks = SCALED_CHECKS  # torch norms still to check: the first show it or none
         self.override: float | None = None  # a threshold set from a monitor
         self.threshold = math.nan  # the clip threshold of this step, NaN when none was applied
         self.measure = True  # this step is one the cost budget measures in full
@@ -104,6 +102,7 @@ class GradientRecorder:
         self.kept = math.nan  # grads_kept: 1.0 not cleared since the last update, 0.0 cleared
         self.layers_done = False  # this step's per-layer gradient norms are in the record
         self.changes = GradChanges()  # cleared between updates? changed before the update?
+        self.cleared_params: Sequence[torch.Tensor] = plan.params  # zero_grad() clears these only
         self._host_norm = True  # the light norm through numpy (see ``light_norm``)
         self.grad_max = math.nan  # the largest finite element, when torch's norm was not (CPU)
 
@@ -180,7 +179,7 @@ class GradientRecorder:
 
     def see_cleared(self) -> None:
         """At the update: were the last update's gradients cleared before this one's backward?"""
-        self.kept = self.changes.see_cleared(self.plan.params, self.backwards)
+        self.kept = self.changes.see_cleared(self.cleared_params, self.backwards)
 
     def _check_scaled(self) -> None:
         self.scaled_checks -= 1

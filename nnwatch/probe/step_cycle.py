@@ -259,8 +259,8 @@ class StepCycle:
             record.amp()
         shares = NO_SHARES
         if measure:
-            if self.updates.after():
-                shares = self.updates.shares
+            self.updates.after()
+            shares = self.updates.take_shares()
             if batch is not None:
                 self.labels.record(batch)
         dt = now - self.last_time
@@ -280,6 +280,9 @@ class StepCycle:
         )
         if not self.layers.finalized:
             self.loss_shape = describe_loss(loss, self._known_params())
+            if getattr(self.updates.optimizer, "param_groups", None):
+                held = self._held_ids()  # none of them: nothing zero_grad() clears to watch
+                rec.cleared_params = [p for p in self.plan.params if id(p) in held]
             self.owner.start_run()
         snaps = self.snapshots
         if snaps.reason is not None and snaps.armed:
@@ -317,11 +320,15 @@ class StepCycle:
 
     def _known_params(self) -> set[int]:
         """Ids of the parameters the watch knows: the model's and its optimizer's."""
-        own = {id(p) for p in self.plan.params}
+        return {id(p) for p in self.plan.params} | self._held_ids()
+
+    def _held_ids(self) -> set[int]:
+        """Ids of the parameters the optimizer holds (none without one)."""
+        held: set[int] = set()
         for group in getattr(self.updates.optimizer, "param_groups", None) or ():
             if isinstance(group, dict):
-                own.update(id(p) for p in group.get("params", ()))
-        return own
+                held.update(id(p) for p in group.get("params", ()))
+        return held
 
     def _count_updates(self, done: int) -> None:
         """Over the first steps, count those with no optimizer step; mostly none is a loop that

@@ -95,6 +95,7 @@ class UpdateRecorder:
         #: (optimizer's trainable elements never given a gradient, model's elements with a
         #: gradient in no group), as shares, on the step measured last; NaN when not measured
         self.shares = _NO_SHARES
+        self._shares_taken = False  # before() ran on this step: its shares belong to the record
 
     # -- before the update -----------------------------------------------------------------------
     def held(self) -> list[torch.Tensor]:
@@ -116,6 +117,7 @@ class UpdateRecorder:
         self._had_grad.update(id(p) for p in with_grad)
         never = [p for p in trainable if id(p) not in self._had_grad]
         self.shares = (self._share(trainable, never), self._unoptimized(held))
+        self._shares_taken = True
         self._pending = bool(with_grad)
         if not with_grad:
             return
@@ -213,6 +215,12 @@ class UpdateRecorder:
             f = total / over
             sizes = [max(1, min(s, int(s * f))) for s in sizes]
         return sizes
+
+    def take_shares(self) -> tuple[float, float]:
+        """This step's shares (without a gradient, outside the optimizer), once: NaN when the
+        step took none (not measured), even when nothing could be sampled (no gradient at all)."""
+        taken, self._shares_taken = self._shares_taken, False
+        return self.shares if taken else _NO_SHARES
 
     def cancel(self) -> None:
         """The update will not happen (a skipped step): nothing to compare."""

@@ -100,6 +100,10 @@ class DeadReluDetector(Detector):
             zero = gl == 0.0
             if zero.any() or self.grad_ep._busy:
                 seen = np.isfinite(gl) & ~self.sparse_param & (self.feeds >= 0)
+                # a ReLU its sampled statistics show alive is not dead: the zero comes from after
+                # it (a loss term weighted by 0, a masked output): zero_gradient_layer's to say
+                fed = self.last_zero[np.maximum(self.feeds, 0)]
+                seen &= ~(np.isfinite(fed) & (fed < DEAD_FRACTION))
                 new_grad = self.grad_ep.update(zero & seen, row.step, observed=seen)
         if new_sampled is None and new_sum is None and new_grad is None and not self._reported:
             return None  # the usual step: nothing seen, nothing open

@@ -197,16 +197,16 @@ class LossStalledDetector(Detector):
         """What the updates show behind a loss that has stopped falling (see AFTER_LEARNING)."""
         if len(hist.loss) < MECH_MIN_STEPS:
             return None
-        mech = hist.obs.update.stall(self.ctx, row.lr0)
-        if mech is None:
+        found = hist.obs.update.stall(self.ctx, row.lr0)
+        if not found:
             return None
-        if mech.code in AFTER_LEARNING:
-            if len(hist.loss) < MECH_WINDOW or not self._flat(hist, MECH_WINDOW):
-                return None
-            return None if self._converged(hist) else mech
+        flat = len(hist.loss) >= MECH_WINDOW and self._flat(hist, MECH_WINDOW) and not self._converged(hist)
         prog = hist.progress_since_start(min(10, len(hist.loss)))
-        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
-        return mech if unmoved and not hist.learned(LEARNED) else None
+        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS and not hist.learned(LEARNED)
+        for mech in found:  # the most certain one the loss's course allows
+            if (flat if mech.code in AFTER_LEARNING else unmoved):
+                return mech
+        return None
 
     def _support(self, hist: RunHistory) -> str:
         """A cause the records show for a loss flat at chance, in words, or nothing."""

@@ -16,6 +16,12 @@ A layer that did not run in the step's forward (a mixture's expert that no token
 a branch not taken) is not expected to have a gradient: absent counts only on steps where its
 output was seen (where nnwatch watches the layer's output), and a layer feeding a ReLU is judged
 on absence too (a dead ReLU gives zeros, never no gradient at all).
+
+Where the layer sits says how sure this is. Gradient blocked on the way to layers that still
+learn after it (in forward order: an encoder behind a ``round``, a branch detached) is a fault; a
+layer after every layer that learns is an output branch whose loss term passes nothing back
+(a loss weight not yet switched on, an auxiliary head, a head the loss does not use), which a
+recipe may mean: a note, made a warning when it lasts ``OUTPUT_PATIENCE`` steps.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from nnwatch.store.finding import Finding
 ZERO_STEPS = 3
 ABSENT_STEPS = 5
 RELEASE = 20
+OUTPUT_PATIENCE = 200  # steps an output branch may get no gradient before it is a warning
 RECURRENT_KINDS = frozenset({"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"})
 
 
@@ -53,6 +60,7 @@ class ZeroGradientLayerDetector(Detector):
         self.zero_ep = EpisodeArray(P, confirm=ZERO_STEPS, release=RELEASE)
         self.absent_ep = EpisodeArray(P, confirm=ABSENT_STEPS, release=RELEASE)
         self.on = P >= 2 and bool(self.absent_eligible.any())
+        self.noted: dict[int, tuple[int, bool]] = {}  # output branches noted: (first step, absent)
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         gl = row.grad_layer
@@ -68,12 +76,35 @@ class ZeroGradientLayerDetector(Detector):
         new_zero = self.zero_ep.update(zero, row.step, observed=self.eligible)
         new_absent = self.absent_ep.update(absent, row.step, observed=self.absent_eligible & ran)
         if not (new_zero.any() or new_absent.any()):
-            return None  # nothing opened: the usual step
+            return self._still_noted(row) if self.noted else None  # the usual step
         for j in self.ctx.param_order:
-            if new_zero[j]:
-                return self._finding(row, int(j), absent=False)
-            if new_absent[j]:
-                return self._finding(row, int(j), absent=True)
+            if new_zero[j] or new_absent[j]:
+                absent = bool(new_absent[j] and not new_zero[j])
+                if self._output_branch(row, int(j)):
+                    self.noted[int(j)] = (row.step, absent)
+                    return self._finding(row, int(j), absent=absent, note=True)
+                return self._finding(row, int(j), absent=absent)
+        return None
+
+    def _output_branch(self, row: Row, j: int) -> bool:
+        """No layer after ``j`` in forward order gets a gradient: ``j`` ends the model's forward."""
+        order = [int(k) for k in self.ctx.param_order]
+        after = order[order.index(j) + 1 :] if j in order else []
+        gl = row.grad_layer
+        return not any(math.isfinite(float(gl[k])) and gl[k] > 0 for k in after)
+
+    def _still_noted(self, row: Row) -> Finding | None:
+        """An output branch noted earlier that still gets nothing after ``OUTPUT_PATIENCE``
+        steps: a warning now; one whose episode closed is forgotten."""
+        gl = row.grad_layer
+        for j, (first, absent) in list(self.noted.items()):
+            open_now = self.absent_ep.active[j] if absent else self.zero_ep.active[j]
+            learns = row.measured and gl.size > j and math.isfinite(float(gl[j])) and gl[j] > 0
+            if not open_now or learns:  # its loss term came on (or the episode ended)
+                del self.noted[j]
+            elif row.step - first >= OUTPUT_PATIENCE:
+                del self.noted[j]
+                return self._finding(row, j, absent=absent, lasted=True)
         return None
 
     def _ran(self, row: Row) -> np.ndarray:
@@ -89,7 +120,9 @@ class ZeroGradientLayerDetector(Detector):
         out[own] = seen[idx[own]] != 0.0
         return out
 
-    def _finding(self, row: Row, j: int, absent: bool) -> Finding:
+    def _finding(
+        self, row: Row, j: int, absent: bool, note: bool = False, lasted: bool = False
+    ) -> Finding:
         ctx = self.ctx
         label = ctx.param_label(j)
         kind = ctx.param_layer_kinds[j]
@@ -129,9 +162,18 @@ class ZeroGradientLayerDetector(Detector):
                 "out (a mask of zeros, torch.where picking the other branch); 3) a saturated "
                 "tanh/sigmoid after it"
             )
+        if note:
+            summary += (
+                " It comes after every layer that learns: an output branch whose loss term passes "
+                "nothing back (a loss weight of 0 not yet switched on, an auxiliary head, a head "
+                "the loss does not use). A note for now: a warning if it lasts "
+                f"{OUTPUT_PATIENCE} steps."
+            )
+        elif lasted:
+            summary += f" It has lasted {OUTPUT_PATIENCE} steps or more."
         return Finding(
             kind=self.kind,
-            severity="warning",
+            severity="info" if note else "warning",
             step=row.step,
             summary=summary,
             remedy=remedy,
