@@ -86,6 +86,10 @@ class RunContext:
     loss_outside: int = 0
     """Trainable elements in the first loss's graph that neither the model nor its optimizer
     holds: another network trained elsewhere (a GAN's other side)."""
+    loss_detached: bool = False
+    """The first loss's graph reaches none of the model's outputs: no gradient of it can."""
+    loss_squashed: str = ""
+    """The loss squashes an output already squashed (a sigmoid, a softmax), in words."""
 
     @property
     def num_layers(self) -> int:
@@ -190,6 +194,8 @@ class RunContext:
             weight_decay=base.weight_decay,
             half_precision_share=base.half_precision_share,
             loss_outside=base.loss_outside,
+            loss_detached=base.loss_detached,
+            loss_squashed=base.loss_squashed,
         )
 
 
@@ -197,7 +203,7 @@ def _setup(extra: dict[str, Any]) -> dict[str, Any]:
     """The loss's form and the update set-up from meta.json's extra, checked (a hand edit or an
     older run gives the defaults)."""
     out: dict[str, Any] = {}
-    for key in ("loss_form", "loss_broadcast"):
+    for key in ("loss_form", "loss_broadcast", "loss_squashed"):
         if isinstance(extra.get(key), str):
             out[key] = extra[key][:500]
     for key in ("weight_decay", "half_precision_share"):
@@ -207,6 +213,8 @@ def _setup(extra: dict[str, Any]) -> dict[str, Any]:
     v = extra.get("loss_outside")
     if type(v) is int and v >= 0:
         out["loss_outside"] = v
+    if extra.get("loss_detached") is True:
+        out["loss_detached"] = True
     return out
 
 

@@ -192,7 +192,7 @@ class UpdateEvidence:
                 "give the prediction and the target the same shape (pred.squeeze(-1) against a "
                 "(B,) target, or y.view(-1, 1)); torch's mse_loss warns about this mismatch",
             )
-        out: list[Mechanism | None] = [found]
+        out: list[Mechanism | None] = [found, *_loss_graph(ctx)]
         if self.ready:
             # a huge LR kills units, after which the measured updates are tiny: large first
             out += [self._frozen(ctx), self._pinned(ctx), self._large(lr, ctx), self._tiny(lr)]
@@ -429,6 +429,30 @@ def _label_mix(
         "epoch)",
         {"label_variance_between_batches": share, "classes_per_batch": classes},
     )
+
+
+def _loss_graph(ctx: RunContext) -> list[Mechanism]:
+    """What the first loss's graph shows about a loss that cannot fall."""
+    out = []
+    if ctx.loss_detached:
+        out.append(Mechanism(
+            "loss_detached",
+            "the loss's graph never reaches the model's output: it was computed from a detached "
+            "copy (.data, .detach(), .item(), numpy) or made to require a gradient by hand, so "
+            "only its other terms (a weight penalty) reach the weights",
+            "compute the loss from the model's output tensor itself; if backward() complained "
+            "that the loss does not require grad, the detach is the bug (setting "
+            "loss.requires_grad = True only hides it)",
+        ))  # fmt: skip
+    if ctx.loss_squashed:
+        out.append(Mechanism(
+            "loss_squashed_twice",
+            f"{ctx.loss_squashed}: squashed twice, every prediction stays in a narrow band "
+            "near chance and its gradient shrinks",
+            "remove the model's last Sigmoid/Softmax (BCEWithLogitsLoss and CrossEntropyLoss "
+            "apply it themselves), or keep it and use BCELoss / NLLLoss on its log",
+        ))  # fmt: skip
+    return out
 
 
 def _adaptive_step(lr: float, ctx: RunContext) -> float:

@@ -1,6 +1,7 @@
 """Where the probe hooks into the user's objects, and how it leaves them exactly as they were.
 
-The model gets a forward pre-hook (a step starts) and the per-layer hooks; the parameters at both
+The model gets a forward pre-hook (a step starts), a forward hook until the first loss is read
+(what the model output) and the per-layer hooks; the parameters at both
 ends get a post-accumulate-grad hook (one of them gets a gradient in any backward that reaches
 the model); torch's clip functions are intercepted; the optimizer gets a step pre-hook. Every
 hook is marked so that a saved or copied model leaves it out, and all of them come off at close.
@@ -17,6 +18,7 @@ from torch.nn.parameter import UninitializedParameter
 
 from nnwatch.probe import clip_intercept
 from nnwatch.probe.exit_status import OBSERVER
+from nnwatch.probe.first_outputs import FirstOutputs
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.hook_hiding import ProbeHook, hide_hooks, release_hooks
 from nnwatch.probe.layer_hooks import LayerHooks
@@ -44,9 +46,12 @@ class Attachment:
         on_forward_start: Callable[..., None],
         on_backward: Callable[[torch.Tensor], None],
         before_step: Callable[..., None],
+        outputs: FirstOutputs | None = None,
     ) -> None:
         self.hidden = hide_hooks(model)
         self.handles.append(model.register_forward_pre_hook(ProbeHook(on_forward_start), with_kwargs=True))
+        if outputs is not None:
+            self.handles.append(outputs.attach(model))
         self.layers.attach()
         params = plan.params
         self.hooked_params = []

@@ -26,6 +26,7 @@ from torch import nn
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.command_handler import CommandHandler
+from nnwatch.probe.first_outputs import FirstOutputs
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.guard import Guard
 from nnwatch.probe.label_mix import LabelMix
@@ -128,6 +129,7 @@ class StepCycle:
         self.closure_step = False  # the optimizer's step ran before this step's forward
         #: the first step's loss, read from its graph: its form and any broadcast in it
         self.loss_shape = LossShape()
+        self.first_outputs = FirstOutputs()  # the model's outputs until the first loss is read
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -279,7 +281,7 @@ class StepCycle:
             self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
         )
         if not self.layers.finalized:
-            self.loss_shape = describe_loss(loss, self._known_params())
+            self.loss_shape = describe_loss(loss, self._known_params(), self.first_outputs.take())
             if getattr(self.updates.optimizer, "param_groups", None):
                 held = self._held_ids()  # none of them: nothing zero_grad() clears to watch
                 rec.cleared_params = [p for p in self.plan.params if id(p) in held]

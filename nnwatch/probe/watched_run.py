@@ -118,7 +118,7 @@ class WatchedRun:
         cycle = self.cycle
         self.attachment.attach(
             self.model, self.plan, self.optimizer.hook, cycle.on_forward_start, cycle.on_backward,
-            cycle.before_optimizer_step,
+            cycle.before_optimizer_step, cycle.first_outputs,
         )
         if self.scaler is None:
             scaler_discovery.wait_for(self._adopt_scaler)

@@ -11,7 +11,12 @@ after ``backward()`` has freed its tensors (node types and saved sizes stay):
   ``(B, B)`` tensor. The model can then learn only the targets' mean;
 * *another trainable network* in the loss: trainable parameters that are neither the watched
   model's nor its optimizer's (a GAN generator's loss goes through the discriminator, which another
-  optimizer trains). Such a loss moves when the other network learns: its level alone says little.
+  optimizer trains). Such a loss moves when the other network learns: its level alone says little;
+* a loss *detached* from the model: its graph never reaches the model's outputs (a loss taken from
+  ``output.data`` or ``.detach()`` and kept alive by another term or by ``requires_grad = True``);
+* a *squashed* input: ``BCEWithLogitsLoss`` over an output already through a sigmoid, or
+  cross-entropy over a softmax: the loss squashes a second time and the predictions cannot leave a
+  narrow band around chance.
 """
 
 from __future__ import annotations
@@ -52,18 +57,36 @@ class LossShape:
     """Elements of trainable parameters in the loss's graph that neither the watched model nor
     its optimizer holds (another network, trained elsewhere)."""
 
-    def to_extra(self) -> dict[str, str | int]:
-        return {"loss_form": self.form, "loss_broadcast": self.broadcast, "loss_outside": self.outside}
+    detached: bool = False
+    """The loss's graph was read whole and reaches none of the model's outputs of that step (or
+    the loss is a leaf made to require a gradient): no gradient of it reaches the model."""
+    squashed: str = ""
+    """A loss that squashes an output already squashed (a sigmoid under ``BCEWithLogitsLoss``, a
+    softmax under cross-entropy), in words, or ``""``."""
+
+    def to_extra(self) -> dict[str, str | int | bool]:
+        return {
+            "loss_form": self.form, "loss_broadcast": self.broadcast, "loss_outside": self.outside,
+            "loss_detached": self.detached, "loss_squashed": self.squashed,
+        }  # fmt: skip
 
 
-def describe_loss(loss: Any, own: set[int] | frozenset[int] = frozenset()) -> LossShape:
+def describe_loss(
+    loss: Any, own: set[int] | frozenset[int] = frozenset(), outputs: list[Any] | None = None
+) -> LossShape:
     """The form of ``loss``, any broadcast in it and, given the ids of the parameters the watch
-    knows (``own``), the trainable elements outside them; never raises."""
+    knows (``own``), the trainable elements outside them; given the autograd nodes of the model's
+    outputs in this step (``outputs``), whether the loss reaches any of them. Never raises."""
     try:
         node = getattr(loss, "grad_fn", None)
         if node is None:
-            return LossShape()
-        return LossShape(_form(node), _broadcast(node), _outside(node, own) if own else 0)
+            leaf = bool(getattr(loss, "requires_grad", False)) and bool(outputs)
+            return LossShape(detached=leaf)  # ``loss.requires_grad = True`` on a detached loss
+        reached = _reaches(node, {id(n) for n in outputs}) if outputs else None
+        return LossShape(
+            _form(node), _broadcast(node), _outside(node, own) if own else 0,
+            detached=reached is False, squashed=_squashed(node),
+        )  # fmt: skip
     except Exception:  # noqa: BLE001 - an odd graph: nothing is known
         return LossShape()
 
@@ -92,6 +115,74 @@ def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
             continue
         stack.extend(_children(node))
     return total
+
+
+def _reaches(root: Any, targets: set[int]) -> bool | None:
+    """Whether the graph under ``root`` holds one of the ``targets`` nodes; None when the graph is
+    too large to read whole (then nothing is claimed)."""
+    stack: list[Any] = [root]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in targets:
+            return True
+        if id(node) in seen:
+            continue
+        if len(seen) >= _MAX_NODES:
+            return None
+        seen.add(id(node))
+        stack.extend(_children(node))
+    return False
+
+
+#: Nodes that only move an output around between a squashing function and the loss.
+_RESHAPE = frozenset({
+    "ViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0", "SqueezeBackward1",
+    "UnsqueezeBackward0", "PermuteBackward0", "TransposeBackward0", "TBackward0", "SliceBackward0",
+    "SelectBackward0", "CloneBackward0", "ToCopyBackward0", "UnsafeViewBackward0",
+})  # fmt: skip
+_SQUASH = {"SigmoidBackward0": "a sigmoid", "SoftmaxBackward0": "a softmax"}
+_SQUASHING_LOSS = {
+    "BinaryCrossEntropyWithLogitsBackward0": "BCEWithLogitsLoss applies its own sigmoid",
+    "LogSoftmaxBackward0": "cross-entropy applies its own log-softmax",
+}
+
+
+def _squashed(root: Any) -> str:
+    """A loss that squashes an output already squashed, in words, or ``""``: looked for along
+    the loss's own chain (its scaling, averaging and terms), not deep in the model."""
+    stack, seen = [root], 0
+    while stack and seen < 4 * _DEPTH:
+        node = stack.pop()
+        seen += 1
+        name = _name(node)
+        if name in _SQUASHING_LOSS:
+            kids = _children(node)
+            inner = _through_reshapes(kids[0]) if kids else None
+            if inner is not None and _name(inner) in _SQUASH:
+                band = (
+                    "a sigmoid of a sigmoid lies between 0.5 and 0.73" if "Logits" in name
+                    else "a softmax of probabilities gives any class at most e / (e + K - 1)"
+                )
+                return (
+                    f"{_SQUASHING_LOSS[name]} to an output that already went through "
+                    f"{_SQUASH[_name(inner)]} ({band})"
+                )
+            continue
+        if name in _PASS or name in _TERMS or name in _CROSS_ENTROPY:
+            stack.extend(_children(node))
+    return ""
+
+
+def _through_reshapes(node: Any) -> Any:
+    for _ in range(_DEPTH):
+        if _name(node) not in _RESHAPE:
+            return node
+        kids = _children(node)
+        if len(kids) != 1:
+            return node
+        node = kids[0]
+    return node
 
 
 def _name(node: Any) -> str:

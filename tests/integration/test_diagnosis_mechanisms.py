@@ -162,11 +162,24 @@ def test_a_loss_that_falls_without_bound_is_named_not_called_an_explosion():
 # healthy runs whose loss or gradients move for a reason
 
 
+def test_a_loss_detached_from_the_models_output_is_named():
+    f = _one(_warnings("mech_detached_loss"), "loss_stalled")
+    assert "never reaches the model's output" in f.summary
+    assert "from the model's output tensor itself" in f.remedy
+
+
+def test_a_loss_that_squashes_an_output_twice_is_named():
+    f = _one(_warnings("mech_double_softmax"), "loss_stalled")
+    assert "cross-entropy applies its own log-softmax" in f.summary and "a softmax" in f.summary
+    assert "remove the model's last Sigmoid/Softmax" in f.remedy
+
+
 @pytest.mark.parametrize(
     "name",
     [
         "healthy_curriculum", "healthy_distillation", "healthy_rare_experts",
-        "healthy_gan_generator_alone", "healthy_float64_huge_loss",
+        "healthy_gan_generator_alone", "healthy_float64_huge_loss", "healthy_sigmoid_bce",
+        "healthy_logits_and_features",
     ],
 )  # fmt: skip
 def test_a_loss_that_moves_for_a_reason_gets_no_warning(name):

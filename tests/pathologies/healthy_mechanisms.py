@@ -3,8 +3,9 @@ for a fault: a curriculum that adds harder classes mid-run (the loss jumps, then
 distillation loss (cross-entropy plus a T^2-scaled KL, which does not start at ln K), a mixture of
 experts whose rare experts see a few tokens a step, a deep ReLU net whose zero-initialised head
 makes its gradient norm grow 30x as it learns, a GAN's generator watched alone (its loss rises as
-the discriminator wins), and a float64 regression whose finite loss starts at 1e40. None may raise
-a warning."""
+the discriminator wins), a float64 regression whose finite loss starts at 1e40, a multi-label
+model ending in a sigmoid under BCELoss (one squashing, the loss's own log), and a model returning
+(logits, features) whose loss adds a penalty on the features. None may raise a warning."""
 
 from __future__ import annotations
 
@@ -173,6 +174,53 @@ def float64_huge_loss(wk: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
+def sigmoid_bce(wk: dict[str, Any]) -> Any:
+    """Ten one-vs-rest outputs through nn.Sigmoid under nn.BCELoss: squashed once, as it should."""
+    torch.manual_seed(seed(727))
+    x, y = blobs(2048, 32, 10, seed=seed(727))
+    t = F.one_hot(y, 10).float()
+    model = nn.Sequential(mlp([32, 64, 10]), nn.Sigmoid())
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
+        xb, tb = batch
+        return F.binary_cross_entropy(m(xb), tb)
+
+    return train(
+        model, opt, Sampler(x, t, 64, seed=seed(727)), loss_fn, 200, wk,
+        name="healthy_sigmoid_bce",
+    )  # fmt: skip
+
+
+class WithFeatures(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp([32, 64, 32])
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.body(x)
+        return self.head(torch.relu(h)), h
+
+
+def logits_and_features(wk: dict[str, Any]) -> Any:
+    """A model returning (logits, features); the loss is CE on the logits plus a feature penalty."""
+    torch.manual_seed(seed(728))
+    x, y = blobs(2048, 32, 10, seed=seed(728))
+    model = WithFeatures()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
+        xb, yb = batch
+        logits, h = m(xb)
+        return F.cross_entropy(logits, yb) + 1e-3 * h.pow(2).mean()
+
+    return train(
+        model, opt, Sampler(x, y, 64, seed=seed(728)), loss_fn, 200, wk,
+        name="healthy_logits_and_features", num_classes=10,
+    )  # fmt: skip
+
+
 CASES = [
     Case("healthy_curriculum", None, "harder classes added at step 150", curriculum),
     Case("healthy_distillation", None, "0.5 CE + 0.5 T^2 KL from a teacher", distillation),
@@ -180,4 +228,6 @@ CASES = [
     Case("healthy_deep_relu_zero_head", None, "grad norm grows 30x as it learns", deep_relu_zero_head),
     Case("healthy_gan_generator_alone", None, "a generator watched alone", gan_generator_alone),
     Case("healthy_float64_huge_loss", None, "a float64 loss of 1e40 that falls", float64_huge_loss),
+    Case("healthy_sigmoid_bce", None, "nn.Sigmoid under nn.BCELoss", sigmoid_bce),
+    Case("healthy_logits_and_features", None, "(logits, features), a feature penalty", logits_and_features),
 ]

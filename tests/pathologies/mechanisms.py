@@ -4,7 +4,9 @@ way only the recorded updates explain.
 Updates that round away in bfloat16 weights, a weight decay that pins the weights, a regression
 target broadcast against a (B, 1) prediction, an LR so high that a clipped regression stays stuck
 high, a layer that rebuilds its weight from ``.data`` (the optimizer's parameters never get a
-gradient), data in label order, and a KL term with its sign flipped (a loss with no floor).
+gradient), data in label order, a KL term with its sign flipped (a loss with no floor), a loss
+taken from a detached output (``requires_grad = True`` set on it to silence backward), and
+cross-entropy over a model that already ends in a softmax.
 """
 
 from __future__ import annotations
@@ -167,6 +169,37 @@ def kl_sign_flipped(wk: dict[str, Any]) -> Any:
     return w
 
 
+def detached_loss(wk: dict[str, Any]) -> Any:
+    """Cross-entropy of ``out.data`` plus a weight penalty (added so that backward runs): only the
+    penalty's gradient reaches the weights."""
+    torch.manual_seed(seed(707))
+    x, y = blobs(2048, 32, 10, seed=seed(707))
+    model = mlp([32, 64, 10])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
+        xb, yb = batch
+        penalty = 1e-4 * sum(p.pow(2).sum() for p in m.parameters())
+        return F.cross_entropy(m(xb).data, yb) + penalty  # BUG: .data cuts the graph
+
+    return train(
+        model, opt, Sampler(x, y, 64, seed=seed(707)), loss_fn, 80, wk,
+        name="mech_detached_loss", num_classes=10,
+    )  # fmt: skip
+
+
+def double_softmax(wk: dict[str, Any]) -> Any:
+    """A model ending in nn.Softmax under cross-entropy: it falls, then stops far from zero."""
+    torch.manual_seed(seed(708))
+    x, y = blobs(2048, 32, 10, seed=seed(708))
+    model = nn.Sequential(mlp([32, 64, 10]), nn.Softmax(dim=-1))  # BUG: CE applies its own
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    return train(
+        model, opt, Sampler(x, y, 64, seed=seed(708)), cross_entropy, 300, wk,
+        name="mech_double_softmax", num_classes=10,
+    )  # fmt: skip
+
+
 CASES = [
     Case("mech_bf16_rounding", "loss_stalled", "bfloat16 weights, LR 1e-4: updates round away", bf16_rounding),
     Case("mech_decay_pinned", "loss_stalled", "weight_decay=5 pins the weights near zero", decay_pinned),
@@ -178,4 +211,6 @@ CASES = [
     ),  # fmt: skip
     Case("mech_sorted_labels", "oscillating_loss", "data sorted by label, never shuffled", sorted_labels),
     Case("mech_kl_sign", "loss_diverging", "a VAE whose KL term is subtracted", kl_sign_flipped),
+    Case("mech_detached_loss", "loss_stalled", "CE of out.data plus a weight penalty", detached_loss),
+    Case("mech_double_softmax", "loss_stalled", "nn.Softmax under cross-entropy", double_softmax),
 ]

@@ -85,9 +85,10 @@ CAUSES = (
 #: others (updates too small, rounded away, pinned by decay) explain a run that never learned,
 #: since a converged run ends with small updates too: judged, like ``tiny_update``, on a loss that
 #: has not moved from its start.
-AFTER_LEARNING = frozenset(
-    {"updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer"}
-)
+AFTER_LEARNING = frozenset({
+    "updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer",
+    "loss_squashed_twice",
+})  # fmt: skip
 MECH_WINDOW = 20  # steps of flat loss a mechanism that allows some learning needs beside it
 MECH_MIN_STEPS = 5  # losses before a mechanism of a run that never learned is judged
 WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
