@@ -168,6 +168,12 @@ def test_a_loss_detached_from_the_models_output_is_named():
     assert "from the model's output tensor itself" in f.remedy
 
 
+def test_data_read_block_by_block_is_named_from_its_periodic_jumps():
+    f = _one(_warnings("mech_data_blocks"), "loss_spike")
+    assert "fixed period" in f.summary and f.evidence["period_steps"] % 32 == 0
+    assert "shuffle" in f.remedy
+
+
 def test_a_loss_that_squashes_an_output_twice_is_named():
     f = _one(_warnings("mech_double_softmax"), "loss_stalled")
     assert "cross-entropy applies its own log-softmax" in f.summary and "a softmax" in f.summary
@@ -179,7 +185,7 @@ def test_a_loss_that_squashes_an_output_twice_is_named():
     [
         "healthy_curriculum", "healthy_distillation", "healthy_rare_experts",
         "healthy_gan_generator_alone", "healthy_float64_huge_loss", "healthy_sigmoid_bce",
-        "healthy_logits_and_features",
+        "healthy_logits_and_features", "healthy_fixed_order",
     ],
 )  # fmt: skip
 def test_a_loss_that_moves_for_a_reason_gets_no_warning(name):

@@ -5,7 +5,8 @@ experts whose rare experts see a few tokens a step, a deep ReLU net whose zero-i
 makes its gradient norm grow 30x as it learns, a GAN's generator watched alone (its loss rises as
 the discriminator wins), a float64 regression whose finite loss starts at 1e40, a multi-label
 model ending in a sigmoid under BCELoss (one squashing, the loss's own log), and a model returning
-(logits, features) whose loss adds a penalty on the features. None may raise a warning."""
+(logits, features) whose loss adds a penalty on the features, and data shuffled once and read in
+the same order every epoch, with a short last batch. None may raise a warning."""
 
 from __future__ import annotations
 
@@ -221,6 +222,30 @@ def logits_and_features(wk: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
+class FixedOrder:
+    """Shuffled once, then read in that order every epoch; the last batch of each is short."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed_: int) -> None:
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed_))
+        self.x, self.y, self.bs = x[order], y[order], batch_size
+        self.per_epoch = -(-len(y) // batch_size)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = step % self.per_epoch
+        return self.x[k * self.bs : (k + 1) * self.bs], self.y[k * self.bs : (k + 1) * self.bs]
+
+
+def fixed_order(wk: dict[str, Any]) -> Any:
+    torch.manual_seed(seed(729))
+    x, y = blobs(1000, 32, 10, seed=seed(729), spread=2.0)
+    model = mlp([32, 64, 10])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return train(
+        model, opt, FixedOrder(x, y, 64, seed(729)), cross_entropy, 400, wk,
+        name="healthy_fixed_order", num_classes=10,
+    )  # fmt: skip
+
+
 CASES = [
     Case("healthy_curriculum", None, "harder classes added at step 150", curriculum),
     Case("healthy_distillation", None, "0.5 CE + 0.5 T^2 KL from a teacher", distillation),
@@ -230,4 +255,5 @@ CASES = [
     Case("healthy_float64_huge_loss", None, "a float64 loss of 1e40 that falls", float64_huge_loss),
     Case("healthy_sigmoid_bce", None, "nn.Sigmoid under nn.BCELoss", sigmoid_bce),
     Case("healthy_logits_and_features", None, "(logits, features), a feature penalty", logits_and_features),
+    Case("healthy_fixed_order", None, "one order every epoch, a short last batch", fixed_order),
 ]

@@ -5,8 +5,9 @@ Updates that round away in bfloat16 weights, a weight decay that pins the weight
 target broadcast against a (B, 1) prediction, an LR so high that a clipped regression stays stuck
 high, a layer that rebuilds its weight from ``.data`` (the optimizer's parameters never get a
 gradient), data in label order, a KL term with its sign flipped (a loss with no floor), a loss
-taken from a detached output (``requires_grad = True`` set on it to silence backward), and
-cross-entropy over a model that already ends in a softmax.
+taken from a detached output (``requires_grad = True`` set on it to silence backward),
+cross-entropy over a model that already ends in a softmax, and three sources of data
+concatenated and read block by block (the loss jumps at every boundary).
 """
 
 from __future__ import annotations
@@ -200,6 +201,33 @@ def double_softmax(wk: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
+class Blocks:
+    """Three sources (as recorded, inverted, features reversed) concatenated and read in order,
+    each epoch the same: ``per_block`` batches of one source, then the next."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, per_block: int) -> None:
+        n = per_block * batch_size
+        x, y = x[:n], y[:n]
+        self.x = torch.cat([x, -x, x.flip(1)])
+        self.y = torch.cat([y, y, y])
+        self.bs, self.batches = batch_size, 3 * per_block
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = step % self.batches
+        return self.x[k * self.bs : (k + 1) * self.bs], self.y[k * self.bs : (k + 1) * self.bs]
+
+
+def data_blocks(wk: dict[str, Any]) -> Any:
+    torch.manual_seed(seed(709))
+    x, y = blobs(2048, 32, 10, seed=seed(709), spread=1.5)
+    model = mlp([32, 128, 10])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    return train(
+        model, opt, Blocks(x, y, 64, 32), cross_entropy, 400, wk,
+        name="mech_data_blocks", num_classes=10,
+    )  # fmt: skip
+
+
 CASES = [
     Case("mech_bf16_rounding", "loss_stalled", "bfloat16 weights, LR 1e-4: updates round away", bf16_rounding),
     Case("mech_decay_pinned", "loss_stalled", "weight_decay=5 pins the weights near zero", decay_pinned),
@@ -213,4 +241,5 @@ CASES = [
     Case("mech_kl_sign", "loss_diverging", "a VAE whose KL term is subtracted", kl_sign_flipped),
     Case("mech_detached_loss", "loss_stalled", "CE of out.data plus a weight penalty", detached_loss),
     Case("mech_double_softmax", "loss_stalled", "nn.Softmax under cross-entropy", double_softmax),
+    Case("mech_data_blocks", "loss_spike", "three sources read block by block", data_blocks, onset=32),
 ]

@@ -13,6 +13,9 @@ A run can have a heavy tail of its own: with batches of two samples a converged 
 jumps to 0.5-1 whenever a hard pair is drawn. Every loss's excess over the level of the stretch
 before it is remembered for 200 steps; a jump whose excess the run has already reached half of
 twice or more in that time is its tail, not an anomaly, and is counted without a report.
+
+Jumps that recur at a fixed period, whether they recover within 3 steps or take longer, are data
+read in blocks in the same order (``jump_lattice``): reported once, as soon as three show.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
 from nnwatch.diagnosis.history import Ring, RunHistory, SortedWindow, median
+from nnwatch.diagnosis.jump_lattice import JumpLattice
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -49,6 +53,7 @@ class LossSpikeDetector(Detector):
         self.last_report = -(10**9)
         self.count = 0
         self.excess = Ring(TAIL_WINDOW)  # each loss minus the level before it (the run's tail)
+        self.lattice = JumpLattice()  # jumps at a fixed period: data in blocks
 
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         loss = row.loss
@@ -58,6 +63,9 @@ class LossSpikeDetector(Detector):
         if len(self.first) < 5:
             self.first.append(loss)
             self.start = median(self.first)
+        periodic = self.lattice.push(row)
+        if periodic is not None:
+            return self._periodic(row, *periodic)
         out = None
         if self.pending is not None:
             self.after.append(loss)
@@ -126,3 +134,23 @@ class LossSpikeDetector(Detector):
             evidence=evidence,
             onset_step=step,
         )
+
+    def _periodic(self, row: Row, period: int, jumps: list[tuple[int, float]]) -> Finding:
+        at = ", ".join(str(s) for s, _ in jumps)
+        least = min(r for _, r in jumps)
+        summary = (
+            f"the loss jumps at a fixed period: at steps {at} (a period of {period} steps), each time "
+            f"to {fmt(least)}x or more its level, falling back in between. Data read in blocks "
+            "in the same order does this (files, shards or domains concatenated and never "
+            "shuffled): the model drifts toward each block and is thrown off at the next one."
+        )
+        remedy = (
+            "shuffle across the blocks: DataLoader(..., shuffle=True) over the concatenated data, "
+            "or interleave the shards (a shuffle buffer larger than one shard); if the period is "
+            f"an epoch, look at the batch at that position (step {jumps[0][0]})"
+        )
+        evidence = {"period_steps": float(period), "jumps": float(len(jumps)), "least_jump": least}
+        return Finding(
+            kind=self.kind, severity="warning", step=row.step, summary=summary, remedy=remedy,
+            evidence=evidence, onset_step=jumps[-1][0],
+        )  # fmt: skip
