@@ -90,6 +90,9 @@ class RunContext:
     """The first loss's graph reaches none of the model's outputs: no gradient of it can."""
     loss_squashed: str = ""
     """The loss squashes an output already squashed (a sigmoid, a softmax), in words."""
+    output_layers: tuple[str, ...] = ()
+    """Squashing layers (sigmoid, tanh) whose output is the model's output: near 0 and 1 there
+    means sure predictions, not a layer that stopped passing gradient."""
 
     @property
     def num_layers(self) -> int:
@@ -196,6 +199,7 @@ class RunContext:
             loss_outside=base.loss_outside,
             loss_detached=base.loss_detached,
             loss_squashed=base.loss_squashed,
+            output_layers=base.output_layers,
         )
 
 
@@ -215,6 +219,9 @@ def _setup(extra: dict[str, Any]) -> dict[str, Any]:
         out["loss_outside"] = v
     if extra.get("loss_detached") is True:
         out["loss_detached"] = True
+    names = extra.get("output_layers")
+    if isinstance(names, list):
+        out["output_layers"] = tuple(n for n in names[:1000] if isinstance(n, str))
     return out
 
 

@@ -51,7 +51,8 @@ class Attachment:
         self.hidden = hide_hooks(model)
         self.handles.append(model.register_forward_pre_hook(ProbeHook(on_forward_start), with_kwargs=True))
         if outputs is not None:
-            self.handles.append(outputs.attach(model))
+            squash = dict(zip(plan.stat_names, plan.stat_modules, strict=True))
+            self.handles.extend(outputs.attach(model, squash))
         self.layers.attach()
         params = plan.params
         self.hooked_params = []

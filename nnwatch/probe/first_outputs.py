@@ -5,10 +5,15 @@ from ``output.data``, ``output.detach()`` or a numpy copy has a graph (an L2 ter
 ``requires_grad = True`` set on it to silence backward's error) that never reaches the model's
 output. The loss's graph is read once, at the first ``w.step()``; this holds the nodes of every
 output the model's forward returned before it (micro-batches, a siamese pair), then lets go.
+
+It also tells which squashing layers (``nn.Sigmoid``, ``nn.Tanh``) produce the model's output: a
+sigmoid read by ``BCELoss`` sits near 0 and 1 because the model is sure, and the loss's gradient
+(``s - t``) does not vanish through it, so its saturation is not a fault.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -18,6 +23,7 @@ from torch.utils import _pytree
 from nnwatch.probe.hook_hiding import ProbeHook
 
 MAX_NODES = 64  # outputs kept: a step that calls the model more often is a loop of its own
+_SQUASHERS = (nn.Sigmoid, nn.Tanh)
 
 
 class FirstOutputs:
@@ -26,11 +32,26 @@ class FirstOutputs:
     def __init__(self) -> None:
         self.nodes: list[Any] = []
         self._handle: Any = None
+        self._squash_nodes: dict[str, list[Any]] = {}
+        self._squash_handles: list[Any] = []
+        #: the squashing layers whose output is the model's output (known after ``take()``)
+        self.output_layers: list[str] = []
 
-    def attach(self, model: nn.Module) -> Any:
-        """Hook ``model``'s forward; returns the handle (the attachment removes it at close)."""
+    def attach(self, model: nn.Module, layers: dict[str, nn.Module] | None = None) -> list[Any]:
+        """Hook ``model``'s forward, and the squashing modules among ``layers`` (name -> module);
+        returns the handles (the attachment removes them at close, ``take()`` before)."""
         self._handle = model.register_forward_hook(ProbeHook(self._seen))
-        return self._handle
+        for name, module in (layers or {}).items():
+            if isinstance(module, _SQUASHERS):
+                hook = ProbeHook(functools.partial(self._squashed, name))
+                self._squash_handles.append(module.register_forward_hook(hook))
+        return [self._handle, *self._squash_handles]
+
+    def _squashed(self, name: str, _module: nn.Module, _args: Any, output: Any) -> None:
+        node = getattr(output, "grad_fn", None) if isinstance(output, torch.Tensor) else None
+        kept = self._squash_nodes.setdefault(name, [])
+        if node is not None and len(kept) < MAX_NODES and torch.is_grad_enabled():
+            kept.append(node)
 
     def _seen(self, module: nn.Module, args: Any, output: Any) -> None:
         if len(self.nodes) >= MAX_NODES or not torch.is_grad_enabled():
@@ -47,6 +68,14 @@ class FirstOutputs:
     def take(self) -> list[Any]:
         """The nodes seen so far; the hook comes off (it is needed for the first step only)."""
         nodes, self.nodes = self.nodes, []
+        ids = {id(n) for n in nodes}
+        self.output_layers = [
+            name for name, seen in self._squash_nodes.items() if any(id(n) in ids for n in seen)
+        ]
+        self._squash_nodes = {}
+        for h in self._squash_handles:
+            h.remove()
+        self._squash_handles = []
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

@@ -316,9 +316,27 @@ class UpdateRecorder:
 
 def _prefix(g: torch.Tensor, k: int) -> torch.Tensor:
     """The first ``k`` elements of a gradient (a DTensor's local shard): a view where it can be."""
+    if g.is_sparse:
+        return _sparse_prefix(g, k)
     if type(g) is torch.Tensor and g.is_contiguous():
         return g.view(-1)[:k]
     return local_tensor(g).reshape(-1)[:k]
+
+
+def _sparse_prefix(g: torch.Tensor, k: int) -> torch.Tensor:
+    """The first ``k`` elements of a sparse gradient (an ``Embedding(sparse=True)``'s), dense:
+    only the rows the batch touched are non-zero, as in the dense gradient."""
+    g = g.coalesce()
+    idx, vals = g.indices(), g.values()
+    dense = vals[0].numel() if vals.shape[0] else int(torch.Size(g.shape[g.sparse_dim():]).numel())
+    strides = torch.ones(g.sparse_dim(), dtype=torch.long, device=idx.device)
+    for d in range(g.sparse_dim() - 2, -1, -1):
+        strides[d] = strides[d + 1] * g.shape[d + 1]
+    flat = ((idx * strides[:, None]).sum(0)[:, None] * dense + torch.arange(dense, device=idx.device)).reshape(-1)
+    keep = flat < k
+    out = torch.zeros(k, dtype=vals.dtype, device=vals.device)
+    out[flat[keep]] = vals.reshape(-1)[keep]
+    return out
 
 
 def _host_sums(lay: _Layout) -> tuple[np.ndarray, float]:

@@ -241,6 +241,7 @@ class WatchedRun:
             extra={"layer_interval": self.layer_interval, "resumed": self.resumed,
                    "start_step": self.start_step, "tied": dict(plan.tied),
                    "micro_batches": max(1, self.grads.backwards),
+                   "output_layers": self.cycle.first_outputs.output_layers,
                    **self.cycle.loss_shape.to_extra(), **update_setup(plan, self.optimizer.source)},
         )
         try:

@@ -13,6 +13,7 @@ import math
 import mmap
 import os
 import stat
+import struct
 import time
 import zlib
 from dataclasses import dataclass
@@ -126,7 +127,13 @@ class RingReader:
                     f"{self.path} is sparse ({st.st_blocks * 512} of {size} bytes allocated) on a "
                     "tmpfs; reading it could crash this process (SIGBUS), so it is skipped"
                 )
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            size = min(size, _declared_size(head, size))  # a hole past the slots is not mapped
+            try:
+                self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            except OSError as exc:
+                raise RingError(
+                    f"cannot map the ring {self.path} ({size} bytes): {exc.strerror or exc}"
+                ) from exc
         finally:
             os.close(fd)
         try:
@@ -334,3 +341,15 @@ class RingReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _declared_size(head: bytes, size: int) -> int:
+    """The bytes the header says the ring spans (slots' offset + slots x slot size), or ``size``
+    when the header is too odd to say: ``_attach`` then rejects it with its own words."""
+    try:
+        fields = HEADER_CONST.unpack_from(head, CONST_OFF)
+    except struct.error:
+        return size
+    slots_off, slot_size, slots = fields[1], fields[2], fields[4]
+    end = slots_off + slots * slot_size
+    return end if 0 < end <= size else size

@@ -141,9 +141,12 @@ def _processes(args: argparse.Namespace, argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run_id = f"{args.name}-{os.getpid()}"
-    kids = [spawn_tied([sys.executable, "-m", "nnwatch.testing.synthetic_job", *argv,
-                        "--one-rank", str(r), "--run-id", run_id],
-                       stdout=subprocess.PIPE, text=True) for r in range(args.ranks)]  # fmt: skip
+    from nnwatch.store.child_python import CHILD_CWD, child_env, python_argv
+
+    kids = [spawn_tied(python_argv("nnwatch.testing.synthetic_job", *argv, "--one-rank", str(r),
+                                   "--run-id", run_id),
+                       stdout=subprocess.PIPE, text=True, env=child_env(),
+                       cwd=CHILD_CWD) for r in range(args.ranks)]  # fmt: skip
     ready = []
     for kid in kids:
         assert kid.stdout is not None

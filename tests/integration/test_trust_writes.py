@@ -118,18 +118,23 @@ WRITE_SITES = {
 
 def _writes(tree: ast.AST) -> list[int]:
     """Lines that open a file for writing by path, make a directory, or write a path's bytes."""
-    lines = []
+    return [node.lineno for node in _write_calls(tree)]
+
+
+def _write_calls(tree: ast.AST) -> list[ast.Call]:
+    """The calls that open a file for writing by path, make a directory, or write a path's bytes."""
+    lines: list[ast.Call] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
         if name in ("write_text", "write_bytes", "mkdir", "makedirs", "symlink_to"):
-            lines.append(node.lineno)
+            lines.append(node)
         if name == "open" and isinstance(f, ast.Name) and len(node.args) >= 2:
             mode = node.args[1]
             if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+"):
-                lines.append(node.lineno)
+                lines.append(node)
     return lines
 
 
@@ -142,6 +147,10 @@ def test_every_write_goes_through_the_stores_no_follow_openers() -> None:
         lines = _writes(ast.parse(path.read_text()))
         if lines:
             found[rel] = lines
-    # the probe's fresh run directory: mkdir(0o700) of a new name under the private root
-    assert found.pop("nnwatch/probe/run_files.py", None) == [126]
+    # the probe's fresh run directory: mkdir(0o700) of a new name under the private root, and
+    # nothing else written by path in that module
+    site = REPO / "nnwatch/probe/run_files.py"
+    calls = [ast.get_source_segment(site.read_text(), node) for node in _write_calls(ast.parse(site.read_text()))]
+    assert calls == ["path.mkdir(mode=0o700)"]
+    found.pop("nnwatch/probe/run_files.py", None)
     assert found == {}, found

@@ -170,7 +170,7 @@ def float64_huge_loss(wk: dict[str, Any]) -> Any:
         return F.mse_loss(m(xb).squeeze(-1), yb)
 
     return train(
-        model, opt, Sampler(x, y, 64, seed=seed(726)), loss_fn, 120, wk,
+        model, opt, Sampler(x, y, 64, seed=seed(726)), loss_fn, 200, wk,
         name="healthy_float64_huge_loss",
     )  # fmt: skip
 

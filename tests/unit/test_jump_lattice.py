@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from nnwatch.diagnosis.jump_lattice import JumpLattice
+from nnwatch.diagnosis.detectors.jump_lattice import JumpLattice
 from nnwatch.diagnosis.row import Row
 
 

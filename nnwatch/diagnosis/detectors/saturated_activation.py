@@ -19,7 +19,9 @@ pre-activations of standard deviation s the fraction is about 0.8/s for tanh and
 (sigmoid(z) is tanh(z/2) rescaled), so 0.08 means pre-activations spread ten times past the tanh's
 linear range (twenty for a sigmoid): no layer gets there by working normally. The healthy runs
 here stay at 0.19 or above, even a tanh regression on targets in the hundreds. Only modules nnwatch sees
-(``nn.Tanh``, ``nn.Sigmoid``) are judged: the gates inside an LSTM or GRU are saturated by design.
+(``nn.Tanh``, ``nn.Sigmoid``) are judged: the gates inside an LSTM or GRU are saturated by design,
+and so is a squashing layer that makes the model's output (a sigmoid under ``BCELoss``): its
+outputs near 0 and 1 are sure predictions, and the loss's gradient through it does not vanish.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class SaturatedActivationDetector(Detector):
         kinds = [SATURATING_KINDS.get(k) for k in ctx.layer_kinds]
         self.tanh = np.array([k == "tanh" for k in kinds], dtype=bool)
         self.sigmoid = np.array([k == "sigmoid" for k in kinds], dtype=bool)
-        self.watched = self.tanh | self.sigmoid
+        output = np.array([n in ctx.output_layers for n in ctx.layer_names], dtype=bool)
+        self.watched = (self.tanh | self.sigmoid) & ~output
         self.any = bool(self.watched.any())
         self.start = np.full(ctx.num_layers, np.nan)
         self.episodes = EpisodeArray(ctx.num_layers, confirm=1, release=RELEASE)

@@ -29,7 +29,8 @@ MAX_SKIP = 6  # the period may be a sixth of the distance between two jumps
 CROWD = 1.5  # all jumps in the span at most this many times the periodic ones: not noise
 ONSETS = 64  # recent jump onsets kept
 SUSTAIN = 1.5  # ... and the loss after it still this many times the level: a block, not a batch
-LR_RISE = 1.2  # a jump within a few steps of an LR this much higher is the schedule's
+LR_RISE = 1.2  # a jump within RISE_STEPS of an LR this much higher is the schedule's:
+RISE_STEPS = 24  # momentum (beta 0.9 to 0.99) carries a restart's larger steps for tens of steps
 
 
 class JumpLattice:
@@ -38,6 +39,7 @@ class JumpLattice:
     def __init__(self) -> None:
         self.losses: deque[float] = deque(maxlen=NOISE)
         self.lrs: deque[float] = deque(maxlen=4)
+        self.rise = -(10**9)  # the step of the LR's last rise (a warm restart, a warm-up)
         self.onsets: deque[tuple[int, float]] = deque(maxlen=ONSETS)  # (step, loss / level)
         self.up = False
         self.pending: tuple[int, float, float] | None = None  # step, times the level, the level
@@ -80,7 +82,9 @@ class JumpLattice:
         short last batch)."""
         lr = row.lr0
         bs = float(round(row.batch_size)) if math.isfinite(row.batch_size) else math.nan  # sps x dt
-        restart = math.isfinite(lr) and any(lr > LR_RISE * x for x in self.lrs if x > 0)
+        if math.isfinite(lr) and any(lr > LR_RISE * x for x in self.lrs if x > 0):
+            self.rise = row.step
+        restart = row.step - self.rise <= RISE_STEPS
         if math.isfinite(lr):
             self.lrs.append(lr)
         other_size = math.isfinite(bs) and math.isfinite(self.batch) and bs != self.batch
