@@ -80,7 +80,8 @@ class DiagnosedRun(Protocol):
 
 
 class Diagnosis:
-    """Detectors for one watched run. Findings go to ``run.add_finding`` (and ``self.findings``)."""
+    """Detectors for one watched run. Findings go to ``run.add_finding``: the run keeps the one
+    list of them."""
 
     def __init__(
         self,
@@ -93,7 +94,6 @@ class Diagnosis:
         self.run = run
         self.context = context
         self.pipeline, self.spikes = handed_over or (Pipeline(context), SpikeTrigger())
-        self.findings: list[Finding] = []
         self._lock = threading.Lock()
         self.rows_seen = 0
         #: give the GIL back after each record (off for bench/writer_stalls.py's comparison, and
@@ -225,7 +225,6 @@ class Diagnosis:
 
     # ------------------------------------------------------------------------------------------
     def _emit(self, finding: Finding) -> None:
-        self.findings.append(finding)
         try:
             self.run.add_finding(finding)
         except Exception as exc:  # noqa: BLE001 - reporting must not stop the detectors

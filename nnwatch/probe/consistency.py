@@ -33,7 +33,6 @@ nnwatch adds; ``bench/consistency.py`` measures it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from nnwatch.diagnosis.rank_findings import divergence_finding, nonfinite_finding
 from nnwatch.probe.job_summary import JobSummary, SummaryOwner
 from nnwatch.probe.job_summary import every_from_env as summary_from_env
 from nnwatch.store.schema import sums_measured
@@ -69,8 +69,6 @@ CLOSE_WAIT_S = 10.0
 RANK_SLOTS = 3
 INT64_MIN = torch.iinfo(torch.int64).min
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
-KIND_DIVERGENCE = "rank_divergence"
-KIND_NONFINITE = "rank_nonfinite"
 
 
 def tensor_checksum(t: torch.Tensor) -> torch.Tensor:
@@ -339,77 +337,20 @@ class ConsistencyCheck:
             self._last_clean = p.step
         self._report_nonfinite(result)
 
-    def _divergence_finding(self, r: ConsistencyResult) -> Any:
-        first = self.names[r.diverged[0]]
-        if r.odd_ranks:
-            who = f"rank{'s' if len(r.odd_ranks) > 1 else ''} {_join(r.odd_ranks)} hold{'' if len(r.odd_ranks) > 1 else 's'} different weights than the other ranks"
-        else:
-            who = f"ranks {_join(range(self.world))} do not agree (with {self.world} ranks it cannot tell which one drifted)"
-        summary = (
-            f"the data-parallel replicas diverged: {len(r.diverged)} of {len(self.params)} "
-            f"parameter tensors differ across ranks, first {first}; {who}. Checked every "
-            f"{self.every} optimizer steps."
+    def _divergence_finding(self, r: ConsistencyResult) -> Finding:
+        return divergence_finding(
+            r.step, self.names[r.diverged[0]], len(r.diverged), len(self.params), r.odd_ranks,
+            self.world, self.rank, self.every, self._last_clean,
         )
-        remedy = (
-            "look for code that changes weights on some ranks only (an edit under `if rank == 0`, "
-            "a checkpoint loaded without a broadcast, parameters DDP does not manage), fix it, and "
-            "restart from a checkpoint taken before this step: the ranks now train different models."
-        )
-        evidence: dict[str, float] = {
-            "tensors_diverged": float(len(r.diverged)),
-            "tensors_checked": float(len(self.params)),
-            "this_rank": float(self.rank),
-        }
-        evidence.update({f"odd_rank_{i}": float(x) for i, x in enumerate(r.odd_ranks)})
-        onset = None if self._last_clean is None else self._last_clean + 1
-        if onset is not None:
-            summary += f" The weights still agreed at step {self._last_clean}."
-        finding = make_finding(KIND_DIVERGENCE, "error", r.step, summary, remedy, first, evidence)
-        if onset is not None and hasattr(finding, "onset_step"):
-            import dataclasses
-
-            finding = dataclasses.replace(finding, onset_step=onset)
-        return finding
 
     def _report_nonfinite(self, r: ConsistencyResult) -> None:
         """Name the rank(s) that went non-finite, first the origin: every rank writes it, so it
         is in the events of whichever node a user watches."""
         bad = {i: step for i, step in enumerate(r.first_nonfinite) if step >= 0}
-        new = sorted(set(bad) - self._nonfinite_known)
-        if not new:
+        if not set(bad) - self._nonfinite_known:
             return
         self._nonfinite_known |= set(bad)
-        first = min(bad.values())
-        origin = sorted(i for i, step in bad.items() if step == first)
-        later = sorted((i for i in bad if i not in origin), key=lambda i: (bad[i], i))
-        s = "s" if len(origin) > 1 else ""
-        summary = (
-            f"rank{s} {_join(origin)} went non-finite first, at step {first} (a NaN or Inf in "
-            f"{'their' if s else 'its'} loss or activations)"
-        )
-        if later:
-            summary += (
-                "; then "
-                + ", ".join(f"rank {i} at step {bad[i]}" for i in later)
-                + (", as the all-reduce carried the bad gradients over")
-            )
-        clean = [i for i in range(self.world) if i not in bad]
-        if clean:
-            summary += f"; rank{'s' if len(clean) > 1 else ''} {_join(clean)} still finite"
-        summary += "."
-        remedy = (
-            f"open rank {origin[0]}'s run (its run directory ends in -r{origin[0]}) to see the first "
-            f"non-finite layer, and check the batch rank {origin[0]} read at step {first} "
-            "(its data shard)."
-        )
-        evidence: dict[str, float] = {
-            f"rank_{i}_first_step": float(step) for i, step in bad.items()
-        }
-        evidence["this_rank"] = float(self.rank)
-        evidence["origin_rank"] = float(origin[0])
-        self.w.add_finding(
-            make_finding(KIND_NONFINITE, "error", r.step, summary, remedy, None, evidence)
-        )
+        self.w.add_finding(nonfinite_finding(r.step, bad, self.world, self.rank))
 
     # -- this rank's own records ---------------------------------------------------------------
     def _scan_records(self) -> None:
@@ -517,39 +458,6 @@ def odd_ranks(totals: list[int]) -> list[int]:
     if counts[best] * 2 <= len(totals):
         return []
     return [i for i, t in enumerate(totals) if t != values[best]]
-
-
-def make_finding(
-    kind: str,
-    severity: str,
-    step: int,
-    summary: str,
-    remedy: str,
-    layer: str | None,
-    evidence: dict[str, float],
-) -> Any:
-    """A ``nnwatch.store.finding.Finding`` when the diagnosis package is there, else a dict."""
-    try:
-        from nnwatch.store.finding import Finding  # lazy: guarded, optional here
-    except ImportError:
-        where = f" in {layer}" if layer else ""
-        message = f"step {step}: {kind.replace('_', ' ')}{where}: {summary} Fix: {remedy}"
-        return {
-            "kind": kind,
-            "severity": severity,
-            "step": step,
-            "layer": layer,
-            "summary": summary,
-            "remedy": remedy,
-            "evidence": {k: (None if math.isnan(v) else v) for k, v in evidence.items()},
-            "message": message,
-        }
-    return Finding(kind, severity, int(step), summary, remedy, layer=layer, evidence=evidence)
-
-
-def _join(items: Any) -> str:
-    items = [str(i) for i in items]
-    return str(items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1])
 
 
 def every_from_env(default: int = DEFAULT_EVERY) -> int:

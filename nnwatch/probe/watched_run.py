@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from nnwatch.diagnosis.detectors.clipping_misuse import clip_before_unscale
 from nnwatch.probe import _builder, scaler_discovery
 from nnwatch.probe.exit_status import Ending, last_exception
 from nnwatch.probe.optimizer_target import OptimizerTarget
@@ -271,25 +272,7 @@ class WatchedRun:
         self.clip_before_unscale = True
         scale = getattr(self.scaler, "_scale", None)
         value = float(scale) if isinstance(scale, torch.Tensor) and scale.is_cpu else math.nan
-        self.add_finding(Finding(
-            kind="clipping_misuse",
-            severity="warning",
-            step=self.step_index,
-            summary=(
-                "torch's clip_grad_norm_ ran before scaler.unscale_(optimizer): it measured and "
-                "clipped gradients still multiplied by the AMP loss scale"
-                + (f" ({value:g})" if math.isfinite(value) else "")
-                + ", so the threshold applies to the scaled norm and the real gradient is cut "
-                "down by about the scale on every step."
-            ),
-            remedy=(
-                "call scaler.unscale_(optimizer) right before clipping (then scaler.step and "
-                "scaler.update as before); the grad norms nnwatch shows are torch's, scaled, "
-                "until then"
-            ),
-            evidence={"loss_scale": value},
-            onset_step=self.step_index,
-        ))
+        self.add_finding(clip_before_unscale(self.step_index, value))
 
     def _adopt_scaler(self, scaler: Any) -> None:
         """The loop called ``GradScaler.scale()`` and no scaler was passed: use that one."""

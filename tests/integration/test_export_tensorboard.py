@@ -17,8 +17,8 @@ from torch import nn
 
 import nnwatch
 from nnwatch.export import TensorBoard, export_run
-from nnwatch.probe.consistency import make_finding
 from nnwatch.probe.watch import internals
+from nnwatch.store.finding import Finding
 from tests.conftest import REPO
 
 pytest.importorskip("tensorboard")
@@ -63,9 +63,7 @@ def _train(tmp_path: Path, **options: object) -> nnwatch.Watch:
             w.step(loss, batch=(x, y))
             if i == 12:
                 internals(w).add_finding(
-                    make_finding(
-                        "loss_stalled", "warning", i, "made up for the test.", "none", None, {}
-                    )
+                    Finding("loss_stalled", "warning", i, "made up for the test.", "none")
                 )
     return w
 

@@ -13,8 +13,9 @@ user's ``max_norm``, so two mistakes are plain to see:
   a clip) is left to the 50-step rule.
 
 The run's usual norm is what the remedy suggests as a threshold (about 2x its median). A clip
-taken before ``scaler.unscale_()`` looks like a threshold 65536x too small; the probe reports
-that one itself, with the right remedy, and this rule stays quiet.
+taken before ``scaler.unscale_()`` looks like a threshold 65536x too small; the probe sees that
+one as it happens (torch's clip read gradients still scaled) and reports it with
+:func:`clip_before_unscale`, and this rule stays quiet.
 """
 
 from __future__ import annotations
@@ -35,6 +36,29 @@ EARLY_PROGRESS = 0.02
 WINDOW = 50
 FIRES = 0.95
 FACTOR = 100.0
+
+
+def clip_before_unscale(step: int, scale: float) -> Finding:
+    """torch's clip (or norm) ran on gradients still multiplied by the AMP loss scale ``scale``
+    (NaN when it cannot be read without a sync)."""
+    return Finding(
+        kind="clipping_misuse",
+        severity="warning",
+        step=step,
+        summary=(
+            "torch's clip_grad_norm_ ran before scaler.unscale_(optimizer): it measured and "
+            "clipped gradients still multiplied by the AMP loss scale"
+            + (f" ({scale:g})" if math.isfinite(scale) else "")
+            + ", so the threshold applies to the scaled norm and the real gradient is cut "
+            "down by about the scale on every step."
+        ),
+        remedy=(
+            "call scaler.unscale_(optimizer) right before clipping (then scaler.step and "
+            "scaler.update as before); the grad norms nnwatch shows are torch's, scaled, until then"
+        ),
+        evidence={"loss_scale": scale},
+        onset_step=step,
+    )
 
 
 class ClippingMisuseDetector(Detector):

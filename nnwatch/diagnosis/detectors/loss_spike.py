@@ -24,9 +24,9 @@ import math
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
+from nnwatch.diagnosis.detectors.jump_lattice import JumpLattice
 from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
 from nnwatch.diagnosis.history import Ring, RunHistory, SortedWindow, median
-from nnwatch.diagnosis.detectors.jump_lattice import JumpLattice
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
