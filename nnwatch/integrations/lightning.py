@@ -29,9 +29,8 @@ from typing import Any
 
 import torch
 
-from nnwatch.integrations import _probe
-from nnwatch.probe.watch import internals, watch
-from nnwatch.store.events import TrainingError
+from nnwatch.probe.framework_link import loss_of
+from nnwatch.probe.watch import watch
 
 log = logging.getLogger("nnwatch")
 
@@ -83,7 +82,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         options = dict(self.options)
         options.setdefault("name", type(pl_module).__name__)
         self.watch = watch(pl_module, optimizer, scaler, **options)
-        _probe.detach_step_pre_hook(self.watch)
+        self.watch.framework.detach_step_pre_hook()
         if getattr(pl_module, "automatic_optimization", True) and self._lightning_clips(
             trainer, pl_module
         ):
@@ -95,9 +94,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))
         if self.watch is not None and not stopped:
-            internals(self.watch).log_event(
-                TrainingError(step=self.watch.step_index, error=repr(exception))
-            )
+            self.watch.framework.training_error(exception)
         self._close(pl_module, "stopped" if stopped else "crashed")
 
     def _close(self, pl_module: Any, status: str) -> None:
@@ -116,8 +113,8 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         if w is None or w.closed:
             return
         w.clip_grad_norm_(max_norm=None)  # measures; clips only if a monitor set a threshold
-        _probe.before_optimizer_step(w, optimizer)
-        self._lrs = _probe.learning_rates(w)  # the LRs this update uses, before any scheduler
+        w.framework.before_optimizer_step()
+        self._lrs = w.framework.learning_rates()  # the LRs this update uses, before any scheduler
         self._stepped = True
 
     def on_train_batch_end(
@@ -126,7 +123,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         w = self.watch
         if w is None or w.closed:
             return
-        loss = _probe.loss_of(outputs)
+        loss = loss_of(outputs)
         if loss is not None:
             loss = loss.detach().float().reshape(-1).mean()
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
@@ -137,7 +134,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
         if total is not None and not getattr(pl_module, "automatic_optimization", True):
             total = total / max(1, self._micro)  # manual optimization: losses are not pre-divided
         self._loss_sum, self._micro, self._stepped = None, 0, False
-        with _probe.recorded_lrs(w, self._lrs):
+        with w.framework.recorded_lrs(self._lrs):
             w.step(total, batch)
         if w.should_stop:
             trainer.should_stop = True
@@ -168,7 +165,7 @@ class NNWatch(_callback_base()):  # type: ignore[misc]
                     getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm) or "norm"
                 )
                 limit = float(gradient_clip_val) if gradient_clip_val and algo == "norm" else None
-                _probe.record_clip_after(w, limit)
+                w.framework.record_clip_after(limit)
 
         pl_module.configure_gradient_clipping = configure_gradient_clipping
         self._clip_wrapped = original

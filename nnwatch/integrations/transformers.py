@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from nnwatch.integrations import _probe
+from nnwatch.probe.framework_link import loss_of
 from nnwatch.probe.optimizer_target import resolve as resolve_optimizer
 from nnwatch.probe.watch import watch
 
@@ -118,7 +118,7 @@ class NNWatchCallback(_callback_base()):  # type: ignore[misc]
         w.clip_grad_norm_(max_norm=None)  # the gradients as they are now (already clipped)
         if self._pre_clip is not None:
             total, max_norm = self._pre_clip
-            _probe.rebase_on_pre_clip(w, total, max_norm)
+            w.framework.rebase_on_pre_clip(total, max_norm)
             self._pre_clip = None
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -138,7 +138,7 @@ class NNWatchCallback(_callback_base()):  # type: ignore[misc]
     # -- wrappers on the Trainer instance ---------------------------------------------------------
     def _training_step(self, original: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        loss = _probe.loss_of(out)
+        loss = loss_of(out)
         if loss is not None:
             loss = loss.detach().float().reshape(-1).mean()
             self._loss = loss if self._loss is None else self._loss + loss

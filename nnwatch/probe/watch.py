@@ -38,6 +38,7 @@ from torch import nn
 
 from nnwatch.probe import game
 from nnwatch.probe.exit_status import OBSERVER, Ending, from_exception, taken_over
+from nnwatch.probe.framework_link import FrameworkLink
 from nnwatch.probe.optimizer_target import resolve as resolve_optimizer
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RankInfo as RankInfo
@@ -152,6 +153,13 @@ class Watch:
     def should_stop(self, value: bool) -> None:
         self._run.commands.should_stop = bool(value)
 
+    @property
+    def framework(self) -> FrameworkLink:
+        """What a framework's callback needs beyond ``step`` and ``clip_grad_norm_``: recording a
+        clip the framework did, the pre-update work inside ``optimizer.step(closure)``, the LRs an
+        update used (nnwatch's Lightning and transformers callbacks use it)."""
+        return FrameworkLink(self._run)
+
     def request_snapshot(self, reason: str = "requested") -> None:
         """Snapshot the next step: its batch, RNG, and the weights from before its update."""
         self._run.snapshots.request(reason)
@@ -195,9 +203,8 @@ class Watch:
 def internals(w: Watch) -> WatchedRun:
     """The run behind ``w``: its parts and state.
 
-    For nnwatch's own integrations (which record a clip a framework did, or run the probe's
-    pre-update work inside ``optimizer.step(closure)``), tests and benchmarks: not a user API,
-    and free to change with any release.
+    For tests and benchmarks: not a user API, and free to change with any release. The
+    integrations use :attr:`Watch.framework`.
     """
     return w._run
 

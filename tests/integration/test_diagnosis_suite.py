@@ -118,6 +118,7 @@ def test_suite_targets(tmp_path_factory, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # every case twice: minutes alone, far more on a loaded machine
 def test_targets_hold_on_two_more_seeds(tmp_path_factory, monkeypatch):
     """The bar on seeds 1 and 2: every kind recalled on every seed, no warning on a healthy run,
     median delay at most 5 steps (a divergence's at most 20)."""
