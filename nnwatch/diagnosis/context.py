@@ -91,8 +91,8 @@ class RunContext:
     loss_squashed: str = ""
     """The loss squashes an output already squashed (a sigmoid, a softmax), in words."""
     output_layers: tuple[str, ...] = ()
-    """Squashing layers (sigmoid, tanh) whose output is the model's output: near 0 and 1 there
-    means sure predictions, not a layer that stopped passing gradient."""
+    """Sigmoid layers the first loss reads with BCE: near 0 and 1 there means sure predictions,
+    and the loss undoes the sigmoid's derivative."""
 
     @property
     def num_layers(self) -> int:

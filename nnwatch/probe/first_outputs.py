@@ -6,9 +6,10 @@ from ``output.data``, ``output.detach()`` or a numpy copy has a graph (an L2 ter
 output. The loss's graph is read once, at the first ``w.step()``; this holds the nodes of every
 output the model's forward returned before it (micro-batches, a siamese pair), then lets go.
 
-It also tells which squashing layers (``nn.Sigmoid``, ``nn.Tanh``) produce the model's output: a
-sigmoid read by ``BCELoss`` sits near 0 and 1 because the model is sure, and the loss's gradient
-(``s - t``) does not vanish through it, so its saturation is not a fault.
+It also tells which sigmoid layers (``nn.Sigmoid``) the loss reads with ``BCELoss``: such a
+sigmoid sits near 0 and 1 because the model is sure, and the loss undoes its derivative (the
+gradient that reaches the logits is ``s - t``), so its saturation is not a fault. A squashing
+output under any other loss (a tanh under MSE to targets past +-1) is judged like any layer.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from torch.utils import _pytree
 from nnwatch.probe.hook_hiding import ProbeHook
 
 MAX_NODES = 64  # outputs kept: a step that calls the model more often is a loop of its own
-_SQUASHERS = (nn.Sigmoid, nn.Tanh)
+_UNDOES_SIGMOID = "BinaryCrossEntropyBackward0"
+_WALK = 256  # loss-graph nodes looked at, at most: the BCE sits near the loss's root
 
 
 class FirstOutputs:
@@ -34,15 +36,15 @@ class FirstOutputs:
         self._handle: Any = None
         self._squash_nodes: dict[str, list[Any]] = {}
         self._squash_handles: list[Any] = []
-        #: the squashing layers whose output is the model's output (known after ``take()``)
+        #: the sigmoid layers the loss reads with BCE (known after ``take(loss)``)
         self.output_layers: list[str] = []
 
     def attach(self, model: nn.Module, layers: dict[str, nn.Module] | None = None) -> list[Any]:
-        """Hook ``model``'s forward, and the squashing modules among ``layers`` (name -> module);
+        """Hook ``model``'s forward, and the sigmoid modules among ``layers`` (name -> module);
         returns the handles (the attachment removes them at close, ``take()`` before)."""
         self._handle = model.register_forward_hook(ProbeHook(self._seen))
         for name, module in (layers or {}).items():
-            if isinstance(module, _SQUASHERS):
+            if isinstance(module, nn.Sigmoid):
                 hook = ProbeHook(functools.partial(self._squashed, name))
                 self._squash_handles.append(module.register_forward_hook(hook))
         return [self._handle, *self._squash_handles]
@@ -65,10 +67,11 @@ class FirstOutputs:
             if node is not None:
                 self.nodes.append(node)
 
-    def take(self) -> list[Any]:
-        """The nodes seen so far; the hook comes off (it is needed for the first step only)."""
+    def take(self, loss: Any = None) -> list[Any]:
+        """The nodes seen so far; the hooks come off (they are needed for the first step only).
+        Given the first ``loss``, which sigmoid layers it reads with BCE (``output_layers``)."""
         nodes, self.nodes = self.nodes, []
-        ids = {id(n) for n in nodes}
+        ids = _bce_inputs(getattr(loss, "grad_fn", None)) if self._squash_nodes else set()
         self.output_layers = [
             name for name, seen in self._squash_nodes.items() if any(id(n) in ids for n in seen)
         ]
@@ -80,3 +83,23 @@ class FirstOutputs:
             self._handle.remove()
             self._handle = None
         return nodes
+
+
+def _bce_inputs(root: Any) -> set[int]:
+    """The ids of the nodes a binary cross-entropy in the graph under ``root`` reads."""
+    found: set[int] = set()
+    todo: list[Any] = [root]
+    seen: set[int] = set()
+    while todo and len(seen) < _WALK:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        try:
+            nexts = [n for n, _ in node.next_functions if n is not None]
+            if node.name() == _UNDOES_SIGMOID:
+                found.update(id(n) for n in nexts)
+        except (AttributeError, RuntimeError, TypeError):
+            continue
+        todo.extend(nexts)
+    return found

@@ -281,7 +281,7 @@ class StepCycle:
             self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
         )
         if not self.layers.finalized:
-            self.loss_shape = describe_loss(loss, self._known_params(), self.first_outputs.take())
+            self.loss_shape = describe_loss(loss, self._known_params(), self.first_outputs.take(loss))
             if getattr(self.updates.optimizer, "param_groups", None):
                 held = self._held_ids()  # none of them: nothing zero_grad() clears to watch
                 rec.cleared_params = [p for p in self.plan.params if id(p) in held]

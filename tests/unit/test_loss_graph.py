@@ -63,15 +63,20 @@ def test_one_squashing_is_not_two():
     assert describe_loss(F.nll_loss(F.log_softmax(logits, -1), torch.zeros(8, dtype=torch.long))).squashed == ""
 
 
-def test_the_squashing_layer_that_makes_the_output_is_told_apart_from_a_hidden_one():
+def test_a_sigmoid_read_by_bce_is_told_apart_from_other_squashing_layers():
     from nnwatch.probe.first_outputs import FirstOutputs
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3), nn.Sigmoid())
+    model = nn.Sequential(nn.Linear(4, 8), nn.Sigmoid(), nn.Linear(8, 3), nn.Sigmoid())
     seen = FirstOutputs()
     handles = seen.attach(model, dict(model.named_children()))
     with torch.no_grad():
         model(torch.randn(2, 4))  # an evaluation forward says nothing of the training loss
-    model(torch.randn(8, 4))
-    assert len(handles) == 3 and seen.take() and seen.output_layers == ["3"]  # not the Tanh "1"
+    out = model(torch.randn(8, 4))
+    loss = 0.5 * F.binary_cross_entropy(out, torch.ones(8, 3), reduction="sum")
+    assert len(handles) == 3 and seen.take(loss) and seen.output_layers == ["3"]  # not "1"
     assert not model[3]._forward_hooks and not model._forward_hooks  # every hook came off
+    seen = FirstOutputs()
+    seen.attach(model, dict(model.named_children()))
+    seen.take(F.mse_loss(model(torch.randn(8, 4)), torch.full((8, 3), 255.0)))
+    assert seen.output_layers == []  # under MSE an output sigmoid's saturation stops learning

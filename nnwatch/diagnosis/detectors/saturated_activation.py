@@ -20,8 +20,9 @@ pre-activations of standard deviation s the fraction is about 0.8/s for tanh and
 linear range (twenty for a sigmoid): no layer gets there by working normally. The healthy runs
 here stay at 0.19 or above, even a tanh regression on targets in the hundreds. Only modules nnwatch sees
 (``nn.Tanh``, ``nn.Sigmoid``) are judged: the gates inside an LSTM or GRU are saturated by design,
-and so is a squashing layer that makes the model's output (a sigmoid under ``BCELoss``): its
-outputs near 0 and 1 are sure predictions, and the loss's gradient through it does not vanish.
+and so is a sigmoid the loss reads with ``BCELoss``: its outputs near 0 and 1 are sure
+predictions, and the loss undoes its derivative (the logits get ``s - t``). A tanh or sigmoid
+output under any other loss (MSE to targets past its range) is judged like any layer.
 """
 
 from __future__ import annotations
