@@ -25,7 +25,8 @@ from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTa
 from nnwatch.store.schema import RunMeta
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
-PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "updates", "amp", "gpu", "events")
+#: ``take_changes()`` for a state whose every topic is to be drawn again (a new main run, a theme).
+EVERY_TOPIC: frozenset[str] = frozenset({"*"})
 #: How many older per-layer rows a seekable source is asked for, looking back for a measured update.
 UPDATE_LOOKBACK = 16
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
@@ -104,7 +105,8 @@ class RunState:
         self.lost_message = ""
         #: monitor-side threads that failed and have not recovered: what -> "IndexError: ..."
         self.reader_errors: dict[str, str] = {}
-        self.versions: dict[str, int] = dict.fromkeys(PANES, 0)
+        #: the data topics ("loss", "layers", "header"...) changed since the UI last took them
+        self._changed: set[str] = set()
         self._gpu_sig: tuple[float | None, ...] = ()
         self._amp_sig: tuple[float | None, ...] = ()
         self.param_index = {n: i for i, n in enumerate(meta.schema.param_layer_names)}
@@ -207,8 +209,7 @@ class RunState:
             self.status = update.status
             if update.status.state not in ("lost",):
                 self.lost_message = ""
-            for p in changed:
-                self.versions[p] += 1
+            self._changed |= changed
             return Ingested(
                 n, frozenset(changed), tuple(snapshots), tuple(commands), before, self.status.state
             )
@@ -219,19 +220,19 @@ class RunState:
             before = self.status.state
             self.status = SourceStatus("lost", dropped=self.status.dropped, message=message)
             self.lost_message = message
-            self.versions["header"] += 1
+            self._changed.add("header")
             return before
 
     def mark_reader_failed(self, what: str, message: str) -> None:
         """A monitor-side thread failed (``what``: "reader", "hardware reader", ...)."""
         with self.lock:
             self.reader_errors[what] = message
-            self.versions["header"] += 1
+            self._changed.add("header")
 
     def clear_reader_failed(self, what: str) -> None:
         with self.lock:
             if self.reader_errors.pop(what, None) is not None:
-                self.versions["header"] += 1
+                self._changed.add("header")
 
     @property
     def reader_failure(self) -> str:
@@ -243,13 +244,15 @@ class RunState:
     def set_hardware(self, reading: HardwareReading) -> None:
         with self.lock:
             self.hardware = reading
-            self.versions["gpu"] += 1
+            self._changed.add("gpu")
 
-    def touch(self, *panes: str) -> None:
-        """Mark panes as changed for reasons outside the data (zoom, log scale, cursor, theme)."""
+    def take_changes(self, only: frozenset[str] | None = None) -> frozenset[str]:
+        """The data topics changed since the last call (UI thread): each pane whose topic is
+        among them has something new to draw. ``only``: take just those, leave the rest."""
         with self.lock:
-            for p in panes:
-                self.versions[p] += 1
+            taken = self._changed if only is None else self._changed & only
+            self._changed = self._changed - taken
+            return frozenset(taken)
 
     # -- UI thread ---------------------------------------------------------------------------
     def step_bounds(self) -> tuple[float, float]:

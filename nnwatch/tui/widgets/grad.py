@@ -56,10 +56,10 @@ def spike_columns(
 
 class GradPane(Pane):
     key = "grad"
-    reads = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
+    redraw_on = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         src = self.ctx.source
         w, h = self.size
         pw = max(w - GUTTER, 1)

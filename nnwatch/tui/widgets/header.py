@@ -52,7 +52,7 @@ def badge_style(state: str, pal: Palette) -> Style:
 
 class RunHeader(Pane):
     key = "header"
-    reads = frozenset({"cursor", "layer_filter", "outcome", "overlay", "overlay_state"})
+    redraw_on = frozenset({"cursor", "layer_filter", "outcome", "overlay"})
 
     DEFAULT_CSS = """
     RunHeader {
@@ -64,7 +64,7 @@ class RunHeader(Pane):
     """
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         meta = st.meta
         w, h = self.size
         with st.lock:
@@ -114,12 +114,13 @@ class RunHeader(Pane):
             right.append(f"clip {fmt.num(clip)}  ", style=pal.muted)
         failure = st.reader_failure
         state = "failed" if "reader" in st.reader_errors else status.state
-        note = view.outcome or status.message
+        outcome = view.outcome
+        note = outcome.text or status.message
         if status.catching_up is not None and state == "live":
             have, of = status.catching_up
             state = "catching"  # not LIVE while the screen shows the past
             note = f"catching up: {fmt.count(have)} of {fmt.count(of)}" + (
-                f"  {view.outcome}" if view.outcome else ""
+                f"  {outcome.text}" if outcome.text else ""
             )
         badge = f" {BADGES.get(state, state.upper())} "
         if failure:  # a monitor-side thread failed: that outranks every other note
@@ -128,7 +129,7 @@ class RunHeader(Pane):
             cut = failure if len(failure) <= room else failure[: room - 1] + "…"
             right.append(cut + "  ", style=pal.error + Style(bold=True))
         elif note:
-            right.append(note + "  ", style=pal.error if view.outcome_error else pal.text)
+            right.append(note + "  ", style=pal.error if outcome.error else pal.text)
         right.append(badge, style=badge_style(state, pal))
 
         if h >= 2:

@@ -21,7 +21,7 @@ from textual.markup import escape
 from textual.widgets import Input
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.widgets.base import Palette, Pane, PaneContext, panes_reading
+from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
 from nnwatch.tui.widgets.gpu import bar
 from nnwatch.tui.widgets.rows import RowTable, row_bindings
 
@@ -125,7 +125,7 @@ class LayerTable(RowTable):
 
 class LayersPane(Pane):
     key = "layers"
-    reads = frozenset({"cursor"})
+    redraw_on = frozenset({"cursor", "layer_filter"})
 
     DEFAULT_CSS = """
     LayersPane { padding: 0 1; }
@@ -151,9 +151,7 @@ class LayersPane(Pane):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "layer-filter":
-            self.ctx.view.layer_filter = event.value
-            self.ctx.state.touch(*panes_reading("layer_filter"))  # the header names the filter
-            self.redraw()
+            self.ctx.layer_filter = event.value  # this pane, the updates and the header redraw
             self.app.refresh_bindings()  # the footer offers Escape to clear it
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -169,9 +167,7 @@ class LayersPane(Pane):
     def clear_filter(self) -> None:
         """Show every layer again (Escape in the filter, or on the dashboard)."""
         self.query_one("#layer-filter", Input).value = ""
-        self.ctx.view.layer_filter = ""  # at once, not only when Input.Changed arrives
-        self.ctx.state.touch(*panes_reading("layer_filter"))
-        self.redraw()
+        self.ctx.layer_filter = ""  # at once, not only when Input.Changed arrives
         self.app.refresh_bindings()
 
     def focus_filter(self) -> None:
@@ -182,7 +178,7 @@ class LayersPane(Pane):
         self.query_one(LayerTable).focus()
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         schema = st.meta.schema
         row = st.layer_row(view.cursor, self.ctx.source)
         grad_index = st.param_index
@@ -227,7 +223,7 @@ class LayersPane(Pane):
         keep = self.shown_rows.index(problem) if problem in self.shown_rows else None
         found = self.query(LayerTable)
         if not found:  # the table is not mounted yet, or no more (at exit): draw on a later tick
-            self.seen_version = -1
+            self.redraw_later()
             return Text("")
         table = found.first()
         table.set_rows(rows, pal, self.size.width < 92, keep)
@@ -257,7 +253,7 @@ class LayersPane(Pane):
             if shown > vis
             else ""
         )
-        flt = self.ctx.view.layer_filter
+        flt = self.ctx.layer_filter
         self.border_subtitle = (
             f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter  u: updates"
         )
