@@ -296,7 +296,8 @@ class RunState:
                 return self.layer_rows[-1] if self.layer_rows else None
             for row in reversed(self.layer_rows):  # every row after the oldest kept is kept
                 if row["step"] <= cursor:
-                    return row
+                    found: np.ndarray = row
+                    return found
         if isinstance(source, Seekable):
             return source.layer_row_at(int(cursor))
         return None
@@ -312,7 +313,8 @@ class RunState:
             kept = list(self.layer_rows)
         for row in reversed(kept):
             if (cursor is None or row["step"] <= cursor) and updated(row):
-                return row
+                measured: np.ndarray = row
+                return measured
         if not isinstance(source, Seekable):
             return None
         # every row after the oldest one kept is kept: look further back in the source

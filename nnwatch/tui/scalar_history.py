@@ -403,7 +403,8 @@ class History:
             return np.zeros(0)
         row = self._tail[self._ti[field]]
         idx = (self._tail_pos - n + np.arange(n)) % self.tail_size
-        return row[idx]
+        values: np.ndarray = row[idx]
+        return values
 
     def latest(self, field: str) -> float:
         if self._tail_n == 0:

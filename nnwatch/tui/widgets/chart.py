@@ -320,7 +320,8 @@ def _fit(v: np.ndarray, n: int) -> np.ndarray:
 
 def _cells(mask: np.ndarray, ph: int, pw: int) -> np.ndarray:
     """(4*ph, 2*pw) dots -> (ph, pw) braille bit patterns."""
-    return (mask.reshape(ph, 4, pw, 2) * _BITS[None, :, None, :]).sum(axis=(1, 3))
+    cells: np.ndarray = (mask.reshape(ph, 4, pw, 2) * _BITS[None, :, None, :]).sum(axis=(1, 3))
+    return cells
 
 
 def _y_labels(ph: int, y_lo: float, y_hi: float, plot: Plot) -> dict[int, str]:
