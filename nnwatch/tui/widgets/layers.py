@@ -12,6 +12,7 @@ import fnmatch
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from rich.style import Style
 from rich.text import Text
 from textual import events
@@ -181,35 +182,13 @@ class LayersPane(Pane):
         st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         schema = st.meta.schema
         row = st.layer_row(view.cursor, self.ctx.source)
-        grad_index = st.param_index
+        entries = self._entries()
         rows: list[LayerRow] = []
         dying = nonfinite = 0
         problem: str | None = None  # the first non-finite layer, else the deadest above the line
         worst = DEAD_RED
-        nan = math.nan
-        tied = st.meta.extra.get("tied") or {}
-        if not isinstance(tied, dict):
-            tied = {}
-        # layers with activation statistics, then those that only own parameters (gradient rows)
-        grad_only = [n for n in schema.param_layer_names if n not in set(schema.layer_names)]
-        entries = list(zip(schema.layer_names, schema.layer_kinds, strict=False))
-        entries += [(n, "params") for n in grad_only]
-        n_stat = len(schema.layer_names)
-        for i, (name, kind) in enumerate(entries):
-            tied_to = str(tied.get(name, ""))
-            if row is not None:
-                gi = grad_index.get(name)
-                grad = float(row["grad_layer"][gi]) if gi is not None else nan
-                if i < n_stat:
-                    r = LayerRow(
-                        i, name, kind,
-                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
-                        grad, float(row["act_nonfinite"][i]), tied_to,
-                    )  # fmt: skip
-                else:
-                    r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)
-            else:
-                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan, tied_to)
+        for r in self._rows(entries, row):
+            name, kind = r.name, r.kind
             dying += int(math.isfinite(r.dead) and r.dead > DEAD_RED)
             nonfinite += int(math.isfinite(r.nonfinite) and r.nonfinite > 0)
             if math.isfinite(r.nonfinite) and r.nonfinite > 0:
@@ -243,6 +222,42 @@ class LayersPane(Pane):
         self.border_title = title
         self.update_caption()
         return Text("")
+
+    def _entries(self) -> list[tuple[str, str]]:
+        """Layers with activation statistics, then those that only own parameters (gradient
+        rows), as (name, kind)."""
+        schema = self.ctx.state.meta.schema
+        grad_only = [n for n in schema.param_layer_names if n not in set(schema.layer_names)]
+        entries = list(zip(schema.layer_names, schema.layer_kinds, strict=False))
+        return entries + [(n, "params") for n in grad_only]
+
+    def _rows(self, entries: list[tuple[str, str]], row: np.ndarray | None) -> list[LayerRow]:
+        """One row per entry, from the per-layer stats ``row`` (NaN where it has none)."""
+        st = self.ctx.state
+        grad_index = st.param_index
+        n_stat = len(st.meta.schema.layer_names)
+        nan = math.nan
+        tied = st.meta.extra.get("tied") or {}
+        if not isinstance(tied, dict):
+            tied = {}
+        out: list[LayerRow] = []
+        for i, (name, kind) in enumerate(entries):
+            tied_to = str(tied.get(name, ""))
+            if row is not None:
+                gi = grad_index.get(name)
+                grad = float(row["grad_layer"][gi]) if gi is not None else nan
+                if i < n_stat:
+                    r = LayerRow(
+                        i, name, kind,
+                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
+                        grad, float(row["act_nonfinite"][i]), tied_to,
+                    )  # fmt: skip
+                else:
+                    r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)
+            else:
+                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan, tied_to)
+            out.append(r)
+        return out
 
     def update_caption(self) -> None:
         """The subtitle: which rows are on screen, the filter, the keys."""
