@@ -7,7 +7,9 @@ Deterministic by construction: the runs are the seeded fixture (``nnwatch.testin
 written to a real run log with a fixed clock, pid and host; the hardware reading is fixed; the
 terminal size is fixed; listed runs are stand-ins with a fixed age and directory. Each test waits
 on the app's state (every record read, no collector half-way through a poll, the screen it
-expects on top), never on a sleep, and toasts are cleared before the picture is taken.
+expects on top), never on a sleep. What would change with the clock is kept out of the picture:
+toasts (a message may arrive a moment before or after it; the app keeps their text in
+``toasts``, and the header shows a command's outcome anyway) and the blink of a text cursor.
 
 The baselines are in ``__snapshots__/test_tui_snapshot_screens/``; after a deliberate change to
 the screens, look at the report of a failing run, then ``pytest tests/tui/test_tui_snapshot_screens.py
@@ -25,15 +27,18 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 from textual.screen import Screen
+from textual.widgets import Input
 
 from nnwatch.sources.hardware import GpuReading, HardwareReading
 from nnwatch.sources.job_monitor import RankState, build_view
+from nnwatch.sources.job_stacks import RankStacks
 from nnwatch.sources.job_view import JobView
 from nnwatch.sources.recorded import RecordedSource
 from nnwatch.store.jobs import Job
 from nnwatch.store.registry import RunInfo
 from nnwatch.testing.fixture import FixtureSource, write_run
 from nnwatch.testing.tui import GiB, fixed_hardware, settle, wait_until
+from nnwatch.tui import app as app_module
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.job_app import JobApp
 from nnwatch.tui.picker import RunPickerApp
@@ -41,6 +46,8 @@ from nnwatch.tui.screens.compare import CompareScreen
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
 from nnwatch.tui.screens.events import EventDetailScreen, EventsScreen
 from nnwatch.tui.screens.help import HelpScreen
+from nnwatch.tui.screens.snapshot import SnapshotScreen
+from tests.fixtures import snapshot_runs
 
 SnapCompare = Callable[..., bool]
 WIDE, NARROW = (160, 48), (80, 24)
@@ -84,14 +91,30 @@ class SteerableRun(RecordedSource):
         return True
 
 
+class QuietApp(NNWatchApp):
+    """The dashboard with its toasts kept in a list instead of on screen."""
+
+    CSS_PATH = str(Path(app_module.__file__).with_name(NNWatchApp.CSS_PATH))  # as the app's
+
+    def __init__(self, source: RecordedSource, **options: Any) -> None:
+        super().__init__(source, **options)
+        self.toasts: list[str] = []
+
+    def notify(self, message: str, **_: Any) -> None:
+        self.toasts.append(message)
+
+
 def dashboard(run_dir: Path, steerable: bool = False, **options: Any) -> NNWatchApp:
     source = (SteerableRun if steerable else RecordedSource)(run_dir)
     options.setdefault("hardware", fixed_hardware)
-    return NNWatchApp(source, fps=10, **options)
+    return QuietApp(source, fps=10, **options)
 
 
 def after(
-    *keys: str, screen: type[Screen[Any]] | None = None, ready: Callable[[Any], bool] | None = None
+    *keys: str,
+    screen: type[Screen[Any]] | None = None,
+    ready: Callable[[Any], bool] | None = None,
+    rows: int = STEPS,
 ) -> Callable[[Pilot[Any]], Awaitable[None]]:
     """What a snapshot waits for: every record read (and the overlay's), then ``keys`` pressed,
     the data settled again, ``screen`` on top and ``ready(app)`` true; no toast left."""
@@ -99,7 +122,7 @@ def after(
     async def run_before(pilot: Pilot[Any]) -> None:
         app = pilot.app
         assert isinstance(app, NNWatchApp)
-        await settle(pilot, app, STEPS)
+        await settle(pilot, app, rows)
         if app.overlay is not None:
             overlay = app.overlay.state.history
             await wait_until(pilot, lambda: overlay.rows >= OTHER_STEPS)
@@ -110,7 +133,8 @@ def after(
             await wait_until(pilot, lambda: isinstance(app.screen, screen))
         if ready is not None:
             await wait_until(pilot, lambda: ready(app))
-        app.clear_notifications()
+        for field in app.screen.query(Input):
+            field.cursor_blink = False  # the cursor shown, steadily
         await pilot.pause()
 
     return run_before
@@ -260,14 +284,27 @@ def _info(rank: int, world: int) -> RunInfo:
     )  # fmt: skip
 
 
-def job_view() -> JobView:
-    """Four ranks of an eight-rank job here: one went non-finite first, one lags behind."""
+def job_view(stuck: bool = False) -> JobView:
+    """Four ranks of an eight-rank job here: one went non-finite first, one lags behind;
+    ``stuck``: every rank's stacks as well, three waiting in all_reduce for the fourth."""
     job = Job("k", "ddp (4/8 ranks here)", "torchelastic", 8, 0, tuple(_info(r, 8) for r in range(4)))  # fmt: skip
     states = {r: RankState() for r in range(4)}
     for r, st in states.items():
         st.step, st.loss, st.grad_norm, st.step_times = (90 if r == 3 else 100), 0.5 + r / 10, 1.2, [0.5]  # fmt: skip
     states[1].loss, states[1].first = math.nan, {"loss": 97}
-    return build_view(job, states, dict.fromkeys(range(4), "live"))
+    stacks = tuple(RankStacks(r, "node-a", 100 + r, (_thread(r == 3),)) for r in range(4) if stuck)
+    return build_view(job, states, dict.fromkeys(range(4), "live"), stacks=stacks)
+
+
+def _thread(loading: bool) -> dict[str, Any]:
+    """A main thread in all_reduce after backward, or (``loading``) still reading its batch."""
+    frames: list[list[Any]] = [["train.py", 88, "<module>", "main()"], ["train.py", 61, "main", "loss.backward()"]]  # fmt: skip
+    if loading:
+        frames[-1] = ["train.py", 52, "main", "x, y = next(batches)"]
+        frames.append(["data.py", 17, "__next__", "return self.load(self.i)"])
+    else:
+        frames.append(["torch/distributed/distributed_c10d.py", 2501, "all_reduce", "work.wait()"])
+    return {"name": "MainThread", "main": True, "own": False, "frames": frames}
 
 
 class FixedJob:
@@ -275,17 +312,49 @@ class FixedJob:
 
     spec = "ddp"
 
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
+
     def poll(self) -> JobView:
-        return job_view()
+        return job_view(self.stuck)
 
 
-@pytest.mark.parametrize("size", [WIDE, NARROW], ids=["160x48", "80x24"])
-def test_job_view(snap_compare: SnapCompare, size: tuple[int, int]) -> None:
-    """``nnwatch attach --job``: the ranks pane, full screen."""
-    app = JobApp(FixedJob(), interval=60.0)
+@pytest.mark.parametrize(
+    ("size", "stuck"),
+    [(WIDE, False), (NARROW, False), (WIDE, True)],
+    ids=["160x48", "80x24", "stuck_160x48"],
+)
+def test_job_view(snap_compare: SnapCompare, size: tuple[int, int], stuck: bool) -> None:
+    """``nnwatch attach --job``: the ranks pane, full screen; under it, while the job is stuck,
+    the stacks pane (every rank's stack, identical ones folded)."""
+    app = JobApp(FixedJob(stuck), interval=60.0)
 
     async def shown(pilot: Pilot[Any]) -> None:
         await wait_until(pilot, lambda: app.views >= 1)
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=shown)
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real CNN run on 8x8 digits whose step-8 snapshot holds an all-zero image."""
+    root = tmp_path_factory.mktemp("image-run")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NNWATCH_RUN_DIR", str(root))
+    try:
+        return snapshot_runs.image_run(root / "image").parent.parent
+    finally:
+        mp.undo()
+
+
+def test_snapshot_inspector(snap_compare: SnapCompare, image_run: Path) -> None:
+    """``i``: the snapshot's batch sample by sample, the first flagged one selected."""
+    app = dashboard(image_run)
+
+    def loaded(app: NNWatchApp) -> bool:
+        screen = app.screen
+        return isinstance(screen, SnapshotScreen) and screen.report is not None
+
+    inspect = after("i", screen=SnapshotScreen, ready=loaded, rows=snapshot_runs.STEPS)
+    assert snap_compare(app, terminal_size=WIDE, run_before=inspect)
