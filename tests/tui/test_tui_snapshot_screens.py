@@ -338,13 +338,20 @@ def test_job_view(snap_compare: SnapCompare, size: tuple[int, int], stuck: bool)
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small real CNN run on 8x8 digits whose step-8 snapshot holds an all-zero image."""
+    """A small real CNN run on 8x8 digits whose step-8 snapshot holds an all-zero image; its
+    weights are seeded and its sums taken on one thread, so every run trains the same."""
+    import torch
+
     root = tmp_path_factory.mktemp("image-run")
     mp = pytest.MonkeyPatch()
     mp.setenv("NNWATCH_RUN_DIR", str(root))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # the model is built before the run seeds its training
     try:
         return snapshot_runs.image_run(root / "image").parent.parent
     finally:
+        torch.set_num_threads(threads)
         mp.undo()
 
 
