@@ -182,7 +182,7 @@ def recorded_shots() -> None:
         await settle(pilot, app, timeout=120)
         findings = [e for e in app.state.events if is_finding(e)]
         if findings:  # put the cursor on the first finding, as `e` + Enter would
-            app._set_cursor(float(findings[0]["step"]))
+            app.navigation.set_cursor(float(findings[0]["step"]))
         await settle(pilot, app)
         save(app, "open-dead_relu-160x48")
         await pilot.press("question_mark")

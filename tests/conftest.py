@@ -35,7 +35,8 @@ if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
 def clean_environ() -> object:
     yield
     for key in set(os.environ) - set(_SESSION_ENV):
-        if not key.startswith("PYTEST_"):  # pytest manages its own
+        # pytest manages its own; pytest-textual-snapshot's report folder is set at session start
+        if not key.startswith(("PYTEST_", "TEXTUAL_SNAPSHOT_")):
             del os.environ[key]
     for key, value in _SESSION_ENV.items():
         if os.environ.get(key) != value:

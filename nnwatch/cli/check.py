@@ -96,7 +96,8 @@ def _resolve(target: str) -> Callable[[], Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise FactoryError(f"{target} is a {type(obj).__name__}, not a function")
-    return obj
+    factory: Callable[[], Any] = obj
+    return factory
 
 
 def _call(factory: Callable[[], Any], target: str) -> dict[str, Any]:

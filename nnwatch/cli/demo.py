@@ -174,6 +174,16 @@ def list_demos(demos: dict[str, Demo]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    demo = _chosen(args)
+    if isinstance(demo, int):
+        return demo
+    kept, status, snaps = _train(demo, args)
+    _tell_kept(demo, kept, snaps, args.keep)
+    return status
+
+
+def _chosen(args: argparse.Namespace) -> Demo | int:
+    """The demo asked for, or the exit status when there is none to run (said why)."""
     demos = find_demos()
     if not demos:
         print(
@@ -206,6 +216,12 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         print("nnwatch demo: --steps must be at least 1", file=sys.stderr)
         return 2
+    return demo
+
+
+def _train(demo: Demo, args: argparse.Namespace) -> tuple[str | None, int, list[Path]]:
+    """Run the demo's trainer, headless or under the monitor; (where the run is kept, the exit
+    status, its snapshots)."""
     steps = args.steps if args.steps is not None or not args.headless else HEADLESS_STEPS
     delay = args.delay if args.delay is not None else (0.0 if args.headless else MONITOR_DELAY)
     started: list[Trainer] = []
@@ -240,7 +256,12 @@ def run(args: argparse.Namespace) -> int:
         finally:
             kept = cleanup()
     snaps = started[0].snapshots() if started and kept else []
-    if kept and snaps and not args.keep:
+    return kept, status, snaps
+
+
+def _tell_kept(demo: Demo, kept: str | None, snaps: list[Path], keep: bool) -> None:
+    """Where a kept run is, and what reads it."""
+    if kept and snaps and not keep:
         print(
             f"nnwatch demo: a snapshot was taken during the run, so the run is kept in {kept}\n"
             f"  its batch, sample by sample: nnwatch show {snaps[-1]}\n"
@@ -257,7 +278,6 @@ def run(args: argparse.Namespace) -> int:
                 "--model nnwatch.demos.nan_log:make --anomaly",
                 file=sys.stderr,
             )
-    return status
 
 
 def _headless(trainer: Trainer) -> int:

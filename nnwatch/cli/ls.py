@@ -203,24 +203,7 @@ def run(args: argparse.Namespace) -> int:
     for line in dict.fromkeys(problems):  # one line per bad entry, on stderr: --json stays clean
         print(f"nnwatch ls: {line}", file=sys.stderr)
     if args.json:
-        from nnwatch.store.findings_count import findings_count
-
-        job_of, stops = judged_jobs(runs)
-        rows = []
-        for r in runs:
-            job = job_of[r.run_dir]
-            story = stops.get(id(job))
-            role = story.ranks.get(r.rank) if story is not None else None
-            rows.append(
-                {
-                    **r.to_dict(),
-                    "job": job_dict(job, story),
-                    "job_role": role.to_dict() if role is not None else None,
-                    "findings": findings_count(r.run_dir),
-                }
-            )
-        json.dump(rows, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        _print_json(runs)
         return 0
     hidden = 0 if args.all else _hidden_count(runs, root)
     if not runs:
@@ -248,6 +231,28 @@ def run(args: argparse.Namespace) -> int:
     if hidden:
         print(f"(--all would add {hidden} finished or crashed run{'s' if hidden != 1 else ''})")
     return 0
+
+
+def _print_json(runs: list[Any]) -> None:
+    """``--json``: every run with its job, its rank's part in the job's story, its findings."""
+    from nnwatch.store.findings_count import findings_count
+
+    job_of, stops = judged_jobs(runs)
+    rows = []
+    for r in runs:
+        job = job_of[r.run_dir]
+        story = stops.get(id(job))
+        role = story.ranks.get(r.rank) if story is not None else None
+        rows.append(
+            {
+                **r.to_dict(),
+                "job": job_dict(job, story),
+                "job_role": role.to_dict() if role is not None else None,
+                "findings": findings_count(r.run_dir),
+            }
+        )
+    json.dump(rows, sys.stdout, indent=1)
+    sys.stdout.write("\n")
 
 
 def _run_remote(args: argparse.Namespace) -> int:

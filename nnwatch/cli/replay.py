@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 COMMAND = "replay"
 HELP = "re-run a snapshotted step (bit-for-bit check; --anomaly finds the op and line of a NaN)"
@@ -73,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.reproduced else 1
 
 
-def _as_dict(result: object) -> dict:
+def _as_dict(result: object) -> dict[str, Any]:
     from dataclasses import asdict
 
-    d = asdict(result)  # type: ignore[call-overload]
+    d: dict[str, Any] = asdict(result)  # type: ignore[call-overload]
     d["reproduced"] = result.reproduced  # type: ignore[attr-defined]
     d["loss_matches"] = result.loss_matches  # type: ignore[attr-defined]
     d["grad_norm_matches"] = result.grad_norm_matches  # type: ignore[attr-defined]

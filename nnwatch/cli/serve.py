@@ -96,7 +96,8 @@ def make_server(command: list[str], port: int, token: str, title: str) -> Any:
             @web.middleware
             async def require_token(request: web.Request, handler: Any) -> web.StreamResponse:
                 if request.path.startswith("/static/"):
-                    return offline(await handler(request), port)  # the page's JS, CSS, font
+                    asset: web.StreamResponse = offline(await handler(request), port)
+                    return asset  # the page's JS, CSS, font
                 given = request.query.get("token") or request.cookies.get(COOKIE) or ""
                 if not hmac.compare_digest(given.encode(), token.encode()):
                     return web.Response(
@@ -104,7 +105,7 @@ def make_server(command: list[str], port: int, token: str, title: str) -> Any:
                         text="nnwatch serve: wrong or missing token; use the URL that "
                         "`nnwatch serve` printed\n",
                     )
-                response = offline(await handler(request), port)
+                response: web.StreamResponse = offline(await handler(request), port)
                 if request.path == "/" and request.query.get("token"):
                     response.set_cookie(COOKIE, token, httponly=True, samesite="Strict")
                 return response

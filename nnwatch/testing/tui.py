@@ -54,7 +54,6 @@ async def settle(pilot: Any, app: Any, rows: int | None = None, timeout: float =
         return rows is None or app.state.history.rows >= rows
 
     await wait_until(pilot, ready, timeout)
-    app.state.touch(*app.state.versions)
-    app.refresh_panes()
+    app.redraw_everything()
     await pilot.pause()
     await asyncio.sleep(0)

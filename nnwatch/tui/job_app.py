@@ -17,7 +17,7 @@ from textual.widgets import Footer
 from nnwatch.store.schema import RunMeta, RunSchema
 from nnwatch.tui.lost_terminal import watch_terminal
 from nnwatch.tui.model import RunState
-from nnwatch.tui.widgets.base import Palette, PaneContext, ViewSettings
+from nnwatch.tui.widgets.base import Palette, PaneContext
 from nnwatch.tui.widgets.ranks import RanksPane
 from nnwatch.tui.widgets.stacks import StacksPane
 
@@ -40,8 +40,7 @@ class JobApp(App[int | None]):
         self.source = source
         self.interval = interval
         self._theme_requested = theme
-        self.ctx = PaneContext(RunState(job_meta(str(getattr(source, "spec", "job")), 2)),
-                               ViewSettings())  # fmt: skip
+        self.ctx = PaneContext(RunState(job_meta(str(getattr(source, "spec", "job")), 2)))
         self._stop = threading.Event()
         self.views = 0
         self.title = f"nnwatch · job {getattr(source, 'spec', '')}"

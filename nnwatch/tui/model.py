@@ -13,7 +13,7 @@ import json
 import math
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,7 +25,8 @@ from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTa
 from nnwatch.store.schema import RunMeta
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
-PANES: tuple[str, ...] = ("header", "loss", "grad", "layers", "updates", "amp", "gpu", "events")
+#: ``take_changes()`` for a state whose every topic is to be drawn again (a new main run, a theme).
+EVERY_TOPIC: frozenset[str] = frozenset({"*"})
 #: How many older per-layer rows a seekable source is asked for, looking back for a measured update.
 UPDATE_LOOKBACK = 16
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
@@ -104,7 +105,8 @@ class RunState:
         self.lost_message = ""
         #: monitor-side threads that failed and have not recovered: what -> "IndexError: ..."
         self.reader_errors: dict[str, str] = {}
-        self.versions: dict[str, int] = dict.fromkeys(PANES, 0)
+        #: the data topics ("loss", "layers", "header"...) changed since the UI last took them
+        self._changed: set[str] = set()
         self._gpu_sig: tuple[float | None, ...] = ()
         self._amp_sig: tuple[float | None, ...] = ()
         self.param_index = {n: i for i, n in enumerate(meta.schema.param_layer_names)}
@@ -157,20 +159,7 @@ class RunState:
                 self.history.append(chunk)
         with self.lock:
             if n:
-                changed |= {"header", "loss", "grad"}
-                h = self.history
-                amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
-                if amp_sig != self._amp_sig and amp_sig[0] is not None:
-                    changed.add("amp")
-                self._amp_sig = amp_sig
-                gpu_sig = _sig(
-                    *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
-                    h.latest_finite("cpu_percent"),
-                    h.latest_finite("rss"),
-                )
-                if gpu_sig != self._gpu_sig:
-                    changed.add("gpu")
-                self._gpu_sig = gpu_sig
+                changed |= {"header", "loss", "grad"} | self._scalar_changes()
             layers = update.layers
             if len(layers):
                 for row in np.asarray(
@@ -178,27 +167,7 @@ class RunState:
                 ):
                     self.layer_rows.append(np.array(row, dtype=self._layer_dtype))
                 changed |= {"layers", "updates"}
-            snapshots: list[SnapshotTaken] = []
-            commands: list[CommandApplied] = []
-            fresh: list[Event] = []
-            for ev in map(as_event, update.events):  # a test's source may hand over dicts
-                key = _event_key(ev)
-                if key in self._event_keys:
-                    continue  # delivered again by a reconnect: listed once
-                self._event_keys[key] = None
-                if len(self._event_keys) > MAX_EVENT_KEYS:
-                    del self._event_keys[next(iter(self._event_keys))]
-                fresh.append(ev)
-            for ev in fresh:
-                self.events.append(ev)
-                self.events_total += 1
-                if isinstance(ev, FindingEvent):
-                    sev = ev.finding.severity
-                    self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
-                elif isinstance(ev, SnapshotTaken):
-                    snapshots.append(ev)
-                elif isinstance(ev, CommandApplied):
-                    commands.append(ev)
+            fresh, snapshots, commands = self._take_events(update.events)
             if fresh:
                 changed |= {"events", "header"}
             before = self.status.state
@@ -207,11 +176,55 @@ class RunState:
             self.status = update.status
             if update.status.state not in ("lost",):
                 self.lost_message = ""
-            for p in changed:
-                self.versions[p] += 1
-            return Ingested(
-                n, frozenset(changed), tuple(snapshots), tuple(commands), before, self.status.state
-            )
+            self._changed |= changed
+            return Ingested(n, frozenset(changed), snapshots, commands, before, self.status.state)
+
+    def _scalar_changes(self) -> set[str]:
+        """The panes of the scalars that change only on some records: AMP (a scaler's scale or
+        skips) and GPU (memory, CPU, RSS). Under ``lock``."""
+        changed: set[str] = set()
+        h = self.history
+        amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
+        if amp_sig != self._amp_sig and amp_sig[0] is not None:
+            changed.add("amp")
+        self._amp_sig = amp_sig
+        gpu_sig = _sig(
+            *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
+            h.latest_finite("cpu_percent"),
+            h.latest_finite("rss"),
+        )
+        if gpu_sig != self._gpu_sig:
+            changed.add("gpu")
+        self._gpu_sig = gpu_sig
+        return changed
+
+    def _take_events(
+        self, events: Iterable[Event | Mapping[str, Any]]
+    ) -> tuple[list[Event], tuple[SnapshotTaken, ...], tuple[CommandApplied, ...]]:
+        """Keep the events not seen before (a reconnect delivers some again), count the
+        findings; return them, and the snapshots and commands among them. Under ``lock``."""
+        snapshots: list[SnapshotTaken] = []
+        commands: list[CommandApplied] = []
+        fresh: list[Event] = []
+        for ev in map(as_event, events):  # a test's source may hand over dicts
+            key = _event_key(ev)
+            if key in self._event_keys:
+                continue  # delivered again by a reconnect: listed once
+            self._event_keys[key] = None
+            if len(self._event_keys) > MAX_EVENT_KEYS:
+                del self._event_keys[next(iter(self._event_keys))]
+            fresh.append(ev)
+        for ev in fresh:
+            self.events.append(ev)
+            self.events_total += 1
+            if isinstance(ev, FindingEvent):
+                sev = ev.finding.severity
+                self.findings_by_severity[sev] = self.findings_by_severity.get(sev, 0) + 1
+            elif isinstance(ev, SnapshotTaken):
+                snapshots.append(ev)
+            elif isinstance(ev, CommandApplied):
+                commands.append(ev)
+        return fresh, tuple(snapshots), tuple(commands)
 
     def mark_lost(self, message: str) -> str:
         """The source failed: keep the history, show the run as lost. Returns the previous state."""
@@ -219,19 +232,19 @@ class RunState:
             before = self.status.state
             self.status = SourceStatus("lost", dropped=self.status.dropped, message=message)
             self.lost_message = message
-            self.versions["header"] += 1
+            self._changed.add("header")
             return before
 
     def mark_reader_failed(self, what: str, message: str) -> None:
         """A monitor-side thread failed (``what``: "reader", "hardware reader", ...)."""
         with self.lock:
             self.reader_errors[what] = message
-            self.versions["header"] += 1
+            self._changed.add("header")
 
     def clear_reader_failed(self, what: str) -> None:
         with self.lock:
             if self.reader_errors.pop(what, None) is not None:
-                self.versions["header"] += 1
+                self._changed.add("header")
 
     @property
     def reader_failure(self) -> str:
@@ -243,13 +256,20 @@ class RunState:
     def set_hardware(self, reading: HardwareReading) -> None:
         with self.lock:
             self.hardware = reading
-            self.versions["gpu"] += 1
+            self._changed.add("gpu")
 
-    def touch(self, *panes: str) -> None:
-        """Mark panes as changed for reasons outside the data (zoom, log scale, cursor, theme)."""
+    def mark_changed(self, *topics: str) -> None:
+        """Have the panes of ``topics`` draw again at the next redraw tick."""
         with self.lock:
-            for p in panes:
-                self.versions[p] += 1
+            self._changed.update(topics)
+
+    def take_changes(self, only: frozenset[str] | None = None) -> frozenset[str]:
+        """The data topics changed since the last call (UI thread): each pane whose topic is
+        among them has something new to draw. ``only``: take just those, leave the rest."""
+        with self.lock:
+            taken = self._changed if only is None else self._changed & only
+            self._changed = self._changed - taken
+            return frozenset(taken)
 
     # -- UI thread ---------------------------------------------------------------------------
     def step_bounds(self) -> tuple[float, float]:
@@ -293,7 +313,8 @@ class RunState:
                 return self.layer_rows[-1] if self.layer_rows else None
             for row in reversed(self.layer_rows):  # every row after the oldest kept is kept
                 if row["step"] <= cursor:
-                    return row
+                    found: np.ndarray = row
+                    return found
         if isinstance(source, Seekable):
             return source.layer_row_at(int(cursor))
         return None
@@ -309,7 +330,8 @@ class RunState:
             kept = list(self.layer_rows)
         for row in reversed(kept):
             if (cursor is None or row["step"] <= cursor) and updated(row):
-                return row
+                measured: np.ndarray = row
+                return measured
         if not isinstance(source, Seekable):
             return None
         # every row after the oldest one kept is kept: look further back in the source

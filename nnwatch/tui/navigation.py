@@ -6,69 +6,111 @@ remote run's snapshot here (``P``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
-from nnwatch.sources.base import SourceError
+from textual.widget import Widget
+from textual.worker import Worker
+
+from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.store.events import SnapshotTaken
 from nnwatch.store.paths import SNAPSHOT_MANIFEST, SNAPSHOTS_DIR
 from nnwatch.tui import format as fmt
-from nnwatch.tui.monitor import MonitorBase
+from nnwatch.tui.host import Notifier, ScreenPusher
+from nnwatch.tui.model import RunState
+from nnwatch.tui.screens.dashboard import DashboardScreen
 from nnwatch.tui.screens.events import EventsScreen
 from nnwatch.tui.screens.snapshot import SnapshotScreen
-from nnwatch.tui.widgets.base import panes_reading
+from nnwatch.tui.widgets.base import PaneContext
 from nnwatch.tui.widgets.compare import chart_window
 from nnwatch.tui.widgets.layers import LayersPane
 from nnwatch.tui.widgets.updates import UpdatesPane
 
 
-class ViewActions(MonitorBase):
-    """Zoom, scale, cursor, layer filter, events and the snapshot inspector."""
+class NavigationHost(Notifier, ScreenPusher, Protocol):
+    """What navigating needs of the app: the dashboard, focus, the footer, and a worker thread
+    with a way back from it (pulling a snapshot over ssh)."""
 
-    def action_focus_layers(self) -> None:
-        dashboard = self._dashboard()
+    @property
+    def dashboard(self) -> DashboardScreen: ...
+
+    def set_focus(self, widget: Widget | None) -> None: ...
+
+    def refresh_bindings(self) -> None: ...
+
+    def run_worker(
+        self, work: Callable[[], None], *, thread: bool, group: str, exit_on_error: bool
+    ) -> Worker[None]: ...
+
+    def call_from_thread(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+class Navigation:
+    """Zoom, scale, cursor, layer filter, events and the snapshot inspector: what is seen, never
+    the run. Changes go to the pane context's reactives; the panes that draw from them redraw."""
+
+    def __init__(
+        self,
+        host: NavigationHost,
+        ctx: PaneContext,
+        *,
+        decode: Callable[[list[int]], str] | None = None,  # token ids -> text, for the inspector
+    ) -> None:
+        self.host = host
+        self.ctx = ctx
+        self.decode = decode
+
+    @property
+    def state(self) -> RunState:
+        return self.ctx.state
+
+    @property
+    def source(self) -> RunSource:
+        source: RunSource = self.ctx.source
+        return source
+
+    def focus_layers(self) -> None:
+        dashboard = self.host.dashboard
         dashboard.show_updates(False)  # the layers come back in the place they share
         dashboard.query_one(LayersPane).focus_filter()
 
-    def action_filter(self) -> None:
+    def filter(self) -> None:
         """``/``: type to filter the layers (a substring or a glob); Escape clears it. The filter
         narrows the updates pane's rows too; it is typed in the layers pane."""
-        self.action_focus_layers()
+        self.focus_layers()
 
-    def action_toggle_updates(self) -> None:
+    def toggle_updates(self) -> None:
         """``u``: the updates pane in the layers pane's place, its rows focused (Up/Down move,
         Escape gives the keys back); ``u`` again brings the layers back."""
-        dashboard = self._dashboard()
+        dashboard = self.host.dashboard
         on = not dashboard.showing_updates
         dashboard.show_updates(on)
         if on:
             dashboard.query_one(UpdatesPane).focus_rows()
         else:
-            self.screen.set_focus(None)
+            self.host.set_focus(None)
 
-    def action_clear_filter(self) -> None:
-        self._dashboard().query_one(LayersPane).clear_filter()
-        self.refresh_bindings()
+    def clear_filter(self) -> None:
+        self.host.dashboard.query_one(LayersPane).clear_filter()
+        self.host.refresh_bindings()
 
-    def action_toggle_zoom(self) -> None:
-        self.view.zoomed = not self.view.zoomed
-        self.state.touch(*panes_reading("zoomed"))
-        self.refresh_panes()
+    def toggle_zoom(self) -> None:
+        self.ctx.zoomed = not self.ctx.zoomed
 
-    def action_toggle_log_scale(self) -> None:
-        self.view.log_scale = not self.view.log_scale
-        self.state.touch(*panes_reading("log_scale"))
-        self.refresh_panes()
+    def toggle_log_scale(self) -> None:
+        self.ctx.log_scale = not self.ctx.log_scale
 
-    def action_show_events(self) -> None:
+    def show_events(self) -> None:
         with self.state.lock:
             events_kept = list(self.state.events)
             total = self.state.events_total
 
         def jump(step: int | None) -> None:
             if step is not None:
-                self._set_cursor(float(step))
+                self.set_cursor(float(step))
 
-        self.push_screen(
+        self.host.push_screen(
             EventsScreen(events_kept, self.ctx.palette, total, inspect=self.inspect_snapshot), jump
         )
 
@@ -101,12 +143,12 @@ class ViewActions(MonitorBase):
         lies there; False (with a note) when it cannot be read here."""
         path = self.snapshot_path(event)
         if path is not None:
-            self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
+            self.host.push_screen(SnapshotScreen(path, self.ctx.palette, self.ctx, decode=self.decode))
             return True
         if self.source.files_host is not None:
             self.pull_snapshot(event, then_inspect=True)
             return True
-        self.notify(
+        self.host.notify(
             f"The snapshot of step {fmt.count(event.step)} is not on this machine "
             f"({event.path or 'no path'}); `nnwatch show` reads it where it is.",
             title="inspect",
@@ -119,14 +161,14 @@ class ViewActions(MonitorBase):
         note, when the run has none."""
         snaps = self.snapshot_events()
         if not snaps:
-            self.notify(
+            self.host.notify(
                 "No snapshot in this run yet. s takes one of the next step (live runs); one is "
                 "also taken automatically on the first non-finite step.",
                 title=what,
                 severity="warning",
             )
             return None
-        cursor = self.view.cursor
+        cursor = self.ctx.cursor
         if cursor is None:
             return snaps[-1]
         before = [e for e in snaps if e.step <= cursor]
@@ -134,13 +176,13 @@ class ViewActions(MonitorBase):
             return max(before, key=lambda e: e.step)
         return min(snaps, key=lambda e: abs(e.step - cursor))
 
-    def action_inspect_snapshot(self) -> None:
+    def inspect_chosen(self) -> None:
         chosen = self.chosen_snapshot("inspect")
         if chosen is not None:
             self.inspect_snapshot(chosen)
 
     # -- snapshots of a run on another host --------------------------------------------------
-    def action_pull_snapshot(self) -> None:
+    def pull_chosen(self) -> None:
         """``P``: copy the snapshot at the cursor from the run's host to this machine."""
         chosen = self.chosen_snapshot("pull")
         if chosen is not None:
@@ -152,7 +194,7 @@ class ViewActions(MonitorBase):
         host = self.source.files_host
         step = event.step
         name = Path(event.path).name
-        self.notify(
+        self.host.notify(
             f"copying the snapshot of step {fmt.count(step)} from {host}…", title="pull", timeout=4
         )
 
@@ -160,51 +202,47 @@ class ViewActions(MonitorBase):
             try:
                 path = self.source.pull_snapshot(step, name)
             except SourceError as exc:
-                self.call_from_thread(
-                    self.notify, str(exc), title="pull failed", severity="error", timeout=15
+                self.host.call_from_thread(
+                    self.host.notify, str(exc), title="pull failed", severity="error", timeout=15
                 )
                 return
-            self.call_from_thread(self._pulled, path, step, then_inspect)
+            self.host.call_from_thread(self._pulled, path, step, then_inspect)
 
-        self.run_worker(work, thread=True, group="pull", exit_on_error=False)
+        self.host.run_worker(work, thread=True, group="pull", exit_on_error=False)
 
     def _pulled(self, path: Path, step: int, then_inspect: bool) -> None:
-        self.notify(
+        self.host.notify(
             f"step {fmt.count(step)} from {self.source.files_host} is now at {path} "
             "(every file checked by sha256); `nnwatch show` and `nnwatch replay` take it there.",
             title="snapshot pulled",
             timeout=10,
         )
         if then_inspect:
-            self.push_screen(SnapshotScreen(path, self.ctx.palette, self.view, decode=self.decode))
+            self.host.push_screen(SnapshotScreen(path, self.ctx.palette, self.ctx, decode=self.decode))
 
     # -- the step cursor: scrub through history (recorded runs, or back in a live one) -------
-    def _set_cursor(self, step: float | None) -> None:
+    def set_cursor(self, step: float | None) -> None:
         first, last = self.state.step_bounds()
         if step is not None and math.isfinite(first):
             step = min(max(step, first), last)
             if step >= last and self.state.status.state in ("live", "paused"):
                 step = None  # at the newest step of a live run: follow it
-        self.view.cursor = step
-        self.state.touch(*panes_reading("cursor"))
-        self.refresh_panes()
+        self.ctx.cursor = step
 
-    def action_move_cursor(self, columns: int) -> None:
+    def move_cursor(self, columns: int) -> None:
         first, last = self.state.step_bounds()
         if not math.isfinite(first):
             return
         x0, x1 = chart_window(self.ctx)  # one chart column per press, overlay or not
-        width = max(self._dashboard().query_one("#loss").size.width - 7, 10)
+        width = max(self.host.dashboard.query_one("#loss").size.width - 7, 10)
         per_col = max(1.0, math.ceil((x1 - x0 + 1) / width))
-        here = last if self.view.cursor is None else self.view.cursor
-        self._set_cursor(here + columns * per_col)
+        here = last if self.ctx.cursor is None else self.ctx.cursor
+        self.set_cursor(here + columns * per_col)
 
-    def action_cursor_start(self) -> None:
+    def cursor_start(self) -> None:
         first, _ = self.state.step_bounds()
         if math.isfinite(first):
-            self._set_cursor(first)
+            self.set_cursor(first)
 
-    def action_cursor_follow(self) -> None:
-        self.view.cursor = None
-        self.state.touch(*panes_reading("cursor"))
-        self.refresh_panes()
+    def cursor_follow(self) -> None:
+        self.ctx.cursor = None

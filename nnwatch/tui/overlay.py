@@ -10,39 +10,68 @@ starts with one.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from nnwatch.sources.base import RunSource
+from nnwatch.tui.feeds import Feeds
+from nnwatch.tui.host import Notifier, ScreenPusher
 from nnwatch.tui.messages import OverlayUpdated, ReaderFailed, RecordsArrived, RunStateChanged
-from nnwatch.tui.monitor import MonitorBase
 from nnwatch.tui.picker import default_lister
 from nnwatch.tui.run_sources import source_for
 from nnwatch.tui.screens.compare import CompareScreen
-from nnwatch.tui.widgets.base import Overlay, panes_reading
+from nnwatch.tui.widgets.base import Overlay, PaneContext
 
 
 def open_listed(info: Any) -> RunSource:
     return source_for(info)[0]
 
 
-class OverlayActions(MonitorBase):
+class OverlayHost(Notifier, ScreenPusher, Protocol):
+    """What the overlay needs of the app: a word to the user, the footer's keys, and a main run
+    that changed (a swap)."""
+
+    title: str
+
+    def refresh_bindings(self) -> None: ...
+
+    def main_run_changed(self) -> None: ...
+
+
+class Overlays:
     """Choosing, following, dropping and swapping the overlaid run."""
 
-    def action_choose_overlay(self) -> None:
-        exclude: list[object] = [getattr(self.source, "run_dir", None)]
+    def __init__(
+        self,
+        host: OverlayHost,
+        feeds: Feeds,
+        ctx: PaneContext,
+        *,
+        lister: Callable[[], list[Any]] | None = None,  # the runs `o` offers (default: registry)
+        open_run: Callable[[Any], RunSource] | None = None,  # a listed run -> its source
+    ) -> None:
+        self.host = host
+        self.feeds = feeds
+        self.ctx = ctx
+        self.lister = lister
+        self.open_run = open_run
+
+    def choose(self) -> None:
+        """``o``: pick a run from the list and overlay it."""
+        exclude: list[object] = [getattr(self.feeds.source, "run_dir", None)]
 
         def chosen(info: Any) -> None:
             if info is not None:
                 self.overlay_run(info)
 
-        self.push_screen(CompareScreen(self.lister or default_lister, exclude), chosen)
+        self.host.push_screen(CompareScreen(self.lister or default_lister, exclude), chosen)
 
     def overlay_run(self, info: Any) -> bool:
         """Open a listed run and overlay it; False, with the reason on screen, if it cannot be."""
         try:
             source = (self.open_run or open_listed)(info)
         except Exception as exc:  # noqa: BLE001 - SourceError or an unreadable run: said, not raised
-            self.notify(
+            self.host.notify(
                 f"Cannot open {getattr(info, 'name', info)}: {exc}",
                 title="compare",
                 severity="error",
@@ -55,61 +84,59 @@ class OverlayActions(MonitorBase):
         """Overlay ``source`` on the charts (replacing any overlay)."""
         overlay = self.feeds.set_overlay(source, owned=owned)
         self.ctx.overlay = overlay
-        self._overlay_changed()
-        self.notify(
+        self.host.refresh_bindings()
+        self.host.notify(
             f"{overlay.label} is overlaid on the charts. x drops it, O makes it the main run.",
             title="compare",
             timeout=4,
         )
         return overlay
 
-    def action_clear_overlay(self) -> None:
-        overlay = self.overlay
+    def clear(self) -> None:
+        """``x``: the overlaid run leaves the charts."""
+        overlay = self.feeds.overlay
         if overlay is None:
             return
         self.feeds.clear_overlay()
         self.ctx.overlay = None
-        self._overlay_changed()
-        self.notify(f"{overlay.label} is no longer overlaid.", title="compare", timeout=3)
+        self.host.refresh_bindings()
+        self.host.notify(f"{overlay.label} is no longer overlaid.", title="compare", timeout=3)
 
-    def action_swap_overlay(self) -> None:
-        if self.overlay is None:
+    def swap(self) -> None:
+        """``O``: the overlaid run becomes the main one, and the main one the overlay."""
+        if self.feeds.overlay is None:
             return
         overlay = self.feeds.swap()
         self.ctx.overlay = overlay
-        self.title = f"nnwatch · {self.source.meta.name}"
-        self._main_run_changed()
-        self.notify(
-            f"{self.source.meta.name} is the main run now; {overlay.label} is overlaid.",
+        name = self.feeds.source.meta.name
+        self.host.title = f"nnwatch · {name}"
+        self.host.main_run_changed()
+        self.host.notify(
+            f"{name} is the main run now; {overlay.label} is overlaid.",
             title="compare",
             timeout=4,
         )
 
-    def _overlay_changed(self) -> None:
-        self.state.touch(*panes_reading("overlay"))
-        self.refresh_panes()
-        self.refresh_bindings()
-
-    def on_overlay_updated(self, message: OverlayUpdated) -> None:
+    def updated(self, message: OverlayUpdated) -> None:
         """News from the overlaid run's collector: redraw the charts on new records; say when
         it crashed, got lost or its reader failed (its state is in the header)."""
-        overlay = self.overlay
+        overlay = self.feeds.overlay
         if message.overlay is not overlay or overlay is None:
             return  # about an overlay already dropped or swapped
         inner = message.message
         if isinstance(inner, RecordsArrived):
-            self.state.touch(*panes_reading("overlay"))  # drawn at the next tick, as the main run's
+            self.ctx.overlay = overlay  # the same run, more of it: the panes that show it redraw
         elif isinstance(inner, RunStateChanged):
-            self.state.touch(*panes_reading("overlay_state"))
+            self.ctx.overlay = overlay  # the header says how it is doing
             if inner.state in ("crashed", "lost"):
                 note = f": {inner.message}" if inner.message else ""
-                self.notify(
+                self.host.notify(
                     f"The overlaid run {overlay.label} is {inner.state}{note}.",
                     title="compare",
                     severity="warning",
                 )
         elif isinstance(inner, ReaderFailed):
-            self.notify(
+            self.host.notify(
                 f"Reading the overlaid run {overlay.label} failed: {inner.message}.",
                 title="compare",
                 severity="error",

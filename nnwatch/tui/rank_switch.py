@@ -3,55 +3,73 @@ ranks pane's data comes from ``RankCollector``; switching opens the other rank's
 
 from __future__ import annotations
 
-from nnwatch.sources.base import SourceError
+from typing import Protocol
+
+from nnwatch.sources.base import RunSource, SourceError
 from nnwatch.sources.live import LiveSource
 from nnwatch.tui.collectors import JobViewCollector
-from nnwatch.tui.monitor import MonitorBase
+from nnwatch.tui.feeds import Feeds
+from nnwatch.tui.host import Notifier
 
 
-class RankActions(MonitorBase):
+class RankHost(Notifier, Protocol):
+    """What switching ranks needs of the app: a word to the user, and a main run that changed."""
+
+    title: str
+
+    @property
+    def source(self) -> RunSource: ...
+
+    def main_run_changed(self) -> None: ...
+
+
+class RankSwitch:
     """Switching the dashboard between the ranks of one job."""
 
-    def action_prev_rank(self) -> None:
-        self._step_rank(-1)
+    def __init__(self, host: RankHost, feeds: Feeds) -> None:
+        self.host = host
+        self.feeds = feeds
 
-    def action_next_rank(self) -> None:
-        self._step_rank(1)
-
-    def _step_rank(self, delta: int) -> None:
-        job = self.ranks.job if self.ranks is not None else None
+    def step(self, delta: int) -> None:
+        """``delta`` ranks on (``]``: 1, ``[``: -1), round the job's ranks."""
+        ranks = self.feeds.ranks
+        job = ranks.job if ranks is not None else None
         if job is None or len(job.runs) < 2:
             where = (
                 "the other ranks are not on this machine"
                 if job
                 else "open them from the job view (q goes back to it)"
-                if isinstance(self.ranks, JobViewCollector)
+                if isinstance(ranks, JobViewCollector)
                 else "still looking for the other ranks"
             )
-            self.notify(f"No other rank to switch to: {where}.", title="rank", severity="warning")
+            self.host.notify(
+                f"No other rank to switch to: {where}.", title="rank", severity="warning"
+            )
             return
-        ranks = job.ranks
-        here = self.source.meta.rank
-        i = ranks.index(here) if here in ranks else -1 if delta > 0 else 0
-        self.switch_rank(ranks[(i + delta) % len(ranks)])
+        order = job.ranks
+        here = self.host.source.meta.rank
+        i = order.index(here) if here in order else -1 if delta > 0 else 0
+        self.switch(order[(i + delta) % len(order)])
 
-    def switch_rank(self, rank: int) -> bool:
+    def switch(self, rank: int) -> bool:
         """Watch another rank of the job: a new live source, a fresh run state, the old source
         closed (in a thread, once its collector has stopped). False, with a note, if it cannot."""
-        job = self.ranks.job if self.ranks is not None else None
+        job = self.feeds.ranks.job if self.feeds.ranks is not None else None
         info = job.run_for(rank) if job is not None else None
         if job is None or info is None:
-            self.notify(f"Rank {rank} is not on this machine.", title="rank", severity="warning")
+            self.host.notify(
+                f"Rank {rank} is not on this machine.", title="rank", severity="warning"
+            )
             return False
-        if rank == self.source.meta.rank:
+        if rank == self.host.source.meta.rank:
             return True
         try:
             source = LiveSource.from_info(info)
         except SourceError as exc:
-            self.notify(f"Cannot open rank {rank}: {exc}", title="rank", severity="error")
+            self.host.notify(f"Cannot open rank {rank}: {exc}", title="rank", severity="error")
             return False
         self.feeds.replace_primary(source)
-        self.title = f"nnwatch · {source.meta.name} · rank {rank}"
-        self._main_run_changed()
-        self.notify(f"Watching rank {rank}/{job.world_size}.", title="rank", timeout=3)
+        self.host.title = f"nnwatch · {source.meta.name} · rank {rank}"
+        self.host.main_run_changed()
+        self.host.notify(f"Watching rank {rank}/{job.world_size}.", title="rank", timeout=3)
         return True

@@ -130,30 +130,7 @@ def reduce_columns(
         out_sum[cols] = np.add.reduceat(total, starts)
         out_cnt[cols] = np.add.reduceat(count, starts)
         out_bad[cols] = np.add.reduceat(bad, starts)
-        # columns no point starts in, covered by the steps of the point before them
-        end = np.clip(np.ceil((last + 1.0 - x0) * scale).astype(np.int64) - 1, 0, ncols - 1)
-        if len(cols) < ncols and np.any(end > col):
-            empty = np.ones(ncols, dtype=bool)
-            empty[cols] = False
-            holes = np.flatnonzero(empty)
-            owner = np.searchsorted(col, holes, side="right") - 1  # the last point starting before
-            ok = owner >= 0
-            holes, owner = holes[ok], owner[ok]
-            reach = np.maximum.accumulate(end)  # a long bucket may reach past a shorter later one
-            cover = reach[owner] >= holes
-            # the value drawn is that of the last point starting at or before the hole
-            holes, owner = holes[cover], owner[cover]
-            out_lo[holes] = lo[owner]
-            out_hi[holes] = hi[owner]
-            fill = np.zeros(ncols, dtype=bool)
-            fill[holes] = True
-            with np.errstate(invalid="ignore", divide="ignore"):
-                pmean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
-            filled_mean = np.full(ncols, np.nan)
-            filled_mean[holes] = pmean[owner]
-        else:
-            fill = np.zeros(ncols, dtype=bool)
-            filled_mean = np.full(ncols, np.nan)
+        fill, filled_mean = _fill_holes(col, cols, last, lo, hi, total, count, ncols, x0, scale, out_lo, out_hi)  # fmt: skip
     else:
         fill = np.zeros(ncols, dtype=bool)
         filled_mean = np.full(ncols, np.nan)
@@ -161,6 +138,46 @@ def reduce_columns(
         mean = np.where(out_cnt > 0, out_sum / np.maximum(out_cnt, 1), np.nan)
     mean = np.where(fill, filled_mean, mean)
     return Columns(out_lo, out_hi, mean, out_bad, out_cnt, float(x0), float(x1))
+
+
+def _fill_holes(
+    col: np.ndarray,
+    cols: np.ndarray,
+    last: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    total: np.ndarray,
+    count: np.ndarray,
+    ncols: int,
+    x0: float,
+    scale: float,
+    out_lo: np.ndarray,
+    out_hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Columns no point starts in, covered by the steps of the point before them: their lo and hi
+    set in ``out_lo`` and ``out_hi``; returns which were filled and the mean each takes."""
+    fill = np.zeros(ncols, dtype=bool)
+    filled_mean = np.full(ncols, np.nan)
+    end = np.clip(np.ceil((last + 1.0 - x0) * scale).astype(np.int64) - 1, 0, ncols - 1)
+    if len(cols) >= ncols or not np.any(end > col):
+        return fill, filled_mean
+    empty = np.ones(ncols, dtype=bool)
+    empty[cols] = False
+    holes = np.flatnonzero(empty)
+    owner = np.searchsorted(col, holes, side="right") - 1  # the last point starting before
+    ok = owner >= 0
+    holes, owner = holes[ok], owner[ok]
+    reach = np.maximum.accumulate(end)  # a long bucket may reach past a shorter later one
+    cover = reach[owner] >= holes
+    # the value drawn is that of the last point starting at or before the hole
+    holes, owner = holes[cover], owner[cover]
+    out_lo[holes] = lo[owner]
+    out_hi[holes] = hi[owner]
+    fill[holes] = True
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pmean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    filled_mean[holes] = pmean[owner]
+    return fill, filled_mean
 
 
 def raw_columns(
@@ -403,7 +420,8 @@ class History:
             return np.zeros(0)
         row = self._tail[self._ti[field]]
         idx = (self._tail_pos - n + np.arange(n)) % self.tail_size
-        return row[idx]
+        values: np.ndarray = row[idx]
+        return values
 
     def latest(self, field: str) -> float:
         if self._tail_n == 0:

@@ -10,42 +10,66 @@ resume, clip asks for the norm); any other keyed command asks first and is sent 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+from textual.binding import Binding
 
 from nnwatch.channel.commands import ANOMALY, COMMANDS, PAUSE, RESUME, SET_CLIP, SNAPSHOT
+from nnwatch.sources.base import RunSource
 from nnwatch.tui import format as fmt
 from nnwatch.tui.bindings import STEERING_BINDINGS, steer_action
+from nnwatch.tui.collectors import SourceCollector
+from nnwatch.tui.host import ScreenPusher
 from nnwatch.tui.messages import CommandFinished
-from nnwatch.tui.monitor import MonitorBase
+from nnwatch.tui.model import RunState
 from nnwatch.tui.screens.dialogs import ClipScreen, ConfirmScreen
-from nnwatch.tui.widgets.base import panes_reading
+from nnwatch.tui.widgets.base import Outcome, PaneContext
 
 #: The commands with an exchange (or an outcome line) of their own in the TUI.
 CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = SNAPSHOT, PAUSE, RESUME, SET_CLIP, ANOMALY
 
 
-class SteeringActions(MonitorBase):
+class SteeringHost(ScreenPusher, Protocol):
+    """What steering needs of the app: the main run (it changes with a rank switch or a swap),
+    dialogs, the outcome line, and the keys as the user mapped them."""
+
+    @property
+    def source(self) -> RunSource: ...
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def collector(self) -> SourceCollector: ...
+
+    def show_outcome(self, text: str, *, error: bool) -> None: ...
+
+    def key_of(self, binding: Binding) -> str: ...
+
+
+class Steering:
     """Commands to the trainer, and their answers."""
 
-    def _send(self, name: str, **args: Any) -> None:
-        self.view.outcome = f"{name}: sent, waiting for the trainer…"
-        self.view.outcome_error = False
-        self.state.touch(*panes_reading("outcome"))
-        self.refresh_panes()
-        self.collector.command(name, args)
+    def __init__(self, host: SteeringHost, ctx: PaneContext) -> None:
+        self.host = host
+        self.ctx = ctx
 
-    def on_command_finished(self, message: CommandFinished) -> None:
+    def _send(self, name: str, **args: Any) -> None:
+        self.ctx.outcome = Outcome(f"{name}: sent, waiting for the trainer…")
+        self.host.collector.command(name, args)
+
+    def finished(self, message: CommandFinished) -> None:
         reply, name = message.reply, message.name
         args = dict(message.args)
         if reply.ok:
             text = describe_outcome(name, args, reply.applies_at_step, reply.data)
-            self._show_outcome(text, error=False)
+            self.host.show_outcome(text, error=False)
         else:
-            self._show_outcome(
+            self.host.show_outcome(
                 f"{name} failed: {reply.error or 'no answer from the run'}", error=True
             )
 
-    def action_steer(self, name: str) -> None:
+    def steer(self, name: str) -> None:
         """A steering key: its command's own exchange if it has one, else ask and send."""
         own: dict[str, Callable[[], None]] = {
             CMD_SNAPSHOT: self._request_snapshot,
@@ -63,14 +87,14 @@ class SteeringActions(MonitorBase):
         """The key that sends ``name`` now, after the user's keymap."""
         for b in STEERING_BINDINGS:
             if b.action == steer_action(name):
-                return self.key_of(b)
+                return self.host.key_of(b)
         return "?"
 
     def _request_snapshot(self) -> None:
         self._send(CMD_SNAPSHOT, reason=f"key {self._current_key(CMD_SNAPSHOT)} in nnwatch")
 
     def _toggle_pause(self) -> None:
-        paused = self.state.status.state == "paused"
+        paused = self.host.state.status.state == "paused"
         verb = "Resume" if paused else "Pause"
         detail = (
             "Training continues from where it stopped."
@@ -82,35 +106,35 @@ class SteeringActions(MonitorBase):
             if yes:
                 self._send(CMD_RESUME if paused else CMD_PAUSE)
             else:
-                self._show_outcome(f"{verb.lower()} cancelled", error=False)
+                self.host.show_outcome(f"{verb.lower()} cancelled", error=False)
 
-        self.push_screen(
-            ConfirmScreen(f"{verb} training of {self.source.meta.name}?", detail), answer
+        self.host.push_screen(
+            ConfirmScreen(f"{verb} training of {self.host.source.meta.name}?", detail), answer
         )
 
     def _set_clip(self) -> None:
-        current = self.state.history.latest_finite("clip_threshold")
+        current = self.host.state.history.latest_finite("clip_threshold")
 
         def got_value(value: float | None) -> None:
             if value is None:
-                self._show_outcome("clip unchanged", error=False)
+                self.host.show_outcome("clip unchanged", error=False)
                 return
 
             def answer(yes: bool | None) -> None:
                 if yes:
                     self._send(CMD_CLIP, max_norm=value)
                 else:
-                    self._show_outcome("clip unchanged", error=False)
+                    self.host.show_outcome("clip unchanged", error=False)
 
-            self.push_screen(
+            self.host.push_screen(
                 ConfirmScreen(
-                    f"Clip gradients of {self.source.meta.name} at max norm {value:g}?",
+                    f"Clip gradients of {self.host.source.meta.name} at max norm {value:g}?",
                     "It applies from the next optimizer step, and shows in the records.",
                 ),
                 answer,
             )
 
-        self.push_screen(ClipScreen(current), got_value)
+        self.host.push_screen(ClipScreen(current), got_value)
 
     def _arm_anomaly(self) -> None:
         self._send(CMD_ANOMALY, steps=1)
@@ -120,12 +144,12 @@ class SteeringActions(MonitorBase):
         without arguments (one that needs some says how to send it with ``nnwatch ctl``)."""
         spec = COMMANDS.get(name)
         if spec is None:
-            self._show_outcome(f"{name}: not a command this nnwatch knows", error=True)
+            self.host.show_outcome(f"{name}: not a command this nnwatch knows", error=True)
             return
         if spec.required:
-            self._show_outcome(
+            self.host.show_outcome(
                 f"{name} needs {', '.join(spec.required)}; send it with "
-                f"`nnwatch ctl {self.source.meta.name} {spec.usage(name)}`",
+                f"`nnwatch ctl {self.host.source.meta.name} {spec.usage(name)}`",
                 error=True,
             )
             return
@@ -134,10 +158,10 @@ class SteeringActions(MonitorBase):
             if yes:
                 self._send(name)
             else:
-                self._show_outcome(f"{name} cancelled", error=False)
+                self.host.show_outcome(f"{name} cancelled", error=False)
 
-        self.push_screen(
-            ConfirmScreen(f"Send {name} to {self.source.meta.name}?", spec.summary), answer
+        self.host.push_screen(
+            ConfirmScreen(f"Send {name} to {self.host.source.meta.name}?", spec.summary), answer
         )
 
 

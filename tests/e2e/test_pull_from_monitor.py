@@ -58,8 +58,8 @@ def test_p_copies_a_remote_snapshot_here_and_i_opens_the_copy(
             async with app.run_test(size=(160, 50)) as pilot:
                 await settle(pilot, app)
                 await pilot.press("s")
-                await wait_until(pilot, lambda: bool(app.snapshot_events()), 60)
-                event = app.snapshot_events()[-1]
+                await wait_until(pilot, lambda: bool(app.navigation.snapshot_events()), 60)
+                event = app.navigation.snapshot_events()[-1]
                 far = str(event["path"])
                 assert far.startswith(str(snaps))
                 await wait_until(pilot, lambda: any(f"127.0.0.1:{far}" in n for n in notes(app)))
@@ -84,8 +84,8 @@ def test_p_copies_a_remote_snapshot_here_and_i_opens_the_copy(
                 await pilot.press("escape")
                 # a snapshot that is not on this machine under its path: ``i`` pulls, then opens
                 await pilot.press("s")
-                await wait_until(pilot, lambda: len(app.snapshot_events()) == 2, 60)
-                second = Path(str(app.snapshot_events()[-1]["path"]))
+                await wait_until(pilot, lambda: len(app.navigation.snapshot_events()) == 2, 60)
+                second = Path(str(app.navigation.snapshot_events()[-1]["path"]))
                 await wait_until(pilot, lambda: (second / "manifest.json").is_file(), 30)
                 time.sleep(0.5)
                 second.rename(second.with_name(second.name + ".1"))  # pack finds it by its step

@@ -164,7 +164,7 @@ def test_open_shows_the_loss_of_a_run_trained_without_an_optimizer(
         assert not app.state.reader_errors
         assert [p.key for p in app.query(Pane) if p.draw_error] == []
         await pilot.press("home", "right", "right", "z", "end")  # scrub: still answers
-        assert app.view.cursor is None
+        assert app.ctx.cursor is None
 
     drive(make_app(src), body)
 

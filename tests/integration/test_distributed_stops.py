@@ -210,7 +210,7 @@ def test_ranks_pane_names_the_first_rank_and_the_waiting_ones() -> None:
     from nnwatch.store.jobs import Job
     from nnwatch.testing.fixture import FixtureSource
     from nnwatch.tui.model import RunState
-    from nnwatch.tui.widgets.base import PaneContext, ViewSettings
+    from nnwatch.tui.widgets.base import PaneContext
     from nnwatch.tui.widgets.ranks import RanksPane
     from tests.tui.test_tui_ranks import _info
 
@@ -221,7 +221,7 @@ def test_ranks_pane_names_the_first_rank_and_the_waiting_ones() -> None:
     states = {r: RankState() for r in (0, 1)}
     view = build_view(job, states, {0: "hung", 1: "crashed"}, stops=stops)
     assert [r.status for r in view.rows] == ["waiting", "killed"]
-    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
+    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta)))
     pane.view = view
     console = Console(width=160, file=io.StringIO(), record=True)
     console.print(pane.build())

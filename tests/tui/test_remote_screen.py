@@ -90,7 +90,7 @@ def test_events_repeated_by_a_reconnect_are_listed_once_and_a_pause_label_clears
     async def main() -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: app.state.history.rows >= 100)
-            app._show_outcome("paused at step 50", error=False)  # while the run is paused
+            app.show_outcome("paused at step 50", error=False)  # while the run is paused
             source.held = False
             await wait_until(pilot, lambda: app.state.history.last_step >= 119)
             await wait_until(pilot, lambda: "LIVE" in header(app))

@@ -71,15 +71,15 @@ def test_z_zooms_between_the_last_500_steps_and_the_whole_run() -> None:
     async def body(pilot: Pilot[Any], app: NNWatchApp) -> None:
         await settle(pilot, app, 3000)
         loss = app.query_one(LossPane)
-        assert app.state.window(app.view.zoomed, None) == (0, 2999)
+        assert app.state.window(app.ctx.zoomed, None) == (0, 2999)
         assert "whole run" in str(loss.border_subtitle)
         await pilot.press("z")
-        assert app.view.zoomed
+        assert app.ctx.zoomed
         assert app.state.window(True, None) == (2500, 2999)
         assert "last 500" in str(loss.border_subtitle)
         assert "2,500" in text_of(loss)  # the x axis starts at the window
         await pilot.press("z")
-        assert not app.view.zoomed and "whole run" in str(loss.border_subtitle)
+        assert not app.ctx.zoomed and "whole run" in str(loss.border_subtitle)
 
     drive(make_app(), body)
 
@@ -90,7 +90,7 @@ def test_g_toggles_the_log_scale_of_the_loss() -> None:
         loss = app.query_one(LossPane)
         linear = text_of(loss)
         await pilot.press("g")
-        assert app.view.log_scale and "log" in str(loss.border_subtitle)
+        assert app.ctx.log_scale and "log" in str(loss.border_subtitle)
         assert text_of(loss) != linear
         await pilot.press("g")
         assert text_of(loss) == linear
@@ -121,7 +121,7 @@ def test_l_focuses_the_layers_and_slash_filters_them() -> None:
         assert app.focused is None  # dashboard keys work again
         assert len(layers.shown_rows) == 12
         await pilot.press("z")
-        assert app.view.zoomed
+        assert app.ctx.zoomed
 
     drive(make_app(), body)
 
@@ -158,7 +158,7 @@ def test_e_lists_events_and_enter_jumps_to_the_step() -> None:
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(app.screen, EventsScreen)
-        assert app.view.cursor == newest["step"]
+        assert app.ctx.cursor == newest["step"]
         assert f"cursor {newest['step']:,}" in text_of(app.query_one(RunHeader))
         await pilot.press("e")
         await pilot.press("escape")
@@ -191,9 +191,9 @@ def test_keys_can_be_remapped_by_binding_id() -> None:
     async def body(pilot: Pilot[Any], app: NNWatchApp) -> None:
         await settle(pilot, app, 3000)
         await pilot.press("z")
-        assert not app.view.zoomed  # z no longer zooms
+        assert not app.ctx.zoomed  # z no longer zooms
         await pilot.press("Z")
-        assert app.view.zoomed
+        assert app.ctx.zoomed
 
     drive(make_app(keymap={"zoom": "Z"}), body)
     assert parse_keymap(" zoom=Z , quit=ctrl+q ") == {"zoom": "Z", "quit": "ctrl+q"}
@@ -248,7 +248,7 @@ def test_a_failing_source_shows_lost_keeps_history_and_r_reconnects() -> None:
         header = text_of(app.query_one(RunHeader))
         assert "LOST" in header and "the disk went away" in header
         await pilot.press("z")  # still responsive
-        assert app.view.zoomed
+        assert app.ctx.zoomed
         await pilot.press("r")
         await wait_until(pilot, lambda: src.reconnects == 1)
         await wait_until(pilot, lambda: app.state.status.state == "live", timeout=30)
@@ -279,7 +279,7 @@ def test_a_run_that_dies_or_hangs_changes_the_badge_and_keeps_the_history(
         await pilot.pause(0.5)
         assert app.state.history.rows == 300  # nothing lost, nothing invented
         await pilot.press("z")  # and the monitor still answers
-        assert app.view.zoomed
+        assert app.ctx.zoomed
 
     drive(make_app(src), body)
 
@@ -309,20 +309,20 @@ def test_scrubbing_a_recorded_run_with_the_step_cursor(tmp_path) -> None:
         layers = app.query_one(LayersPane)
         assert "@ step 2,990" in str(layers.border_title)
         await pilot.press("home")
-        assert app.view.cursor == 0
+        assert app.ctx.cursor == 0
         assert "@ step 0" in str(layers.border_title)
         zero_dead = app.query_one(LayerTable).row_texts(DYING_LAYER)[3].plain
         for _ in range(5):
             await pilot.press("shift+right")
-        at = app.view.cursor
+        at = app.ctx.cursor
         assert at is not None and at > 0
         await pilot.press("left")
-        assert app.view.cursor is not None and app.view.cursor < at
+        assert app.ctx.cursor is not None and app.ctx.cursor < at
         await pilot.press("z")  # zoom follows the cursor, reading exact rows from the log
-        x0, x1 = app.state.window(True, app.view.cursor)
-        assert x0 <= app.view.cursor <= x1 and x1 - x0 == 499
+        x0, x1 = app.state.window(True, app.ctx.cursor)
+        assert x0 <= app.ctx.cursor <= x1 and x1 - x0 == 499
         await pilot.press("end")
-        assert app.view.cursor is None
+        assert app.ctx.cursor is None
         assert app.query_one(LayerTable).row_texts(DYING_LAYER)[3].plain != zero_dead
 
     drive(make_app(RecordedSource(run_dir)), body)

@@ -217,7 +217,7 @@ def test_scrubbing_to_an_unmeasured_step_shows_the_last_measured_norm(tmp_path: 
 
     async def body(pilot: Pilot[Any], app: NNWatchApp) -> None:
         await settle(pilot, app, 6000)
-        app._set_cursor(112.0)  # not measured; the last measured step before it is 100
+        app.navigation.set_cursor(112.0)  # not measured; the last measured step before it is 100
         await pilot.pause(0.1)
         assert math.isnan(norms[112]) and math.isfinite(norms[100])
         pane = app.query_one(GradPane)

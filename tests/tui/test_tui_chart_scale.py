@@ -52,7 +52,7 @@ def test_spikes_go_off_scale_and_the_bulk_fills_the_plot(spiky: Path) -> None:
         async with app.run_test(size=(80, 24)) as pilot:
             await settle(pilot, app, 200)
             grad, loss = app.query_one(GradPane), app.query_one(LossPane)
-            assert not app.view.log_scale
+            assert not app.ctx.log_scale
             for pane in (grad, loss):
                 assert "▲ off scale" in str(pane.border_subtitle) or "▲" in markers(pane)
                 assert markers(pane).count("▲") >= 2  # the spikes: a marker over their columns
@@ -66,7 +66,7 @@ def test_spikes_go_off_scale_and_the_bulk_fills_the_plot(spiky: Path) -> None:
             linear = str(grad.render())
             await pilot.press("g")
             await settle(pilot, app)
-            assert app.view.log_scale
+            assert app.ctx.log_scale
             assert "log" in str(grad.border_subtitle) and "log" in str(loss.border_subtitle)
             assert str(grad.render()) != linear  # the grad chart follows the toggle too
 

@@ -59,7 +59,7 @@ def test_slash_filters_by_glob_shows_it_and_escape_clears(tmp_path: Path) -> Non
             assert app.focused is None
             await wait_until(pilot, lambda: len(layers.shown_rows) == 12)
             await pilot.press("z")  # the dashboard has its keys back
-            assert app.view.zoomed
+            assert app.ctx.zoomed
 
     asyncio.run(main())
 

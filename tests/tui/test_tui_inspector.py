@@ -100,7 +100,7 @@ def test_i_at_the_step_cursor_opens_the_token_batch_decoded(runs: dict[str, Path
     async def body(pilot: Any) -> None:
         await pilot.press("home", "right", "right")  # the cursor on an early step
         await pilot.press("end")
-        app._set_cursor(10.0)  # after the snapshot of step 8: `i` takes the one at or before
+        app.navigation.set_cursor(10.0)  # after the snapshot of step 8: `i` takes the one at or before
         await pilot.press("i")
         screen = await inspector(pilot, app)
         assert screen.report is not None
@@ -141,7 +141,7 @@ def test_table_batch_z_scores_flags_and_flagged_only(runs: dict[str, Path]) -> N
         assert "✕" in str(chart.render())
         assert "linear" in str(chart.border_subtitle)
         await pilot.press("g")
-        assert app.view.log_scale and "log" in str(chart.border_subtitle)
+        assert app.ctx.log_scale and "log" in str(chart.border_subtitle)
 
     drive(app, (200, 60), body)
 
@@ -165,6 +165,6 @@ def test_event_detail_shows_the_whole_message_and_evidence(runs: dict[str, Path]
         assert "evidence" in shown and "nonfinite_grad_layers" in shown
         await pilot.press("enter")  # go to the step
         await pilot.pause()
-        assert app.view.cursor == ev["step"]
+        assert app.ctx.cursor == ev["step"]
 
     drive(app, (80, 24), body)

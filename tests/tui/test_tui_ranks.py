@@ -27,7 +27,7 @@ from nnwatch.testing.fixture import FixtureSource
 from nnwatch.testing.tui import fixed_hardware, settle, wait_until
 from nnwatch.tui.app import NNWatchApp
 from nnwatch.tui.model import RunState
-from nnwatch.tui.widgets.base import PaneContext, ViewSettings
+from nnwatch.tui.widgets.base import PaneContext
 from nnwatch.tui.widgets.header import RunHeader
 from nnwatch.tui.widgets.ranks import RanksPane, missing_ranges, status_style
 from tests.conftest import REPO
@@ -57,7 +57,7 @@ def test_pane_marks_nan_origin_stragglers_and_ranks_on_other_nodes() -> None:
         st.step, st.loss, st.grad_norm, st.step_times = (7 if r == 2 else 10), 0.5, 1.2, [1.0]
     states[1].loss, states[1].first = math.nan, {"loss": 7}
     view = build_view(job, states, dict.fromkeys((0, 1, 2), "live"))
-    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
+    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta)))
     pane.view = view
     console = Console(width=120, file=io.StringIO(), record=True)
     console.print(pane.build())
@@ -86,7 +86,7 @@ def test_pane_marks_the_first_nan_rank_of_a_whole_job() -> None:
     states[2].loss, states[2].first = math.nan, {"loss": 8}
     view = build_view(job, states, dict.fromkeys((0, 1, 2), "live"))
     assert view.nan_origin == (1,)
-    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta), ViewSettings()))
+    pane = RanksPane(PaneContext(RunState(FixtureSource(10).meta)))
     pane.view = view
     console = Console(width=120, file=io.StringIO(), record=True)
     console.print(pane.build())

@@ -81,7 +81,7 @@ def test_a_reader_that_raises_is_shown_on_screen_instead_of_connecting() -> None
         assert any(f"IndexError: {ERROR}" in m for m in notes)
         assert app.collector._thread.is_alive()  # it keeps trying, it did not die
         await pilot.press("z")  # and the dashboard still answers
-        assert app.view.zoomed
+        assert app.ctx.zoomed
 
     drive(app, body)
 
@@ -130,8 +130,7 @@ def test_a_hardware_reader_that_raises_is_shown_and_the_run_still_draws() -> Non
         await settle(pilot, app, 300)
         await wait_until(pilot, lambda: bool(app.state.reader_errors), timeout=20)
         await wait_until(pilot, lambda: calls["n"] >= 3, timeout=20)  # still retrying
-        app.state.touch("header")
-        app.refresh_panes()
+        app.redraw_everything()
         await pilot.pause(0.1)
         header = shown(app.query_one(RunHeader))
         assert "hardware reader failed: PermissionError: /proc/stat" in header

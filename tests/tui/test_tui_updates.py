@@ -92,10 +92,10 @@ def test_u_shows_the_updates_in_place_of_the_layers_and_back(fixture_runs: dict[
         assert table.cursor_row == 2 and "blocks.0.fc2" in str(pane.border_subtitle)
         await pilot.press("left")  # the step cursor still moves while the rows have the keys
         await settle(pilot, app)
-        assert app.view.cursor is not None and app.focused is table
-        assert pane.step is not None and pane.step <= app.view.cursor
+        assert app.ctx.cursor is not None and app.focused is table
+        assert pane.step is not None and pane.step <= app.ctx.cursor
         await pilot.press("end")  # the rows' own End: the last row (the dashboard's is "follow")
-        assert table.cursor_row == 8 and app.view.cursor is not None
+        assert table.cursor_row == 8 and app.ctx.cursor is not None
         await pilot.press("escape")
         assert app.focused is None and dashboard.showing_updates
         await pilot.press("u")  # again: the layers come back
@@ -115,11 +115,11 @@ def test_the_step_shown_is_the_last_measured_update_at_or_before_the_cursor(
         pane, _ = await show_updates(pilot, app)
         # step 180: the AMP scaler skipped the update (a layer row for its non-finite gradients,
         # without an update); the layers pane shows 180, the updates pane the update before it
-        app._set_cursor(185.0)
+        app.navigation.set_cursor(185.0)
         await settle(pilot, app)
         assert "@ step 180" in str(app.query_one(LayersPane).border_title)
         assert pane.step == 170 and "@ step 170" in str(pane.border_title)
-        app._set_cursor(192.0)
+        app.navigation.set_cursor(192.0)
         await settle(pilot, app)
         assert pane.step == 190
         await pilot.press("escape", "home")  # out of the rows: Home is the dashboard's again

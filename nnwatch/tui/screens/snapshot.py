@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.style import Style
 from rich.text import Text
@@ -25,9 +26,23 @@ from textual.widgets import DataTable, Footer, Label
 
 from nnwatch.diagnosis.batch_report import BatchReport, ReportError, build_report, label_text
 from nnwatch.tui import format as fmt
-from nnwatch.tui.widgets.base import Palette, ViewSettings
+from nnwatch.tui.widgets.base import Palette
 from nnwatch.tui.widgets.grad_before import GradBeforeChart
 from nnwatch.tui.widgets.sample_view import SampleDetail, batch_range, describe_flags
+
+
+class LogScale(Protocol):
+    """The one view setting the inspector shares: the dashboard's pane context, whose charts
+    then follow the inspector's ``g``."""
+
+    log_scale: bool
+
+
+@dataclass
+class OwnScale:
+    """The inspector's own log switch, opened apart from a dashboard."""
+
+    log_scale: bool = False
 
 
 class SnapshotScreen(Screen[None]):
@@ -50,7 +65,7 @@ class SnapshotScreen(Screen[None]):
         self,
         path: str | Path,
         palette: Palette,
-        view: ViewSettings | None = None,
+        view: LogScale | None = None,
         *,
         decode: Callable[[list[int]], str] | None = None,
         factory: Callable[[], Any] | None = None,
@@ -58,7 +73,7 @@ class SnapshotScreen(Screen[None]):
         super().__init__()
         self.path = Path(path)
         self.palette = palette
-        self.view = view or ViewSettings()
+        self.view: LogScale = view or OwnScale()
         self.decode = decode
         self.factory = factory
         self.report: BatchReport | None = None
@@ -195,11 +210,8 @@ class SnapshotScreen(Screen[None]):
         self._fill_table()
 
     def action_toggle_log(self) -> None:
-        toggle = getattr(self.app, "action_toggle_log_scale", None)
-        if callable(toggle) and getattr(self.app, "view", None) is self.view:
-            toggle()  # the dashboard's charts follow too: one log switch for every chart
-        else:
-            self.view.log_scale = not self.view.log_scale
+        # the dashboard's pane context: its charts follow too, one log switch for every chart
+        self.view.log_scale = not self.view.log_scale
         self._show_grad()
 
     def action_close(self) -> None:

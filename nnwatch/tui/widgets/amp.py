@@ -34,10 +34,10 @@ def pow2_axis(
 
 class AmpPane(Pane):
     key = "amp"
-    reads = frozenset({"cursor", "zoomed"})
+    redraw_on = frozenset({"cursor", "zoomed"})
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         src = self.ctx.source
         w, h = self.size
         with st.lock:

@@ -1,39 +1,41 @@
-"""What every dashboard pane shares: the run state it reads, the view settings, the theme palette,
-and the rule that a pane redraws only when its data (or its size, or the view) changed.
+"""What every dashboard pane shares: the context it draws from (the run state, the view settings,
+the overlay, the theme palette), and the rule that a pane redraws only when what it draws from
+changed (or its size did).
 
-The app's refresh timer compares each pane's ``seen_version`` with ``RunState.versions`` and calls
-``redraw()`` on the panes that are behind; ``render()`` only returns what ``redraw()`` built, so
-nothing is ever computed, let alone polled, while Textual paints.
+The context is a Textual reactive model: the view settings are ``reactive`` attributes that a pane
+``watch``es, and so is ``changed``, the data topics the app's redraw tick found new in the run
+state. A pane names what it draws from (``key``: its data topic; ``redraw_on``: the settings) and
+redraws itself when one of them changes; nobody else decides which panes to redraw. ``render()``
+only returns what ``redraw()`` built, so nothing is computed, let alone polled, while Textual
+paints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
 from textual.app import App, RenderResult
 from textual.color import Color
+from textual.dom import DOMNode
+from textual.reactive import reactive
 from textual.widget import Widget
 
-from nnwatch.tui.model import RunState
+from nnwatch.tui.model import EVERY_TOPIC, RunState
 
 #: The overlaid run's colour: a magenta that none of the themes' roles (primary, accent, success,
 #: error) uses, readable on dark and light backgrounds.
 OVERLAY_COLOR = "#c678dd"
 
 
-@dataclass
-class ViewSettings:
-    """How the user wants to see the run; changed by key bindings, read by the panes."""
+@dataclass(frozen=True)
+class Outcome:
+    """The answer to the last command the user gave, shown in the header."""
 
-    zoomed: bool = False  # charts show the last ZOOM_STEPS steps instead of the whole run
-    log_scale: bool = False  # loss and grad norm on a log axis
-    cursor: float | None = None  # the step being inspected; None follows the newest step
-    layer_filter: str = ""
-    outcome: str = ""  # the answer to the last command the user gave, shown in the header
-    outcome_error: bool = False
+    text: str = ""
+    error: bool = False
 
 
 @dataclass
@@ -50,18 +52,6 @@ class Overlay:
     collector: Any = None  # the SourceCollector feeding ``state`` (the app starts and stops it)
     owned: bool = True  # the app closes the source when the overlay goes
     main_label: str = ""  # the main run's name in the legends (tells two runs of one script apart)
-
-
-@dataclass
-class PaneContext:
-    """Everything a pane reads. One per app; panes never reach into the App subclass."""
-
-    state: RunState
-    view: ViewSettings
-    source: Any = None  # the RunSource, for exact reads while scrubbing a recorded run
-    gpu_uuids: list[str] | None = None  # the run's GPUs, when known from outside its meta.json
-    palette: Palette = field(default_factory=lambda: Palette.from_variables({}))
-    overlay: Overlay | None = None  # a second run on the loss and grad charts
 
 
 @dataclass(frozen=True)
@@ -123,29 +113,56 @@ def _solid(value: str, background: Color | None) -> Color:
     return color.with_alpha(1.0)
 
 
-def panes_reading(*settings: str) -> tuple[str, ...]:
-    """The keys of the dashboard panes that draw from any of ``settings`` (their ``reads``), to
-    mark changed in ``RunState.versions`` when one of those settings changes. Every pane class is
-    defined by then: the dashboard screen imports them all."""
-    found: list[str] = []
-    todo = list(Pane.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if cls.key and cls.key not in found and cls.reads & set(settings):
-            found.append(cls.key)
-    return tuple(sorted(found))
+class PaneContext(DOMNode):
+    """Everything a pane draws from; one per app, shared by its panes and screens. Panes never
+    reach into the App: they watch these reactives (``Pane.redraw_on``) and read the rest."""
+
+    zoomed: reactive[bool] = reactive(False, init=False)
+    """The charts show the last ``ZOOM_STEPS`` steps instead of the whole run."""
+    log_scale: reactive[bool] = reactive(False, init=False)
+    """Loss and grad norm (and the snapshot inspector's chart) on a log axis."""
+    cursor: reactive[float | None] = reactive(None, init=False)
+    """The step being inspected; None follows the newest step."""
+    layer_filter: reactive[str] = reactive("", init=False)
+    """A substring or glob that narrows the layer and update rows."""
+    outcome: reactive[Outcome] = reactive(Outcome, init=False)
+    """The answer to the last command the user gave."""
+    overlay: reactive[Overlay | None] = reactive(None, init=False, always_update=True)
+    """A second run on the loss and grad charts; set again (the same one) when it has news."""
+    palette: reactive[Palette] = reactive(lambda: Palette.from_variables({}), init=False)
+    """Rich styles from the current theme."""
+    changed: reactive[frozenset[str]] = reactive(frozenset, init=False, always_update=True)
+    """The run state's data topics found new by the app's last redraw tick (``EVERY_TOPIC``:
+    all of them, for a new main run)."""
+
+    def __init__(
+        self, state: RunState, source: Any = None, *, gpu_uuids: list[str] | None = None
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self.source = source  # the RunSource, for exact reads while scrubbing a recorded run
+        self.gpu_uuids = gpu_uuids  # the run's GPUs, when known from outside its meta.json
+
+    def redraw_everything(self) -> None:
+        """Every pane draws again (a new main run, a new theme)."""
+        self.changed = EVERY_TOPIC
 
 
 class Pane(Widget):
-    """A bordered dashboard pane that rebuilds its picture only when told its data changed."""
+    """A bordered dashboard pane that rebuilds its picture only when what it draws from changed."""
 
-    key: ClassVar[str] = ""  # its entry in RunState.versions
-    #: What this pane draws from besides the run's records: fields of :class:`ViewSettings`
-    #: (``zoomed``, ``cursor``...), ``overlay`` (the overlaid run's records) and ``overlay_state``.
-    #: Declared here, by the pane that reads them: whoever changes a setting asks
-    #: :func:`panes_reading` which panes to redraw, and never names them.
-    reads: ClassVar[frozenset[str]] = frozenset()
+    key: ClassVar[str] = ""
+    """Its data topic in the run state (``RunState.take_changes``); redrawn when it is new."""
+    redraw_on: ClassVar[frozenset[str]] = frozenset()
+    """The :class:`PaneContext` reactives it draws from besides its data (``zoomed``,
+    ``cursor``, ``overlay``...): it watches them, and redraws when one changes."""
+    always_redraw_on: ClassVar[frozenset[str]] = frozenset({"palette", "changed"})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = cls.redraw_on - set(PaneContext._reactives)
+        if unknown:  # a typo would leave the pane stale without a word
+            raise TypeError(f"{cls.__name__}.redraw_on names no PaneContext reactive: {unknown}")
 
     DEFAULT_CSS = """
     Pane {
@@ -166,19 +183,31 @@ class Pane(Widget):
     ) -> None:
         super().__init__(id=id, classes=classes)
         self.ctx = ctx
-        self.seen_version = -1
         self.redraws = 0  # how often the picture was rebuilt; tests check that idle panes stay idle
         self._picture: RenderResult = Text("")
         self.draw_error = ""  # why the last redraw failed ("IndexError: ..."), shown in the pane
 
+    def on_mount(self) -> None:
+        for name in sorted(self.redraw_on | self.always_redraw_on):
+            self.watch(self.ctx, name, self._context_changed, init=False)
+
+    def _context_changed(self, old: object, new: object) -> None:
+        if isinstance(new, frozenset) and new is not EVERY_TOPIC and self.key not in new:
+            return  # ``changed``: data of other panes
+        self.redraw()
+
     def on_resize(self) -> None:
         self.redraw()
+
+    def redraw_later(self) -> None:
+        """Draw again at the app's next redraw tick (a part of the pane is not mounted yet): its
+        data topic is marked changed again, so a history still loading is not drawn half-way."""
+        self.ctx.state.mark_changed(self.key)
 
     def redraw(self) -> None:
         """Rebuild the picture from the run state (UI thread)."""
         if not self.is_mounted:
             return
-        self.seen_version = self.ctx.state.versions.get(self.key, 0)
         self.redraws += 1
         try:
             self._picture = self.build()

@@ -214,35 +214,56 @@ def render_plot(
         text.append("\n".join(lines), style=muted)
         return text
     y_lo, y_hi = rng
-    P, D = ph * 4, pw * 2
-    if plot.robust:  # mark what the range cut off, the main series' marks first
-        marked: set[int] = set()
-        for i in plot.robust_traces:
-            main = plot.traces[i]
-            tops = _fit(_transform(main.hi, plot.log), D)
-            bottoms = _fit(_transform(main.lo, plot.log), D)
-            # an off-scale marker replaces a spike marker (it says more: the top is cut), never a
-            # non-finite one
-            for dots, glyph in (
-                (np.flatnonzero(np.isfinite(tops) & (tops > y_hi)), OFF_TOP),
-                (np.flatnonzero(np.isfinite(bottoms) & (bottoms < y_lo)), OFF_BOTTOM),
-            ):
-                for dot in dots:
-                    col = int(dot) // 2
-                    if col not in marked and plot.markers.get(col, ("",))[0] != "✕":
-                        plot.markers[col] = (glyph, main.style)
-            marked |= {c for c, (g, _) in plot.markers.items() if g in (OFF_TOP, OFF_BOTTOM)}
+    if plot.robust:
+        _mark_off_scale(plot, pw * 2, y_lo, y_hi)
+    grid = _Grid(plot, ph, pw, y_lo, y_hi)
+    bits, owner = grid.cells()
+    _draw(text, plot, bits, owner, grid.styles, _y_labels(ph, y_lo, y_hi, plot), muted)
+    if show_x:
+        left, right = plot.x_labels
+        text.append("\n")
+        text.append(" " * (GUTTER - 1) + "└", style=muted)
+        room = pw - len(left) - len(right)
+        text.append(left + " " * max(room, 1) + right if room > 0 else left[:pw], style=muted)
+    return text
 
-    def to_px(v: np.ndarray) -> np.ndarray:
-        t = _transform(v, plot.log)
-        return np.round((y_hi - t) / (y_hi - y_lo) * (P - 1))
 
-    rows = np.arange(P)[:, None]
-    cell_bits: list[np.ndarray] = []
-    for tr in plot.traces:
-        lo = _fit(tr.lo, D)
-        hi = _fit(tr.hi, D)
-        top, bot = to_px(hi), to_px(lo)
+def _mark_off_scale(plot: Plot, dots_wide: int, y_lo: float, y_hi: float) -> None:
+    """Mark what the robust range cut off, the main series' marks first."""
+    marked: set[int] = set()
+    for i in plot.robust_traces:
+        main = plot.traces[i]
+        tops = _fit(_transform(main.hi, plot.log), dots_wide)
+        bottoms = _fit(_transform(main.lo, plot.log), dots_wide)
+        # an off-scale marker replaces a spike marker (it says more: the top is cut), never a
+        # non-finite one
+        for dots, glyph in (
+            (np.flatnonzero(np.isfinite(tops) & (tops > y_hi)), OFF_TOP),
+            (np.flatnonzero(np.isfinite(bottoms) & (bottoms < y_lo)), OFF_BOTTOM),
+        ):
+            for dot in dots:
+                col = int(dot) // 2
+                if col not in marked and plot.markers.get(col, ("",))[0] != "✕":
+                    plot.markers[col] = (glyph, main.style)
+        marked |= {c for c, (g, _) in plot.markers.items() if g in (OFF_TOP, OFF_BOTTOM)}
+
+
+class _Grid:
+    """The plot's traces and rules as braille bits per cell, each cell owned by one of them."""
+
+    def __init__(self, plot: Plot, ph: int, pw: int, y_lo: float, y_hi: float) -> None:
+        self.plot, self.ph, self.pw, self.y_lo, self.y_hi = plot, ph, pw, y_lo, y_hi
+        self.P, self.D = ph * 4, pw * 2
+        self.styles: list[Style] = [t.style for t in plot.traces] + [r.style for r in plot.rules]
+
+    def to_px(self, v: np.ndarray) -> np.ndarray:
+        t = _transform(v, self.plot.log)
+        px: np.ndarray = np.round((self.y_hi - t) / (self.y_hi - self.y_lo) * (self.P - 1))
+        return px
+
+    def trace_bits(self, tr: Trace) -> np.ndarray:
+        P, D = self.P, self.D
+        top, bot = self.to_px(_fit(tr.hi, D)), self.to_px(_fit(tr.lo, D))
         ok = np.isfinite(top) & np.isfinite(bot)
         top = np.where(ok, np.clip(top, 0, P - 1), 0)
         bot = np.where(ok, np.clip(bot, 0, P - 1), -1)
@@ -252,39 +273,55 @@ def render_plot(
         pok = np.r_[False, ok[:-1]] & ok
         top = np.where(pok & (top > pb), pb, top)
         bot = np.where(pok & (bot < pt), pt, bot)
+        rows = np.arange(P)[:, None]
         mask = (rows >= top[None, :]) & (rows <= bot[None, :]) & ok[None, :]
         if tr.dotted:
             mask[:, 1::2] = False
-        cell_bits.append(_cells(mask, ph, pw))
-    rule_bits: list[np.ndarray] = []
-    for rule in plot.rules:
-        p = to_px(np.array([rule.value]))[0]
-        mask = np.zeros((P, D), dtype=bool)
-        if math.isfinite(p) and 0 <= p <= P - 1:
+        return _cells(mask, self.ph, self.pw)
+
+    def rule_bits(self, rule: Rule) -> np.ndarray:
+        p = self.to_px(np.array([rule.value]))[0]
+        mask = np.zeros((self.P, self.D), dtype=bool)
+        if math.isfinite(p) and 0 <= p <= self.P - 1:
             mask[int(p), ::2] = True
-        rule_bits.append(_cells(mask, ph, pw))
+        return _cells(mask, self.ph, self.pw)
 
-    styles: list[Style] = [t.style for t in plot.traces] + [r.style for r in plot.rules]
-    stack = np.stack(cell_bits + rule_bits) if (cell_bits or rule_bits) else np.zeros((1, ph, pw))
-    nt = len(cell_bits)
-    # A cell has one colour: that of the highest-priority trace in it (the last one), else of the
-    # first rule in it. It shows the dots of every trace in it, so no trace hides another's shape.
-    owner = np.full((ph, pw), -1)
-    for k in range(len(rule_bits) - 1, -1, -1):
-        owner = np.where(stack[nt + k] > 0, nt + k, owner)
-    for k in range(nt):
-        owner = np.where(stack[k] > 0, k, owner)
-    own_bits = np.take_along_axis(stack, np.maximum(owner, 0)[None], 0)[0]
-    bits = np.where(owner >= 0, own_bits, 0)
-    if nt:
-        union = np.bitwise_or.reduce(stack[:nt].astype(np.int64), axis=0)
-        solo = np.array([t.solo for t in plot.traces])
-        shared = (owner >= 0) & (owner < nt) & ~solo[np.clip(owner, 0, nt - 1)]
-        bits = np.where(shared, union, bits)
+    def cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bits, owner) per cell. A cell has one colour: that of the highest-priority trace in
+        it (the last one), else of the first rule in it. It shows the dots of every trace in it,
+        so no trace hides another's shape."""
+        plot, ph, pw = self.plot, self.ph, self.pw
+        cell_bits = [self.trace_bits(tr) for tr in plot.traces]
+        rule_bits = [self.rule_bits(rule) for rule in plot.rules]
+        stack = np.stack(cell_bits + rule_bits) if (cell_bits or rule_bits) else np.zeros((1, ph, pw))
+        nt = len(cell_bits)
+        owner = np.full((ph, pw), -1)
+        for k in range(len(rule_bits) - 1, -1, -1):
+            owner = np.where(stack[nt + k] > 0, nt + k, owner)
+        for k in range(nt):
+            owner = np.where(stack[k] > 0, k, owner)
+        own_bits = np.take_along_axis(stack, np.maximum(owner, 0)[None], 0)[0]
+        bits = np.where(owner >= 0, own_bits, 0)
+        if nt:
+            union = np.bitwise_or.reduce(stack[:nt].astype(np.int64), axis=0)
+            solo = np.array([t.solo for t in plot.traces])
+            shared = (owner >= 0) & (owner < nt) & ~solo[np.clip(owner, 0, nt - 1)]
+            bits = np.where(shared, union, bits)
+        return bits, owner
 
-    labels = _y_labels(ph, y_lo, y_hi, plot)
+
+def _draw(
+    text: Text,
+    plot: Plot,
+    bits: np.ndarray,
+    owner: np.ndarray,
+    styles: list[Style],
+    labels: dict[int, str],
+    muted: Style,
+) -> None:
+    """The marker row, then each plot row behind its y label."""
+    ph, pw = bits.shape
     cursor_bg = Style(reverse=True)
-    # marker row
     text.append(" " * GUTTER)
     line = [" "] * pw
     mstyles: list[Style | None] = [None] * pw
@@ -300,13 +337,6 @@ def render_plot(
         chars = [chr(0x2800 + int(b)) if b else " " for b in bits[r]]
         cstyles = [styles[o] if o >= 0 else None for o in owner[r]]
         _append_runs(text, chars, cstyles, plot.cursor, cursor_bg)
-    if show_x:
-        left, right = plot.x_labels
-        text.append("\n")
-        text.append(" " * (GUTTER - 1) + "└", style=muted)
-        room = pw - len(left) - len(right)
-        text.append(left + " " * max(room, 1) + right if room > 0 else left[:pw], style=muted)
-    return text
 
 
 def _fit(v: np.ndarray, n: int) -> np.ndarray:
@@ -320,7 +350,8 @@ def _fit(v: np.ndarray, n: int) -> np.ndarray:
 
 def _cells(mask: np.ndarray, ph: int, pw: int) -> np.ndarray:
     """(4*ph, 2*pw) dots -> (ph, pw) braille bit patterns."""
-    return (mask.reshape(ph, 4, pw, 2) * _BITS[None, :, None, :]).sum(axis=(1, 3))
+    cells: np.ndarray = (mask.reshape(ph, 4, pw, 2) * _BITS[None, :, None, :]).sum(axis=(1, 3))
+    return cells
 
 
 def _y_labels(ph: int, y_lo: float, y_hi: float, plot: Plot) -> dict[int, str]:

@@ -23,9 +23,9 @@ LABEL_WIDE, LABEL_COMPACT = 24, 10
 def chart_window(ctx: PaneContext) -> tuple[float, float]:
     """The steps the charts show. With an overlay the whole-run view spans both runs (a short
     run beside a long one shows where it stands); the 500-step zoom follows the main run."""
-    x0, x1 = ctx.state.window(ctx.view.zoomed, ctx.view.cursor)
+    x0, x1 = ctx.state.window(ctx.zoomed, ctx.cursor)
     ov = ctx.overlay
-    if ov is None or ctx.view.zoomed:
+    if ov is None or ctx.zoomed:
         return x0, x1
     first, last = ov.state.step_bounds()
     if not math.isfinite(first):
@@ -56,7 +56,7 @@ def overlay_value(ctx: PaneContext, field: str, measured: bool = False) -> float
     ov = ctx.overlay
     if ov is None:
         return math.nan
-    return ov.state.value_at(field, ctx.view.cursor, ov.source, measured=measured)
+    return ov.state.value_at(field, ctx.cursor, ov.source, measured=measured)
 
 
 def legend(ctx: PaneContext, main_value: float, other_value: float, compact: bool) -> str:

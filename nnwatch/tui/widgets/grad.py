@@ -56,10 +56,10 @@ def spike_columns(
 
 class GradPane(Pane):
     key = "grad"
-    reads = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
+    redraw_on = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         src = self.ctx.source
         w, h = self.size
         pw = max(w - GUTTER, 1)
@@ -92,22 +92,10 @@ class GradPane(Pane):
             robust_also=(3,) if other is not None else (),
             x_labels=x_labels(x0, x1),
         )
-        norm = st.value_at("grad_norm", view.cursor, src, measured=True)
-        after = st.value_at("grad_norm_clipped", view.cursor, src, measured=True)
-        share = st.recent_clip_share(100)
-        compact = w < 56
-        name = "Grad" if compact or other is not None else "Grad norm"
-        if other is not None:
-            theirs = overlay_value(self.ctx, "grad_norm", measured=True)
-            title = f"[b]{name}[/b] {legend(self.ctx, norm, theirs, compact)}"
-        else:
-            title = f"[b]{name}[/b] {fmt.num(norm)}"
-        if math.isfinite(after) and not compact and other is None:
-            title += f"  [$success]━ clipped {fmt.num(after)}[/]"
-        if math.isfinite(clip):
-            title += f"  [$error]┄ max {fmt.num(clip)}[/]"
-        self.border_title = title
+        self.border_title = self._title(clip, compact=w < 56, overlaid=other is not None)
         picture = render_plot(plot, w, h, pal.muted)
+        compact = w < 56
+        share = st.recent_clip_share(100)
         sub = window_caption(view.zoomed, view.log_scale, view.cursor, compact)
         if off_scale(plot) and not compact:
             sub = f"▲ off scale (g: log) · {sub}"
@@ -120,3 +108,20 @@ class GradPane(Pane):
             sub = f"{clipped} · {sub}"
         self.border_subtitle = sub
         return picture
+
+    def _title(self, clip: float, *, compact: bool, overlaid: bool) -> str:
+        """The norm at the cursor (beside the overlaid run's), after clipping, and the max."""
+        st, view, src = self.ctx.state, self.ctx, self.ctx.source
+        norm = st.value_at("grad_norm", view.cursor, src, measured=True)
+        after = st.value_at("grad_norm_clipped", view.cursor, src, measured=True)
+        name = "Grad" if compact or overlaid else "Grad norm"
+        if overlaid:
+            theirs = overlay_value(self.ctx, "grad_norm", measured=True)
+            title = f"[b]{name}[/b] {legend(self.ctx, norm, theirs, compact)}"
+        else:
+            title = f"[b]{name}[/b] {fmt.num(norm)}"
+        if math.isfinite(after) and not compact and not overlaid:
+            title += f"  [$success]━ clipped {fmt.num(after)}[/]"
+        if math.isfinite(clip):
+            title += f"  [$error]┄ max {fmt.num(clip)}[/]"
+        return title

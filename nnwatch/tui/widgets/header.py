@@ -10,6 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
 
+from nnwatch.sources.base import SourceStatus
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
@@ -52,7 +53,7 @@ def badge_style(state: str, pal: Palette) -> Style:
 
 class RunHeader(Pane):
     key = "header"
-    reads = frozenset({"cursor", "layer_filter", "outcome", "overlay", "overlay_state"})
+    redraw_on = frozenset({"cursor", "layer_filter", "outcome", "overlay"})
 
     DEFAULT_CSS = """
     RunHeader {
@@ -64,8 +65,7 @@ class RunHeader(Pane):
     """
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
-        meta = st.meta
+        st, pal = self.ctx.state, self.ctx.palette
         w, h = self.size
         with st.lock:
             status = st.status
@@ -73,9 +73,36 @@ class RunHeader(Pane):
             last_step = hist.last_step
             last_time = hist.latest("time")
             clip = hist.latest_finite("clip_threshold")
+        compact = w < 100
+        left = self._left(last_step, last_time, compact)
+        right = self._notes(status, clip, compact)
+        failure = st.reader_failure
+        state = "failed" if "reader" in st.reader_errors else status.state
+        outcome = self.ctx.outcome
+        note = outcome.text or status.message
+        if status.catching_up is not None and state == "live":
+            have, of = status.catching_up
+            state = "catching"  # not LIVE while the screen shows the past
+            note = f"catching up: {fmt.count(have)} of {fmt.count(of)}" + (
+                f"  {outcome.text}" if outcome.text else ""
+            )
+        badge = f" {BADGES.get(state, state.upper())} "
+        if failure:  # a monitor-side thread failed: that outranks every other note
+            # cut to fit beside the badge (and a little of the run's name) on one line
+            room = max(w - right.cell_len - len(badge) - 2 - (0 if h >= 2 else 24), 12)
+            cut = failure if len(failure) <= room else failure[: room - 1] + "…"
+            right.append(cut + "  ", style=pal.error + Style(bold=True))
+        elif note:
+            right.append(note + "  ", style=pal.error if outcome.error else pal.text)
+        right.append(badge, style=badge_style(state, pal))
+        return _lay_out(left, right, w, h)
+
+    def _left(self, last_step: float, last_time: float, compact: bool) -> Text:
+        """Which run this is and how far it got."""
+        st, pal = self.ctx.state, self.ctx.palette
+        meta = st.meta
         rate = st.steps_per_second()
         elapsed = last_time - meta.started if math.isfinite(last_time) else math.nan
-        compact = w < 100
         left = Text(no_wrap=True, overflow="ellipsis")
         left.append("nnwatch ", style=pal.accent + Style(bold=True))
         left.append(meta.name, style=pal.text + Style(bold=True))
@@ -93,9 +120,13 @@ class RunHeader(Pane):
         left.append("/s" if compact else " steps/s", style=pal.muted)
         left.append(" elapsed " if compact else "  elapsed ", style=pal.muted)
         left.append(fmt.duration(elapsed))
+        return left
 
+    def _notes(self, status: SourceStatus, clip: float, compact: bool) -> Text:
+        """The right side before the outcome and the badge: overlay, filter, cursor, drops, clip."""
+        view, pal = self.ctx, self.ctx.palette
         right = Text(no_wrap=True, overflow="ellipsis")
-        ov = self.ctx.overlay
+        ov = view.overlay
         if ov is not None:  # the second run on the charts, and how it is doing
             with ov.state.lock:
                 ov_state = ov.state.status.state
@@ -112,34 +143,20 @@ class RunHeader(Pane):
             )
         if math.isfinite(clip):
             right.append(f"clip {fmt.num(clip)}  ", style=pal.muted)
-        failure = st.reader_failure
-        state = "failed" if "reader" in st.reader_errors else status.state
-        note = view.outcome or status.message
-        if status.catching_up is not None and state == "live":
-            have, of = status.catching_up
-            state = "catching"  # not LIVE while the screen shows the past
-            note = f"catching up: {fmt.count(have)} of {fmt.count(of)}" + (
-                f"  {view.outcome}" if view.outcome else ""
-            )
-        badge = f" {BADGES.get(state, state.upper())} "
-        if failure:  # a monitor-side thread failed: that outranks every other note
-            # cut to fit beside the badge (and a little of the run's name) on one line
-            room = max(w - right.cell_len - len(badge) - 2 - (0 if h >= 2 else 24), 12)
-            cut = failure if len(failure) <= room else failure[: room - 1] + "…"
-            right.append(cut + "  ", style=pal.error + Style(bold=True))
-        elif note:
-            right.append(note + "  ", style=pal.error if view.outcome_error else pal.text)
-        right.append(badge, style=badge_style(state, pal))
+        return right
 
-        if h >= 2:
-            left.truncate(w, overflow="ellipsis")
-            pad = max(w - right.cell_len, 0)
-            second = Text(" " * pad) + right if right.cell_len <= w else right
-            second.truncate(w, overflow="ellipsis")
-            return Text("\n").join([left, second])
-        room = w - right.cell_len - 1
-        left.truncate(max(room, 0), overflow="ellipsis")
-        gap = max(w - left.cell_len - right.cell_len, 1)
-        out = left + Text(" " * gap) + right
-        out.truncate(w, overflow="ellipsis")
-        return out
+
+def _lay_out(left: Text, right: Text, w: int, h: int) -> Text:
+    """Left and right on one line (the left cut first), or on two when the header has them."""
+    if h >= 2:
+        left.truncate(w, overflow="ellipsis")
+        pad = max(w - right.cell_len, 0)
+        second = Text(" " * pad) + right if right.cell_len <= w else right
+        second.truncate(w, overflow="ellipsis")
+        return Text("\n").join([left, second])
+    room = w - right.cell_len - 1
+    left.truncate(max(room, 0), overflow="ellipsis")
+    gap = max(w - left.cell_len - right.cell_len, 1)
+    out = left + Text(" " * gap) + right
+    out.truncate(w, overflow="ellipsis")
+    return out

@@ -12,6 +12,7 @@ import fnmatch
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from rich.style import Style
 from rich.text import Text
 from textual import events
@@ -21,7 +22,7 @@ from textual.markup import escape
 from textual.widgets import Input
 
 from nnwatch.tui import format as fmt
-from nnwatch.tui.widgets.base import Palette, Pane, PaneContext, panes_reading
+from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
 from nnwatch.tui.widgets.gpu import bar
 from nnwatch.tui.widgets.rows import RowTable, row_bindings
 
@@ -125,7 +126,7 @@ class LayerTable(RowTable):
 
 class LayersPane(Pane):
     key = "layers"
-    reads = frozenset({"cursor"})
+    redraw_on = frozenset({"cursor", "layer_filter"})
 
     DEFAULT_CSS = """
     LayersPane { padding: 0 1; }
@@ -151,9 +152,7 @@ class LayersPane(Pane):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "layer-filter":
-            self.ctx.view.layer_filter = event.value
-            self.ctx.state.touch(*panes_reading("layer_filter"))  # the header names the filter
-            self.redraw()
+            self.ctx.layer_filter = event.value  # this pane, the updates and the header redraw
             self.app.refresh_bindings()  # the footer offers Escape to clear it
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -169,9 +168,7 @@ class LayersPane(Pane):
     def clear_filter(self) -> None:
         """Show every layer again (Escape in the filter, or on the dashboard)."""
         self.query_one("#layer-filter", Input).value = ""
-        self.ctx.view.layer_filter = ""  # at once, not only when Input.Changed arrives
-        self.ctx.state.touch(*panes_reading("layer_filter"))
-        self.redraw()
+        self.ctx.layer_filter = ""  # at once, not only when Input.Changed arrives
         self.app.refresh_bindings()
 
     def focus_filter(self) -> None:
@@ -182,38 +179,16 @@ class LayersPane(Pane):
         self.query_one(LayerTable).focus()
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         schema = st.meta.schema
         row = st.layer_row(view.cursor, self.ctx.source)
-        grad_index = st.param_index
+        entries = self._entries()
         rows: list[LayerRow] = []
         dying = nonfinite = 0
         problem: str | None = None  # the first non-finite layer, else the deadest above the line
         worst = DEAD_RED
-        nan = math.nan
-        tied = st.meta.extra.get("tied") or {}
-        if not isinstance(tied, dict):
-            tied = {}
-        # layers with activation statistics, then those that only own parameters (gradient rows)
-        grad_only = [n for n in schema.param_layer_names if n not in set(schema.layer_names)]
-        entries = list(zip(schema.layer_names, schema.layer_kinds, strict=False))
-        entries += [(n, "params") for n in grad_only]
-        n_stat = len(schema.layer_names)
-        for i, (name, kind) in enumerate(entries):
-            tied_to = str(tied.get(name, ""))
-            if row is not None:
-                gi = grad_index.get(name)
-                grad = float(row["grad_layer"][gi]) if gi is not None else nan
-                if i < n_stat:
-                    r = LayerRow(
-                        i, name, kind,
-                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
-                        grad, float(row["act_nonfinite"][i]), tied_to,
-                    )  # fmt: skip
-                else:
-                    r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)
-            else:
-                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan, tied_to)
+        for r in self._rows(entries, row):
+            name, kind = r.name, r.kind
             dying += int(math.isfinite(r.dead) and r.dead > DEAD_RED)
             nonfinite += int(math.isfinite(r.nonfinite) and r.nonfinite > 0)
             if math.isfinite(r.nonfinite) and r.nonfinite > 0:
@@ -227,7 +202,7 @@ class LayersPane(Pane):
         keep = self.shown_rows.index(problem) if problem in self.shown_rows else None
         found = self.query(LayerTable)
         if not found:  # the table is not mounted yet, or no more (at exit): draw on a later tick
-            self.seen_version = -1
+            self.redraw_later()
             return Text("")
         table = found.first()
         table.set_rows(rows, pal, self.size.width < 92, keep)
@@ -248,6 +223,42 @@ class LayersPane(Pane):
         self.update_caption()
         return Text("")
 
+    def _entries(self) -> list[tuple[str, str]]:
+        """Layers with activation statistics, then those that only own parameters (gradient
+        rows), as (name, kind)."""
+        schema = self.ctx.state.meta.schema
+        grad_only = [n for n in schema.param_layer_names if n not in set(schema.layer_names)]
+        entries = list(zip(schema.layer_names, schema.layer_kinds, strict=False))
+        return entries + [(n, "params") for n in grad_only]
+
+    def _rows(self, entries: list[tuple[str, str]], row: np.ndarray | None) -> list[LayerRow]:
+        """One row per entry, from the per-layer stats ``row`` (NaN where it has none)."""
+        st = self.ctx.state
+        grad_index = st.param_index
+        n_stat = len(st.meta.schema.layer_names)
+        nan = math.nan
+        tied = st.meta.extra.get("tied") or {}
+        if not isinstance(tied, dict):
+            tied = {}
+        out: list[LayerRow] = []
+        for i, (name, kind) in enumerate(entries):
+            tied_to = str(tied.get(name, ""))
+            if row is not None:
+                gi = grad_index.get(name)
+                grad = float(row["grad_layer"][gi]) if gi is not None else nan
+                if i < n_stat:
+                    r = LayerRow(
+                        i, name, kind,
+                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
+                        grad, float(row["act_nonfinite"][i]), tied_to,
+                    )  # fmt: skip
+                else:
+                    r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)
+            else:
+                r = LayerRow(i, name, kind, nan, nan, nan, nan, nan, tied_to)
+            out.append(r)
+        return out
+
     def update_caption(self) -> None:
         """The subtitle: which rows are on screen, the filter, the keys."""
         table = self.query_one(LayerTable)
@@ -257,7 +268,7 @@ class LayersPane(Pane):
             if shown > vis
             else ""
         )
-        flt = self.ctx.view.layer_filter
+        flt = self.ctx.layer_filter
         self.border_subtitle = (
             f"{more}filter {flt!r}: {shown} shown" if flt else f"{more}l: focus  /: filter  u: updates"
         )

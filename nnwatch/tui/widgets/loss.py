@@ -70,10 +70,10 @@ def window_caption(zoomed: bool, log: bool, cursor: float | None, compact: bool 
 
 class LossPane(Pane):
     key = "loss"
-    reads = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
+    redraw_on = frozenset({"cursor", "log_scale", "overlay", "zoomed"})
 
     def build(self) -> RenderResult:
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         w, h = self.size
         pw = max(w - GUTTER, 1)
         x0, x1 = chart_window(self.ctx)

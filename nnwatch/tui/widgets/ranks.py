@@ -221,7 +221,6 @@ class RanksPane(Pane):
     def build(self) -> RenderResult:
         pal = self.ctx.palette
         view = self.view
-        watching = self.ctx.state.meta.rank
         if view is None:
             world = self.ctx.state.meta.world_size
             return Text(f"looking for the other ranks of this {world}-rank job…", style=pal.muted)
@@ -232,6 +231,24 @@ class RanksPane(Pane):
         self.border_subtitle = (
             f"s sort: {self.sort} · ↑↓ Enter open · [ ] switch · {len(seen)}/{job.world_size} ranks{via}"
         )
+        head = self._head(view, pal)
+        room = max(2, self.max_rows - len(head))
+        self.cursor = min(self.cursor, max(0, len(rows) - 1))
+        start = max(0, min(self.cursor - room // 2, len(rows) - room))
+        shown = rows[start : start + room]
+        table = self._table(view, shown, start, pal)
+        tail: list[Text] = []
+        if len(rows) > len(shown):
+            tail.append(Text(f"  rows {start + 1}-{start + len(shown)} of {len(rows)} "
+                             f"(sorted by {self.sort}; ↑↓ to scroll)", style=pal.muted))  # fmt: skip
+        for host, why in getattr(view, "unreachable", ()):
+            tail.append(Text(f"  host {host}: unreachable ({why}); its ranks are not shown",
+                             style=pal.error + Style(bold=True)))  # fmt: skip
+        tail += [Text(f"  rank {span}: other node", style=pal.muted) for span in unseen_ranges(job.world_size, seen)]  # fmt: skip
+        return Group(*head, table, *tail)
+
+    def _head(self, view: Any, pal: Palette) -> list[Text]:
+        """Above the table: the heat strip, the view's note, its findings or stop, the stacks."""
         width = max(self.size.width - 2, 60)
         head: list[Text] = []
         if len(view.rows) > 1:
@@ -251,17 +268,19 @@ class RanksPane(Pane):
         if stacks:  # the job is stuck: where each rank is, in one line (the job view has them all)
             where = "; ".join(f"{span(g.ranks)} in {g.where}" for g in group(stacks)[:3])
             head.append(Text(f"  stacks: {where} (`nnwatch stacks` prints them)", style=pal.warning))
+        return head
+
+    def _table(self, view: Any, shown: list[Any], start: int, pal: Palette) -> Table:
+        """The rows on screen, from ``start``: the watched rank marked, the cursor row reversed."""
         table = Table(box=None, padding=(0, 1), expand=False, show_edge=False)
         for c in COLUMNS:
             table.add_column(c, style=pal.text, header_style=pal.muted + Style(bold=True),
                              justify="left" if c in ("RANK", "HOST", "STATUS") else "right")  # fmt: skip
         table.add_column("", style=pal.muted)
         origin = set(view.nan_origin)
+        stops = getattr(view, "stops", None)
         told = stops.ranks if stops is not None else {}
-        room = max(2, self.max_rows - len(head))
-        self.cursor = min(self.cursor, max(0, len(rows) - 1))
-        start = max(0, min(self.cursor - room // 2, len(rows) - room))
-        shown = rows[start : start + room]
+        watching = self.ctx.state.meta.rank
         focused = self.has_focus
         for i, row in enumerate(shown, start):
             mark = "▶ " if row.rank == watching else "  "
@@ -283,15 +302,7 @@ class RanksPane(Pane):
                 self._value(row.loss, row, pal), self._value(row.grad_norm, row, pal),
                 memory(getattr(row, "memory", math.nan)), status, note_t,
             )  # fmt: skip
-        tail: list[Text] = []
-        if len(rows) > len(shown):
-            tail.append(Text(f"  rows {start + 1}-{start + len(shown)} of {len(rows)} "
-                             f"(sorted by {self.sort}; ↑↓ to scroll)", style=pal.muted))  # fmt: skip
-        for host, why in getattr(view, "unreachable", ()):
-            tail.append(Text(f"  host {host}: unreachable ({why}); its ranks are not shown",
-                             style=pal.error + Style(bold=True)))  # fmt: skip
-        tail += [Text(f"  rank {span}: other node", style=pal.muted) for span in unseen_ranges(job.world_size, seen)]  # fmt: skip
-        return Group(*head, table, *tail)
+        return table
 
     @staticmethod
     def _value(x: float, row: Any, pal: Palette) -> Text:

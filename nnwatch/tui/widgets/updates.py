@@ -258,7 +258,7 @@ class UpdatesPane(Pane):
     """Each parameter-owning layer's update/weight ratio at the last measured update."""
 
     key = "updates"
-    reads = frozenset({"cursor", "layer_filter"})
+    redraw_on = frozenset({"cursor", "layer_filter"})
 
     DEFAULT_CSS = """
     UpdatesPane { padding: 0 1; }
@@ -280,12 +280,12 @@ class UpdatesPane(Pane):
     def build(self) -> RenderResult:
         found = self.query(UpdateTable)
         if not found:  # not mounted yet, or no more (at exit): draw on a later tick
-            self.seen_version = -1
+            self.redraw_later()
             return Text("")
         if not self.display:
             return Text("")  # hidden behind the layers: drawn when shown (``u``)
         table = found.first()
-        st, view, pal = self.ctx.state, self.ctx.view, self.ctx.palette
+        st, view, pal = self.ctx.state, self.ctx, self.ctx.palette
         schema = st.meta.schema
         narrow = self.size.width < NARROW_BELOW
         self.border_title, self.step, self.shown_rows = "[b]Updates[/b]", None, []
@@ -334,7 +334,7 @@ class UpdatesPane(Pane):
         return None
 
     def _title(self, summary: Summary, shown: int, narrow: bool) -> str:
-        st, view = self.ctx.state, self.ctx.view
+        st, view = self.ctx.state, self.ctx
         at = float(self.step) if self.step is not None else None
         title = f"[b]Updates[/b] @ step {fmt.count(self.step)}"
         verdict = summary.title(narrow)
