@@ -91,11 +91,14 @@ def test_sigkill_of_one_rank_names_it_first_and_the_other_stopped_after(
     # afterwards, with both ranks gone: the same story, and in the text listing too
     rows = _ls_json(capsys)
     assert rows[1]["job_role"]["role"] == "first" and rows[0]["job_role"]["role"] != "first"
-    # rank 0, alive when rank 1 died, read its exit status before torchrun reaped it
-    assert "killed by SIGKILL" in rows[1]["job_role"]["words"], rows[1]["job_role"]
+    # rank 0, alive when rank 1 died, reads its exit status from the zombie unless torchrun
+    # reaped it first (a race a loaded machine can lose): then the words still name SIGKILL
+    # among the ways a process vanishes without a word
+    words = rows[1]["job_role"]["words"]
+    assert "killed by SIGKILL" in words or "vanished without a word: SIGKILL" in words, words
     assert cli_main(["ls"]) == 0
     text = capsys.readouterr().out
-    assert "rank 1 died at" in text and "(killed by SIGKILL" in text, text
+    assert "rank 1 died at" in text and "(killed" in text, text
     assert "the first rank to stop" in text, text
     lines = {ln.split()[3]: ln.split() for ln in text.splitlines() if ln.startswith("  ddp")}
     assert lines["1/2"][6] == "killed" and lines["0/2"][6] in ("stopped", "victim"), text
