@@ -310,8 +310,8 @@ class UpdateEvidence:
         if not nominal >= NOMINAL_RATIO:
             return None
         rms = ctx.param_norm / math.sqrt(ctx.total_numel)
-        return Mechanism(
-            "updates_too_large",
+        return Mechanism(  # judged only on a run that learned nothing: weights may grow into it
+            "adaptive_step_too_large",
             f"{ctx.optimizer} moves every weight by about the LR{at} on each step, "
             f"{fmt(nominal)} of the weights' typical size ({fmt(rms)}): far too high for it, "
             "so the units it throws into dead or saturated ranges stop learning (its measured "

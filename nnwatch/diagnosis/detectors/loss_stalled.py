@@ -84,11 +84,15 @@ CAUSES = (
 #: far from where it could be): judged on a loss flat over the last ``MECH_WINDOW`` steps. The
 #: others (updates too small, rounded away, pinned by decay) explain a run that never learned,
 #: since a converged run ends with small updates too: judged, like ``tiny_update``, on a loss that
-#: has not moved from its start.
+#: has not moved from its start. An adaptive optimizer's nominal step that is large against the
+#: weights as they began (``adaptive_step_too_large``) is judged on a flat loss that has kept at
+#: least half of where it began: a run that learns grows its weights into such a step (a
+#: regression to targets in the thousands at Adam's LR 0.05 falls 99% and is healthy).
 AFTER_LEARNING = frozenset({
     "updates_too_large", "loss_broadcast", "params_without_grad", "params_not_in_optimizer",
     "loss_squashed_twice",
 })  # fmt: skip
+LITTLE_LEARNED = 0.5  # a run whose loss fell less than this share from its start
 MECH_WINDOW = 20  # steps of flat loss a mechanism that allows some learning needs beside it
 MECH_MIN_STEPS = 5  # losses before a mechanism of a run that never learned is judged
 WIPED_STEPS = 5  # updates in a row that found the gradients of their own backward gone
@@ -205,7 +209,11 @@ class LossStalledDetector(Detector):
         prog = hist.progress_since_start(min(10, len(hist.loss)))
         unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS and not hist.learned(LEARNED)
         for mech in found:  # the most certain one the loss's course allows
-            if (flat if mech.code in AFTER_LEARNING else unmoved):
+            if mech.code == "adaptive_step_too_large":
+                allowed = flat and _little_learned(hist)
+            else:
+                allowed = flat if mech.code in AFTER_LEARNING else unmoved
+            if allowed:
                 return mech
         return None
 
@@ -419,3 +427,12 @@ class LossStalledDetector(Detector):
                 else self.episode.first_hit
             ),
         )
+
+
+def _little_learned(hist: RunHistory) -> bool:
+    """The recent loss kept at least half of the lowest of the first losses (a spike that the
+    huge step caused early on is not a start to have learned from)."""
+    first = [x for x in hist.first_losses if math.isfinite(x)]
+    if not first or min(first) <= 0 or len(hist.loss) < 10:
+        return False
+    return (min(first) - hist.recent_loss(10)) / min(first) < LITTLE_LEARNED
