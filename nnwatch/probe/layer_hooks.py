@@ -23,6 +23,7 @@ from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.hook_hiding import ProbeHook
 from nnwatch.probe.schedule import Schedule
 from nnwatch.tensors.layers import LayerPlan, first_tensor
+from nnwatch.tensors.sharded import local_of
 
 
 class HookOwner(Protocol):
@@ -101,7 +102,7 @@ class LayerHooks:
                 if x is not None:
                     if not self.finalized and i not in self.order:
                         self.order.append(i)
-                    x = x.detach()
+                    x = local_of(x)  # a DTensor output: this rank's piece (no collective)
                     slot = self.slots[i]
                     total = None
                     if measure:
