@@ -93,6 +93,7 @@ def build(
     shards = ShardedReduce(plan, buffers, reducer) if sharded_model(plan.params) else None
     if shards is not None:  # FSDP2, tensor parallel: whole norms, reduced across the ranks
         guard.sharded = True
+        layers.sums_always = guard_on  # the guard's origin of a NaN, with no forward re-run
         grads: GradientRecorder = ShardedGradientRecorder(
             plan, buffers, reducer, scaler, on_nonfinite=on_nonfinite, shards=shards
         )

@@ -91,6 +91,8 @@ class Guard:
         step = owner.step_index
         sched.after_trouble(step)
         self.grad_max = largest_finite(self.params)
+        if not sched.measure and self.layers.present and self.layers.sums_always:
+            sched.measure = True  # the forward's sums were taken anyway: this step is measured
         if not sched.measure and self.layers.present and not self.sharded:
             self.rerun_forward()
         elif self.layers.present:

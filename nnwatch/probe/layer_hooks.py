@@ -69,6 +69,9 @@ class LayerHooks:
         self.sums: list[torch.Tensor | None] = [None] * len(self.slots)  # this step's, by slot
         self.rows = [0.0] * len(self.slots)  # this step's output rows, by slot (measured steps)
         self.sums_stored = False  # this step's sums are in the record
+        #: take the output sums on every step (a sharded model under the guard: its forward is
+        #: collective, so a bad step's cannot be re-run on one rank to find where a NaN began)
+        self.sums_always = False
         self.stats = StatBlock(len(self.slots), device, self.cap)
         #: per layer: None, or for a rectifier whether its input comes channels-first (a conv)
         self.rectifier = _rectifier_layouts(plan.stat_modules)
@@ -93,7 +96,7 @@ class LayerHooks:
             elif owner.disabled or i in self.off or not torch.is_grad_enabled():
                 return
             else:
-                measure = sched.measure
+                measure = sched.measure or self.sums_always
                 if not (measure or sched.sampled):
                     return
             t0 = time.perf_counter()

@@ -326,7 +326,9 @@ class StepCycle:
         self.step_index = index = self.step_index + 1
         self.step_open = self.backward_seen = self.closure_step = False
         snaps.armed = False
-        hooks = sched.advance(index, snaps.reason is not None)
+        hooks = sched.advance(index, snaps.reason is not None) or layers.sums_always
+        if layers.sums_always and not measured:
+            layers.clear_sums()  # taken for the guard only: the step went well
         self.grads.end_step(sched.measure)
         if hooks != bool(layers.handles) and self.has_layers and not self.owner.disabled:
             layers.arm(hooks)

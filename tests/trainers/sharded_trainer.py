@@ -10,7 +10,7 @@ a column- and a row-parallel Linear); ``2d``: 4 ranks on a ``(dp, tp)`` mesh, te
 torch's ``clip_grad_norm_`` (0: no clip). ``--nan-rank R --nan-step K`` multiplies that rank's
 loss by NaN at step K. Only the README's two lines are added for nnwatch.
 
-Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
+``--every-step`` measures every layer on every step (no cost budget). Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
 (torch's clip's ``full_tensor()``, or the same sum of ``full_tensor()`` squares without a clip),
 after it, and each layer's whole gradient, weight and update norms, for the test to compare.
 """
@@ -74,13 +74,11 @@ class Net(nn.Module):
         return self.head(h)
 
 
-def _tp(block: Block, mesh: object, seq: bool) -> None:
-    """Tensor parallel over ``mesh``: with ``seq`` the norm is sequence parallel (its gradients
-    are ``Partial``), else left to FSDP."""
-    plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
-    if seq:
-        plan = {"norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
-                "down": RowwiseParallel(output_layouts=Shard(1))}  # fmt: skip
+def _tp(block: Block, mesh: object) -> None:
+    """Tensor parallel over ``mesh``, the norm sequence parallel (its gradients are
+    ``Partial``)."""
+    plan = {"norm": SequenceParallel(), "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1))}  # fmt: skip
     parallelize_module(block, mesh, plan)  # type: ignore[arg-type]
 
 
@@ -94,19 +92,20 @@ def build(layout: str, ckpt: bool) -> Net:
         for m in (net.inp, *net.blocks, net.head):
             fully_shard(m, mesh=mesh)
         fully_shard(net, mesh=mesh)
-    elif layout == "tp":
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for b in net.blocks:
-            _tp(b, mesh, seq=True)
-        # the ends too, so that every gradient is a DTensor (torch's clip takes no mix)
-        parallelize_module(net, mesh, {"inp": ColwiseParallel(output_layouts=Shard(1)),
-                                       "head": RowwiseParallel(input_layouts=Shard(1))})  # fmt: skip
     else:
-        mesh2 = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("dp", "tp"))
+        dims = (dist.get_world_size(),) if layout == "tp" else (2, dist.get_world_size() // 2)
+        names = ("tp",) if layout == "tp" else ("dp", "tp")
+        mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
         for b in net.blocks:
-            _tp(b, mesh2["tp"], seq=False)
-            fully_shard(b, mesh=mesh2["dp"])
-        fully_shard(net, mesh=mesh2["dp"])
+            _tp(b, mesh["tp"])
+        # the ends too, so that every gradient is a DTensor of one mesh (torch's clip takes no
+        # mix of plain tensors and DTensors, nor of meshes)
+        parallelize_module(net, mesh["tp"], {"inp": ColwiseParallel(output_layouts=Shard(1)),
+                                             "head": RowwiseParallel(input_layouts=Shard(1))})  # fmt: skip
+        if layout == "2d":
+            for b in net.blocks:
+                fully_shard(b, mesh=mesh["dp"])
+            fully_shard(net, mesh=mesh["dp"])
     return net
 
 
@@ -141,6 +140,7 @@ def main() -> int:
     ap.add_argument("--nan-rank", type=int, default=-1)
     ap.add_argument("--nan-step", type=int, default=-1)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--every-step", action="store_true", help="per-layer rows on every step")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -152,7 +152,8 @@ def main() -> int:
     seed = 100 + (rank if args.layout == "fsdp" else rank // 2 if args.layout == "2d" else 0)
     gen = torch.Generator().manual_seed(seed)
     refs = []
-    with nnwatch.watch(net, opt, name=f"sharded-{args.layout}") as w:
+    every = {"budget": None, "layer_interval": 1} if args.every_step else {}
+    with nnwatch.watch(net, opt, name=f"sharded-{args.layout}", **every) as w:
         print(f"rank {rank} run_dir {w.run_dir}", flush=True)
         for step in range(args.steps):
             x = torch.randn(4, 6, 8, generator=gen)
