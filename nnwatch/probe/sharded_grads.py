@@ -59,9 +59,12 @@ class ShardedGradientRecorder(GradientRecorder):
         if scale is not None:
             self._say("amp", "gradient norms with a GradScaler are recorded still scaled")
         self.layers_done = layers
-        self.total = math.sqrt(sq) if sq == sq and sq >= 0 else sq
+        if isinstance(sq, float):
+            self.total = math.sqrt(sq) if sq == sq else sq
+        else:
+            self.total = sq.sqrt()  # a GPU's: read only by the guard, where it syncs anyway
         host = self.buf.dev_np
-        if host is not None:
+        if host is not None and isinstance(self.total, float):
             host[DEV_INDEX["grad_norm"]] = self.total
             host[DEV_INDEX["nonfinite_grads"]] = 0.0 if math.isfinite(self.total) else 1.0
         return self.total

@@ -100,7 +100,14 @@ class ShardedReduce:
                 self._mesh.append(p.device_mesh)  # type: ignore[attr-defined]
             self._bucket.append(keys.index(k))
         self._groups: list[Any] | None = None
-        self._weight_counts = np.array([counted_here(p) for p in params], dtype=np.float64)
+        n = self.n
+        #: per mesh: where its parameters' values lie in the vector (gradient, weight, update)
+        self._slots = []
+        for b in range(len(keys)):
+            where = np.array([k for k in range(n) if self._bucket[k] == b], dtype=np.int64)
+            self._slots.append(np.concatenate([where, n + where, 2 * n + where]))
+        self._weight_counts = torch.tensor([float(counted_here(p)) for p in params], dtype=torch.float64)
+        self._masks: list[torch.Tensor] = []  # per mesh, on the reduce's device
         self._layer_of = np.array(plan.param_layer_index, dtype=np.int64)
         self._num_layers = len(plan.param_layer_names)
         self.active: bool | None = None  # every rank watches (decided at the first step)
@@ -110,7 +117,7 @@ class ShardedReduce:
         self._partial_started = False  # this step's Partial gradients are being summed
         self._layers = False
         self._clip = math.nan
-        self._updates: tuple[list[int], np.ndarray, np.ndarray] | None = None
+        self._updates: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
         self._launched: dict[int, _Step] = {}
         self._held: deque[tuple[np.ndarray, _Step]] = deque()
         self._idle: deque[_Step] = deque()  # launched while the probe is off, never published
@@ -118,9 +125,12 @@ class ShardedReduce:
         self._comm = torch.device("cpu")
 
     # -- during the step -------------------------------------------------------------------------
-    def take_grads(self, present: list[int], grads: list[torch.Tensor], layers: bool) -> float:
+    def take_grads(
+        self, present: list[int], grads: list[torch.Tensor], layers: bool
+    ) -> torch.Tensor | float:
         """This step's gradients, before any clip: their local squares are kept for the reduce.
-        Returns the local sum of squares (NaN or Inf when a local element is), for the guard.
+        Returns the local sum of squares (NaN or Inf when a local element is), for the guard: a
+        number on the CPU, a device tensor on a GPU.
 
         A ``Partial`` gradient's pieces are summed by an async all-reduce launched at the first
         look of the step only (every rank looks first at the same point; a later look, such as
@@ -142,7 +152,8 @@ class ShardedReduce:
         contrib = sq.double() * torch.tensor(counts, dtype=torch.float64).to(sq.device)
         self._grads = (list(present), contrib)
         self._layers = self._layers or layers
-        return float(sq.sum()) if sq.is_cpu else math.nan
+        total = sq.sum()
+        return float(total) if total.is_cpu else total  # a GPU's stays there (no sync)
 
     def clip_at(self, max_norm: float) -> None:
         """torch's clip scaled this step's gradients at ``max_norm`` (the whole norm's)."""
@@ -151,7 +162,7 @@ class ShardedReduce:
     def take_updates(self, params: Sequence[torch.Tensor], weight_sq: Any, update_sq: Any) -> None:
         """The update recorder's per-parameter weight and update squares (local pieces)."""
         idx = [self._index.get(id(p), -1) for p in params]
-        self._updates = (idx, np.asarray(weight_sq, dtype=np.float64), np.asarray(update_sq, dtype=np.float64))
+        self._updates = (idx, torch.as_tensor(weight_sq), torch.as_tensor(update_sq))
 
     # -- at w.step() -----------------------------------------------------------------------------
     def launch(self, step: int) -> None:
@@ -161,40 +172,35 @@ class ShardedReduce:
         if not self.active:
             self._reset()
             return
-        n, nb = self.n, len(self._mesh)
-        vec = np.zeros(3 * self.n + _FLAGS)
-        s = _Step()
-        try:
-            self._fill(vec, s)
-        except Exception as exc:  # noqa: BLE001 - still take part, with zeros
-            vec[:] = 0.0
-            self._say(f"could not take the local norms: {exc!r}")
-        self._reset()
         try:
             groups = self._resolve_groups()
         except Exception as exc:  # noqa: BLE001 - decided the same way on every rank
             self.active = False
             self._say(f"cannot reduce across this mesh: {exc!r}")
+            self._reset()
             return
-        for b in range(nb):
-            mask = np.zeros(3 * n + _FLAGS)
-            where = np.array([k for k in range(n) if self._bucket[k] == b], dtype=np.int64)
-            for block in range(3):
-                mask[block * n + where] = 1.0
-            mask[3 * n :] = 1.0
-            t = torch.from_numpy(vec * mask).to(self._comm, non_blocking=True)
+        s = _Step()
+        try:
+            vec = self._fill(s)
+        except Exception as exc:  # noqa: BLE001 - still take part, with zeros
+            vec = torch.zeros(3 * self.n + _FLAGS, dtype=torch.float64, device=self._comm)
+            self._say(f"could not take the local norms: {exc!r}")
+        self._reset()
+        for b, mask in enumerate(self._masks):
+            t = vec * mask  # this mesh's parameters, and the counts
             s.vecs.append(t)
             s.works.append(self.dist.all_reduce(t, group=groups[b], async_op=True))
+        s.vecs.append(vec)  # the plain tensors' own values, not reduced
         if self._comm.type == "cuda":  # NCCL: the stream waits, the host reads a step later
-            for w, t in zip(s.works, s.vecs, strict=True):
+            for w in s.works:
                 w.wait()
+            for t in s.vecs:
                 h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 h.copy_(t, non_blocking=True)
                 s.host.append(h)
             s.works = []
             s.event = torch.cuda.Event()
             s.event.record()
-        s.vecs.append(torch.from_numpy(vec))  # the plain tensors' own values, not reduced
         if step < 0:  # a rank whose probe is off: it only keeps pace with the others
             self._idle.append(s)
             while len(self._idle) > 2:
@@ -202,8 +208,10 @@ class ShardedReduce:
             return
         self._launched[step] = s
 
-    def _fill(self, vec: np.ndarray, s: _Step) -> None:
-        n = self.n
+    def _fill(self, s: _Step) -> torch.Tensor:
+        """This rank's vector, on the device the reduce runs on (no host read of a GPU value)."""
+        n, dev = self.n, self._comm
+        vec = torch.zeros(3 * n + _FLAGS, dtype=torch.float64, device=dev)
         if self._grads is not None:
             present, sq = self._grads
             for k, local, works in self._partial:
@@ -211,20 +219,23 @@ class ShardedReduce:
                 g = self.plan.params[k].grad
                 if k in present and g is not None:  # summed: now a replica, counted once
                     c = 1.0 if counted_here(g, partial_as_replica=True) else 0.0
-                    sq[present.index(k)] = float(local_squares([whole])[0]) * c
-            vec[np.array(present, dtype=np.int64)] = sq.cpu().numpy()
+                    sq[present.index(k)] = local_squares([whole])[0].to(sq.device) * c
+            vec[torch.tensor(present, dtype=torch.long, device=dev)] = sq.to(dev)
             vec[3 * n] = 1.0
             vec[3 * n + 1] = 1.0 if self._layers else 0.0
             s.present, s.layers = present, self._layers
         s.clip = self._clip
         if self._updates is not None:
             idx, w2, u2 = self._updates
-            keep = np.array([i for i in idx if i >= 0], dtype=np.int64)
-            sel = np.array([j for j, i in enumerate(idx) if i >= 0], dtype=np.int64)
-            if len(keep):
-                vec[n + keep] = w2[sel] * self._weight_counts[keep]
-                vec[2 * n + keep] = u2[sel] * self._weight_counts[keep]
+            keep = [i for i in idx if i >= 0]
+            if keep:
+                sel = torch.tensor([j for j, i in enumerate(idx) if i >= 0], dtype=torch.long)
+                at = torch.tensor(keep, dtype=torch.long, device=dev)
+                counts = self._weight_counts.to(dev)[at]
+                vec[n + at] = w2.to(dev, torch.float64)[sel.to(dev)] * counts
+                vec[2 * n + at] = u2.to(dev, torch.float64)[sel.to(dev)] * counts
                 vec[3 * n + 2] = 1.0
+        return vec
 
     def _reset(self) -> None:
         self._grads, self._partial, self._updates = None, [], None
@@ -238,6 +249,11 @@ class ShardedReduce:
             first = self.plan.params[0] if self.plan.params else None
             if first is not None and first.device.type == "cuda" and "nccl" in backend.lower():
                 self._comm = first.device
+            for slots in self._slots:
+                mask = torch.zeros(3 * self.n + _FLAGS, dtype=torch.float64)
+                mask[torch.from_numpy(slots)] = 1.0
+                mask[3 * self.n :] = 1.0
+                self._masks.append(mask.to(self._comm))
         return self._groups
 
     def _everyone_watches(self) -> bool:
@@ -272,7 +288,7 @@ class ShardedReduce:
             if self.active is False:
                 held = np.frombuffer(bytearray(record), dtype=np.uint8)
                 self._not_measured(held)
-                publish(memoryview(held))
+                publish(held.data)
                 return
             publish(record)
             return
@@ -289,7 +305,7 @@ class ShardedReduce:
                     self._not_measured(held)
             except Exception as exc:  # noqa: BLE001 - the record goes out with local numbers
                 self._say(f"could not complete the step's norms: {exc!r}")
-            publish(memoryview(held))
+            publish(held.data)
 
     def close(self, publish: Callable[[memoryview], None]) -> None:
         """At the end of the run: the last records, waited for a bounded time."""
@@ -315,17 +331,17 @@ class ShardedReduce:
         """The numpy view of ``held`` at the place ``view`` (a part of the device block, on the
         CPU or a GPU) has in a published record: after the host block, at its storage offset."""
         off = self.buf.schema.host_size + view.storage_offset() * view.element_size()
-        return held[off : off + view.numel() * np.dtype(dtype).itemsize].view(dtype)
+        out: np.ndarray = held[off : off + view.numel() * np.dtype(dtype).itemsize].view(dtype)
+        return out
 
     def _whole(self, s: _Step) -> np.ndarray:
         n = self.n
-        local = s.vecs[-1].numpy()
-        out = local.copy()
-        for b, t in enumerate(s.host or s.vecs[:-1]):
+        vals = s.host or s.vecs
+        out: np.ndarray = vals[-1].numpy().copy()
+        for b, t in enumerate(vals[:-1]):
             summed = t.numpy()
-            for k in range(n):
-                if self._bucket[k] == b:
-                    out[[k, n + k, 2 * n + k]] = summed[[k, n + k, 2 * n + k]]
+            idx = self._slots[b]
+            out[idx] = summed[idx]
             out[3 * n :] = summed[3 * n :]
         return out
 

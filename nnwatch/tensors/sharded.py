@@ -120,29 +120,21 @@ def _wait(works: list[Any]) -> None:
 
 def local_squares(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Each tensor's local sum of squares (float64, on the first one's device), plain tensors and
-    DTensor pieces alike; a float32 sum that overflows is taken again in float64."""
-    locals_ = [local_of(t) for t in tensors]
+    DTensor pieces alike: one fused norm over the local pieces, squared in float64 (the norm of a
+    float32 tensor of finite elements overflows only past 3e38), no host read."""
+    locals_ = [_dense(local_of(t)) for t in tensors]
     if not locals_:
         return torch.zeros(0, dtype=torch.float64)
     dev = locals_[0].device
-    out = torch.stack([_square(x).to(dev) for x in locals_])
-    return out
+    try:
+        norms = list(torch._foreach_norm(locals_, 2.0))
+    except (RuntimeError, TypeError, NotImplementedError):
+        norms = [torch.linalg.vector_norm(x, 2.0) for x in locals_]
+    return torch.stack([n.to(dev, torch.float64) for n in norms]).square_()
 
 
-def _square(x: torch.Tensor) -> torch.Tensor:
-    if x.layout != torch.strided:
-        x = x.coalesce().values() if x.layout == torch.sparse_coo else x.values()
-    if x.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=x.device)
-    flat = x.reshape(-1)
-    if flat.dtype == torch.float64:
-        return torch.dot(flat, flat)
-    if flat.dtype == torch.float32:
-        sq = torch.dot(flat, flat).double()
-        return sq if bool(torch.isfinite(sq)) or not flat.is_cpu else _wide(flat)
-    return _wide(flat)
-
-
-def _wide(flat: torch.Tensor) -> torch.Tensor:
-    wide = flat.double()
-    return torch.dot(wide, wide)
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient's stored values (the same L2 norm); a dense one as it is."""
+    if x.layout == torch.strided:
+        return x
+    return x.coalesce().values() if x.layout == torch.sparse_coo else x.values()
