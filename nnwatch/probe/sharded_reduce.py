@@ -108,6 +108,7 @@ class ShardedReduce:
             self._slots.append(np.concatenate([where, n + where, 2 * n + where]))
         self._weight_counts = torch.tensor([float(counted_here(p)) for p in params], dtype=torch.float64)
         self._masks: list[torch.Tensor] = []  # per mesh, on the reduce's device
+        self._count_cache: dict[tuple[int, tuple[Any, ...]], float] = {}
         self._layer_of = np.array(plan.param_layer_index, dtype=np.int64)
         self._num_layers = len(plan.param_layer_names)
         self.active: bool | None = None  # every rank watches (decided at the first step)
@@ -148,12 +149,21 @@ class ShardedReduce:
                     self._say(f"{exc} is left out of the norms")
                     continue
                 self._partial.append((k, local, works))
-        counts = [0.0 if part else 1.0 if counted_here(g) else 0.0 for g, part in zip(grads, partial, strict=True)]
-        contrib = sq.double() * torch.tensor(counts, dtype=torch.float64).to(sq.device)
+        counts = [0.0 if part else self._counted(k, g) for k, g, part in zip(present, grads, partial, strict=True)]
+        contrib = sq * torch.tensor(counts, dtype=torch.float64).to(sq.device)
         self._grads = (list(present), contrib)
         self._layers = self._layers or layers
         total = sq.sum()
         return float(total) if total.is_cpu else total  # a GPU's stays there (no sync)
+
+    def _counted(self, k: int, g: torch.Tensor) -> float:
+        """1.0 where this rank's piece of gradient ``k`` counts (see ``counted_here``), cached
+        per layout: reading the mesh coordinate costs microseconds a parameter."""
+        key = (k, tuple(g.placements)) if is_dtensor(g) else (k, ())  # type: ignore[attr-defined]
+        c = self._count_cache.get(key)
+        if c is None:
+            c = self._count_cache[key] = 1.0 if counted_here(g) else 0.0
+        return c
 
     def clip_at(self, max_norm: float) -> None:
         """torch's clip scaled this step's gradients at ``max_norm`` (the whole norm's)."""
