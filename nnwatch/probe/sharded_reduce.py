@@ -136,9 +136,11 @@ class ShardedReduce:
         A ``Partial`` gradient's pieces are summed by an async all-reduce launched at the first
         look of the step only (every rank looks first at the same point; a later look, such as
         the guard's second one, may happen on some ranks only) and waited at ``w.step()``."""
+        if self.active is None:  # every rank is past its first backward: all have counted in
+            self.active = self._everyone_watches()
         sq = local_squares(grads)
         partial = [has_partial(g) for g in grads]
-        if any(partial) and not self._partial_started:
+        if any(partial) and not self._partial_started and self.active:
             self._partial_started = True
             for k, g, part in zip(present, grads, partial, strict=True):
                 if not part:

@@ -7,6 +7,7 @@ whole model's: on every step the gradient norm before the clip equals torch's cl
 the clip the clipped gradients', and each layer's gradient and weight norms those of the whole
 parameters (a ``Replicate`` piece counted once, a ``Partial`` one summed first: the tensor-parallel
 LayerNorm's). A NaN in one rank's loss is caught before the update and that rank is named.
+With ``watch()`` on one rank only, the job runs to its end and the norms read "not measured".
 The jobs run at the same time, to keep the wall time down on a small machine.
 """
 
@@ -38,6 +39,8 @@ JOBS = {
     "2d-ckpt": (4, ["--layout", "2d", "--ckpt", "--every-step", "--steps", "5"]),
     # the default cost budget: light steps between measured ones, and a NaN on rank 1
     "nan": (2, ["--layout", "fsdp", "--steps", "34", "--nan-rank", "1", "--nan-step", "30"]),
+    # watch() on rank 0 only: no all-reduce the other rank would never match
+    "rank0-only": (2, ["--layout", "tp", "--steps", "4", "--watch-rank", "0"]),
 }
 
 
@@ -66,8 +69,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path]
             assert proc.returncode == 0, text
             assert "internal error" not in text and "training continues without it" not in text, text
             dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
-            assert len(dirs) == JOBS[name][0], text
+            assert len(dirs) == (1 if "--watch-rank" in JOBS[name][1] else JOBS[name][0]), text
             found[name] = (dirs, out)
+            (out / "output.txt").write_text(text)
     finally:
         for _, proc in procs.values():
             if proc.poll() is None:
@@ -134,3 +138,17 @@ def test_light_steps_and_a_nan_on_one_rank(jobs: dict[str, tuple[list[Path], Pat
     rank0, rank1 = view.rows
     assert rank1.nonfinite_what == "loss" and rank1.nonfinite_step == 30
     assert rank0.nonfinite_what == "gradients" and rank0.nonfinite_step == 30
+
+
+def test_watch_on_some_ranks_only_records_no_partial_norms(
+    jobs: dict[str, tuple[list[Path], Path]],
+) -> None:
+    dirs, out = jobs["rank0-only"]
+    text = (out / "output.txt").read_text()
+    assert "nnwatch watches 1 of 2 ranks" in text  # said once, in plain words
+    assert text.count("nnwatch watches 1 of 2 ranks") == 1
+    run = nnwatch.load_run(dirs[0])
+    assert len(run) == 4
+    assert np.isnan(run["grad_norm"]).all()  # not measured, never a piece taken for the whole
+    assert (run["nonfinite_grads"] == 0.0).all()
+    assert np.isfinite(run["loss"]).all()

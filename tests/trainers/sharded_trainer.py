@@ -8,7 +8,8 @@ evenly; ``tp``: tensor parallel (a sequence-parallel LayerNorm, whose gradients 
 a column- and a row-parallel Linear); ``2d``: 4 ranks on a ``(dp, tp)`` mesh, tensor parallel over
 ``tp`` and FSDP2 over ``dp``, each block under activation checkpointing. ``--clip X`` clips with
 torch's ``clip_grad_norm_`` (0: no clip). ``--nan-rank R --nan-step K`` multiplies that rank's
-loss by NaN at step K. Only the README's two lines are added for nnwatch.
+loss by NaN at step K; ``--watch-rank R`` calls ``watch()`` on that rank only. Only the README's
+two lines are added for nnwatch.
 
 ``--every-step`` measures every layer on every step (no cost budget). Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
 (torch's clip's ``full_tensor()``, or the same sum of ``full_tensor()`` squares without a clip),
@@ -18,6 +19,7 @@ after it, and each layer's whole gradient, weight and update norms, for the test
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -141,6 +143,7 @@ def main() -> int:
     ap.add_argument("--nan-step", type=int, default=-1)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--every-step", action="store_true", help="per-layer rows on every step")
+    ap.add_argument("--watch-rank", type=int, default=-1, help="watch this rank only (default: all)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -153,8 +156,11 @@ def main() -> int:
     gen = torch.Generator().manual_seed(seed)
     refs = []
     every = {"budget": None, "layer_interval": 1} if args.every_step else {}
-    with nnwatch.watch(net, opt, name=f"sharded-{args.layout}", **every) as w:
-        print(f"rank {rank} run_dir {w.run_dir}", flush=True)
+    watched = args.watch_rank < 0 or rank == args.watch_rank
+    w = nnwatch.watch(net, opt, name=f"sharded-{args.layout}", **every) if watched else None
+    with w or contextlib.nullcontext():
+        if w is not None:
+            print(f"rank {rank} run_dir {w.run_dir}", flush=True)
         for step in range(args.steps):
             x = torch.randn(4, 6, 8, generator=gen)
             y = torch.randint(0, 4, (4, 6), generator=gen)
@@ -173,7 +179,8 @@ def main() -> int:
             opt.step()
             ref["weight_layers"] = layer_norms(net, "weight")
             refs.append(ref)
-            w.step(full(loss).detach(), batch=(x, y))
+            if w is not None:
+                w.step(full(loss).detach(), batch=(x, y))
     (args.out / f"ref-r{rank}.json").write_text(json.dumps(refs))
     print(f"rank {rank} done", flush=True)
     dist.destroy_process_group()
