@@ -109,6 +109,7 @@ class ShardedReduce:
         self._weight_counts = torch.tensor([float(counted_here(p)) for p in params], dtype=torch.float64)
         self._masks: list[torch.Tensor] = []  # per mesh, on the reduce's device
         self._count_cache: dict[tuple[int, tuple[Any, ...]], float] = {}
+        self._consts: dict[tuple[Any, ...], torch.Tensor] = {}
         self._layer_of = np.array(plan.param_layer_index, dtype=np.int64)
         self._num_layers = len(plan.param_layer_names)
         self.active: bool | None = None  # every rank watches (decided at the first step)
@@ -151,8 +152,8 @@ class ShardedReduce:
                     self._say(f"{exc} is left out of the norms")
                     continue
                 self._partial.append((k, local, works))
-        counts = [0.0 if part else self._counted(k, g) for k, g, part in zip(present, grads, partial, strict=True)]
-        contrib = sq * torch.tensor(counts, dtype=torch.float64).to(sq.device)
+        counts = tuple(0.0 if part else self._counted(k, g) for k, g, part in zip(present, grads, partial, strict=True))
+        contrib = sq * self._const(counts, torch.float64, sq.device)
         self._grads = (list(present), contrib)
         self._layers = self._layers or layers
         total = sq.sum()
@@ -166,6 +167,17 @@ class ShardedReduce:
         if c is None:
             c = self._count_cache[key] = 1.0 if counted_here(g) else 0.0
         return c
+
+    def _const(self, values: tuple[Any, ...], dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+        """``values`` as a tensor on ``dev``, made once per distinct value: a copy from a Python
+        list to a GPU waits for the stream (a sync), and these repeat from step to step."""
+        key = (values, dtype, dev)
+        t = self._consts.get(key)
+        if t is None:
+            if len(self._consts) > 64:  # parameter sets that keep changing: start afresh
+                self._consts.clear()
+            t = self._consts[key] = torch.tensor(values, dtype=dtype).to(dev)
+        return t
 
     def clip_at(self, max_norm: float) -> None:
         """torch's clip scaled this step's gradients at ``max_norm`` (the whole norm's)."""
@@ -232,20 +244,20 @@ class ShardedReduce:
                 if k in present and g is not None:  # summed: now a replica, counted once
                     c = 1.0 if counted_here(g, partial_as_replica=True) else 0.0
                     sq[present.index(k)] = local_squares([whole])[0].to(sq.device) * c
-            vec[torch.tensor(present, dtype=torch.long, device=dev)] = sq.to(dev)
+            vec[self._const(tuple(present), torch.long, dev)] = sq.to(dev)
             vec[3 * n] = 1.0
             vec[3 * n + 1] = 1.0 if self._layers else 0.0
             s.present, s.layers = present, self._layers
         s.clip = self._clip
         if self._updates is not None:
             idx, w2, u2 = self._updates
-            keep = [i for i in idx if i >= 0]
+            keep = tuple(i for i in idx if i >= 0)
             if keep:
-                sel = torch.tensor([j for j, i in enumerate(idx) if i >= 0], dtype=torch.long)
-                at = torch.tensor(keep, dtype=torch.long, device=dev)
-                counts = self._weight_counts.to(dev)[at]
-                vec[n + at] = w2.to(dev, torch.float64)[sel.to(dev)] * counts
-                vec[2 * n + at] = u2.to(dev, torch.float64)[sel.to(dev)] * counts
+                sel = self._const(tuple(j for j, i in enumerate(idx) if i >= 0), torch.long, dev)
+                at = self._const(keep, torch.long, dev)
+                counts = self._const(tuple(self._weight_counts[list(keep)].tolist()), torch.float64, dev)
+                vec[n + at] = w2.to(dev, torch.float64)[sel] * counts
+                vec[2 * n + at] = u2.to(dev, torch.float64)[sel] * counts
                 vec[3 * n + 2] = 1.0
         return vec
 

@@ -35,6 +35,7 @@ JOBS = {
     "fsdp": (2, ["--layout", "fsdp", "--every-step", "--steps", "6"]),
     "fsdp-noclip": (2, ["--layout", "fsdp", "--every-step", "--steps", "6", "--clip", "0"]),
     "tp": (2, ["--layout", "tp", "--every-step", "--steps", "6"]),
+    "tp-wclip": (2, ["--layout", "tp", "--every-step", "--steps", "5", "--clip-by", "nnwatch"]),
     "tp-noclip": (2, ["--layout", "tp", "--every-step", "--steps", "6", "--clip", "0"]),
     "2d-ckpt": (4, ["--layout", "2d", "--ckpt", "--every-step", "--steps", "5"]),
     # the default cost budget: light steps between measured ones, and a NaN on rank 1
@@ -84,12 +85,12 @@ def _refs(out: Path, rank: int) -> list[dict]:
     return json.loads((out / f"ref-r{rank}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp-noclip", "tp", "tp-noclip", "2d-ckpt"])
+@pytest.mark.parametrize("name", ["fsdp", "fsdp-noclip", "tp", "tp-wclip", "tp-noclip", "2d-ckpt"])
 def test_recorded_norms_are_the_whole_models(
     jobs: dict[str, tuple[list[Path], Path]], name: str
 ) -> None:
     dirs, out = jobs[name]
-    clip = "--clip" not in JOBS[name][1]
+    clip = "--clip" not in JOBS[name][1]  # torch's clip, or w.clip_grad_norm_ (tp-wclip)
     for d in dirs:
         run = nnwatch.load_run(d)
         refs = _refs(out, run.meta.rank)

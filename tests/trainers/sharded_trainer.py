@@ -7,7 +7,7 @@
 evenly; ``tp``: tensor parallel (a sequence-parallel LayerNorm, whose gradients are ``Partial``,
 a column- and a row-parallel Linear); ``2d``: 4 ranks on a ``(dp, tp)`` mesh, tensor parallel over
 ``tp`` and FSDP2 over ``dp``, each block under activation checkpointing. ``--clip X`` clips with
-torch's ``clip_grad_norm_`` (0: no clip). ``--nan-rank R --nan-step K`` multiplies that rank's
+torch's ``clip_grad_norm_`` (0: no clip; ``--clip-by nnwatch``: with ``w.clip_grad_norm_``). ``--nan-rank R --nan-step K`` multiplies that rank's
 loss by NaN at step K; ``--watch-rank R`` calls ``watch()`` on that rank only. Only the README's
 two lines are added for nnwatch.
 
@@ -139,6 +139,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--ckpt", action="store_true")
+    ap.add_argument("--clip-by", choices=["torch", "nnwatch"], default="torch")
     ap.add_argument("--nan-rank", type=int, default=-1)
     ap.add_argument("--nan-step", type=int, default=-1)
     ap.add_argument("--out", type=Path, required=True)
@@ -172,8 +173,11 @@ def main() -> int:
             loss.backward()
             ref = {"step": step, "grad_layers": layer_norms(net, "grad")}
             ref["pre"] = math.sqrt(sum(v * v for v in ref["grad_layers"].values()))
-            if args.clip > 0:
+            if args.clip > 0 and args.clip_by == "nnwatch" and w is not None:
+                total = w.clip_grad_norm_(max_norm=args.clip)
+            elif args.clip > 0:
                 total = torch.nn.utils.clip_grad_norm_(net.parameters(), args.clip)
+            if args.clip > 0:
                 ref["torch"] = float(full(total))
                 ref["post"] = math.sqrt(sum(v * v for v in layer_norms(net, "grad").values()))
             opt.step()
