@@ -59,6 +59,8 @@ class ShardedGradientRecorder(GradientRecorder):
         if scale is not None:
             self._say("amp", "gradient norms with a GradScaler are recorded still scaled")
         self.layers_done = layers
+        if layers:  # this rank's pieces, per layer: a NaN's place for the guard, until the record
+            self._local_layers(present)  # is completed with the whole norms a step later
         if isinstance(sq, float):
             self.total = math.sqrt(sq) if sq == sq else sq
         else:
@@ -68,6 +70,13 @@ class ShardedGradientRecorder(GradientRecorder):
             host[DEV_INDEX["grad_norm"]] = self.total
             host[DEV_INDEX["nonfinite_grads"]] = 0.0 if math.isfinite(self.total) else 1.0
         return self.total
+
+    def _local_layers(self, present: list[int]) -> None:
+        b, local = self.buf, self.shards.local
+        if b.grad_layer_np is not None and local.is_cpu:
+            self.reducer.write_host(local.numpy(), present, b.grad_layer_np)
+        else:
+            self.reducer.write(local, present, b.grad_layer, squared=True)
 
     def light_norm(self) -> torch.Tensor | float | None:
         return self.measure_now(layers=False)

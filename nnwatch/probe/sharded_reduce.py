@@ -115,6 +115,8 @@ class ShardedReduce:
         self.active: bool | None = None  # every rank watches (decided at the first step)
         self.note: str | None = None  # why the norms are not whole, said once
         self._grads: tuple[list[int], torch.Tensor] | None = None
+        #: the last gradients' local squares, each piece whole (the guard's per-layer view)
+        self.local = torch.zeros(0, dtype=torch.float64)
         self._partial: list[tuple[int, torch.Tensor, list[Any]]] = []
         self._partial_started = False  # this step's Partial gradients are being summed
         self._layers = False
@@ -140,6 +142,7 @@ class ShardedReduce:
         if self.active is None:  # every rank is past its first backward: all have counted in
             self.active = self._everyone_watches()
         sq = local_squares(grads)
+        self.local = sq
         partial = [has_partial(g) for g in grads]
         if any(partial) and not self._partial_started and self.active:
             self._partial_started = True

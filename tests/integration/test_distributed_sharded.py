@@ -133,6 +133,9 @@ def test_light_steps_and_a_nan_on_one_rank(jobs: dict[str, tuple[list[Path], Pat
         assert (run["nonfinite_grads"][:30] == 0.0).all() and run["nonfinite_grads"][30] == 1.0
         found = [f for f in run.findings if f["kind"] == "nan_or_inf"]
         assert found and found[0]["step"] == 30 and found[0]["evidence"]["from_guard"] == 1.0
+        # named as on one process: the forward was finite, the backward's first bad layer found
+        assert found[0]["evidence"]["forward_layer_index"] == -1
+        assert found[0]["evidence"]["backward_layer_index"] >= 0 and found[0]["layer"]
     job = group_jobs([run_info_from_dir(d) for d in dirs])[0]
     view = summarize_runs(job)
     assert view.nan_origin == (1,)
