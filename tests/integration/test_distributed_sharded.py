@@ -110,7 +110,9 @@ def test_recorded_norms_are_the_whole_models(
             weights = [ref["weight_layers"][n] for n in names]
             np.testing.assert_allclose(row["grad_layer"], grads, rtol=RTOL)
             np.testing.assert_allclose(row["weight_layer"], weights, rtol=RTOL)
-            assert np.isfinite(row["update_layer"]).all() and (row["update_layer"] > 0).all()
+            # the update's size: every local piece is sampled whole here (small layers)
+            updates = [ref["update_layers"][n] for n in names]
+            np.testing.assert_allclose(row["update_layer"], updates, rtol=1e-4)
 
 
 def test_ranks_record_the_same_whole_norms(jobs: dict[str, tuple[list[Path], Path]]) -> None:

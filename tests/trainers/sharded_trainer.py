@@ -13,7 +13,8 @@ two lines are added for nnwatch.
 
 ``--every-step`` measures every layer on every step (no cost budget). Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
 (torch's clip's ``full_tensor()``, or the same sum of ``full_tensor()`` squares without a clip),
-after it, and each layer's whole gradient, weight and update norms, for the test to compare.
+after it, and each layer's whole gradient, weight and update norms (the change the optimizer
+made), for the test to compare.
 """
 
 from __future__ import annotations
@@ -133,6 +134,15 @@ def layer_norms(net: nn.Module, what: str) -> dict[str, float]:
     return out
 
 
+def full_weights(net: nn.Module) -> dict[str, list[torch.Tensor]]:
+    """Each module's own parameters, whole (collectives: the test's reference)."""
+    return {
+        name: [full(p.detach()).double().clone() for p in mod.parameters(recurse=False)]
+        for name, mod in net.named_modules()
+        if list(mod.parameters(recurse=False))
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", choices=["fsdp", "tp", "2d"], default="fsdp")
@@ -180,8 +190,14 @@ def main() -> int:
             if args.clip > 0:
                 ref["torch"] = float(full(total))
                 ref["post"] = math.sqrt(sum(v * v for v in layer_norms(net, "grad").values()))
+            before = full_weights(net)
             opt.step()
             ref["weight_layers"] = layer_norms(net, "weight")
+            after = full_weights(net)
+            ref["update_layers"] = {
+                name: math.sqrt(sum(float((a - b).pow(2).sum()) for a, b in zip(after[name], ws, strict=True)))
+                for name, ws in before.items()
+            }
             refs.append(ref)
             if w is not None:
                 w.step(full(loss).detach(), batch=(x, y))
