@@ -1,5 +1,6 @@
-"""Real sharded torchrun jobs (gloo, CPU): FSDP2, tensor parallel, and a 2-D mesh of both under
-activation checkpointing, watched with the README's two lines.
+"""Real sharded torchrun jobs (gloo, CPU): FSDP2, HSDP (FSDP2 replicated over one mesh dimension),
+tensor parallel, and a 2-D mesh of both under activation checkpointing, watched with the README's
+two lines.
 
 Each rank holds a piece of every parameter (a DTensor), yet the norms nnwatch records are the
 whole model's: on every step the gradient norm before the clip equals torch's clip's
@@ -37,6 +38,7 @@ JOBS = {
     "tp": (2, ["--layout", "tp", "--every-step", "--steps", "6"]),
     "tp-wclip": (2, ["--layout", "tp", "--every-step", "--steps", "5", "--clip-by", "nnwatch"]),
     "tp-noclip": (2, ["--layout", "tp", "--every-step", "--steps", "6", "--clip", "0"]),
+    "hsdp": (4, ["--layout", "hsdp", "--every-step", "--steps", "4"]),
     "2d-ckpt": (4, ["--layout", "2d", "--ckpt", "--every-step", "--steps", "5"]),
     # the default cost budget: light steps between measured ones, and a NaN on rank 1
     "nan": (2, ["--layout", "fsdp", "--steps", "34", "--nan-rank", "1", "--nan-step", "30"]),
@@ -85,7 +87,9 @@ def _refs(out: Path, rank: int) -> list[dict]:
     return json.loads((out / f"ref-r{rank}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp-noclip", "tp", "tp-wclip", "tp-noclip", "2d-ckpt"])
+@pytest.mark.parametrize(
+    "name", ["fsdp", "fsdp-noclip", "hsdp", "tp", "tp-wclip", "tp-noclip", "2d-ckpt"]
+)
 def test_recorded_norms_are_the_whole_models(
     jobs: dict[str, tuple[list[Path], Path]], name: str
 ) -> None:
@@ -116,7 +120,7 @@ def test_recorded_norms_are_the_whole_models(
 
 
 def test_ranks_record_the_same_whole_norms(jobs: dict[str, tuple[list[Path], Path]]) -> None:
-    for name in ("tp", "2d-ckpt"):
+    for name in ("tp", "hsdp", "2d-ckpt"):
         runs = [nnwatch.load_run(d) for d in jobs[name][0]]
         for run in runs[1:]:
             np.testing.assert_allclose(run["grad_norm"], runs[0]["grad_norm"], rtol=1e-12)

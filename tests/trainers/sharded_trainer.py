@@ -4,7 +4,8 @@
         --layout fsdp
 
 ``--layout fsdp``: FSDP2 (``fully_shard``) on a 1-D mesh, with a layer whose rows do not split
-evenly; ``tp``: tensor parallel (a sequence-parallel LayerNorm, whose gradients are ``Partial``,
+evenly; ``hsdp``: FSDP2 on a 2-D mesh (4 ranks), replicated over its first dimension and
+sharded over the second; ``tp``: tensor parallel (a sequence-parallel LayerNorm, whose gradients are ``Partial``,
 a column- and a row-parallel Linear); ``2d``: 4 ranks on a ``(dp, tp)`` mesh, tensor parallel over
 ``tp`` and FSDP2 over ``dp``, each block under activation checkpointing. ``--clip X`` clips with
 torch's ``clip_grad_norm_`` (0: no clip; ``--clip-by nnwatch``: with ``w.clip_grad_norm_``). ``--nan-rank R --nan-step K`` multiplies that rank's
@@ -90,8 +91,12 @@ def build(layout: str, ckpt: bool) -> Net:
     net = Net()
     for b in net.blocks:
         b.ckpt = ckpt
-    if layout == "fsdp":
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if layout in ("fsdp", "hsdp"):
+        world = dist.get_world_size()
+        # HSDP: replicated over the first mesh dimension, sharded over the second
+        dims = (world,) if layout == "fsdp" else (2, world // 2)
+        names = ("shard",) if layout == "fsdp" else ("replicate", "shard")
+        mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
         for m in (net.inp, *net.blocks, net.head):
             fully_shard(m, mesh=mesh)
         fully_shard(net, mesh=mesh)
@@ -145,7 +150,7 @@ def full_weights(net: nn.Module) -> dict[str, list[torch.Tensor]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layout", choices=["fsdp", "tp", "2d"], default="fsdp")
+    ap.add_argument("--layout", choices=["fsdp", "hsdp", "tp", "2d"], default="fsdp")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--ckpt", action="store_true")
@@ -163,7 +168,7 @@ def main() -> int:
     net = build(args.layout, args.ckpt)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     # data parallel ranks read their own shard; tensor parallel ranks the same batch
-    seed = 100 + (rank if args.layout == "fsdp" else rank // 2 if args.layout == "2d" else 0)
+    seed = 100 + (rank if args.layout in ("fsdp", "hsdp") else rank // 2 if args.layout == "2d" else 0)
     gen = torch.Generator().manual_seed(seed)
     refs = []
     every = {"budget": None, "layer_interval": 1} if args.every_step else {}
