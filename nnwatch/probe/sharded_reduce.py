@@ -114,6 +114,7 @@ class ShardedReduce:
         self._num_layers = len(plan.param_layer_names)
         self.active: bool | None = None  # every rank watches (decided at the first step)
         self.note: str | None = None  # why the norms are not whole, said once
+        self._said: set[str] = set()
         self._grads: tuple[list[int], torch.Tensor] | None = None
         #: the last gradients' local squares, each piece whole (the guard's per-layer view)
         self.local = torch.zeros(0, dtype=torch.float64)
@@ -300,8 +301,10 @@ class ShardedReduce:
         return True
 
     def _say(self, message: str) -> None:
-        if self.note is None:
-            self.note = message
+        """Each reason the norms are not whole, said once (the first kept as ``note``)."""
+        if message not in self._said:
+            self._said.add(message)
+            self.note = self.note or message
             log.warning("nnwatch: sharded parameters: %s", message)
 
     # -- publishing, a step late -----------------------------------------------------------------
