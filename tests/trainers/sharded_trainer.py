@@ -12,7 +12,7 @@ torch's ``clip_grad_norm_`` (0: no clip; ``--clip-by nnwatch``: with ``w.clip_gr
 loss by NaN at step K; ``--watch-rank R`` calls ``watch()`` on that rank only. Only the README's
 two lines are added for nnwatch.
 
-``--every-step`` measures every layer on every step (no cost budget). Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
+``--every-step`` measures every layer on every step (no cost budget); ``--budget B`` sets it. Each rank writes ``--out/ref-rR.json``: per step, the whole model's gradient norm before the clip
 (torch's clip's ``full_tensor()``, or the same sum of ``full_tensor()`` squares without a clip),
 after it, and each layer's whole gradient, weight and update norms (the change the optimizer
 made), for the test to compare.
@@ -160,6 +160,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--every-step", action="store_true", help="per-layer rows on every step")
     ap.add_argument("--watch-rank", type=int, default=-1, help="watch this rank only (default: all)")
+    ap.add_argument("--budget", type=float, default=None, help="the cost budget (default: nnwatch's)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -171,7 +172,9 @@ def main() -> int:
     seed = 100 + (rank if args.layout in ("fsdp", "hsdp") else rank // 2 if args.layout == "2d" else 0)
     gen = torch.Generator().manual_seed(seed)
     refs = []
-    every = {"budget": None, "layer_interval": 1} if args.every_step else {}
+    every: dict[str, object] = {"budget": None, "layer_interval": 1} if args.every_step else {}
+    if args.budget is not None:
+        every["budget"] = args.budget
     watched = args.watch_rank < 0 or rank == args.watch_rank
     w = nnwatch.watch(net, opt, name=f"sharded-{args.layout}", **every) if watched else None
     with w or contextlib.nullcontext():
