@@ -29,7 +29,8 @@ from nnwatch.sources.job_monitor import summarize_runs
 from nnwatch.store.jobs import group_jobs, run_info_from_dir
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+# ten torchrun jobs at once: minutes on a loaded 2-core machine (no timing is asserted)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RTOL = 1e-5
 JOBS = {
@@ -70,7 +71,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path]
     found = {}
     try:
         for name, (out, proc) in procs.items():
-            text, _ = proc.communicate(timeout=900)
+            text, _ = proc.communicate(timeout=800)
             assert proc.returncode == 0, text
             assert "internal error" not in text and "training continues without it" not in text, text
             dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
