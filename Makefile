@@ -34,6 +34,7 @@ bench: setup
 	.venv/bin/python bench/stacks.py
 	.venv/bin/python bench/corpus.py
 	.venv/bin/python bench/writer_stalls.py
+	.venv/bin/python bench/sharded.py
 
 screenshots: setup
 	.venv/bin/python scripts/screenshots.py

@@ -170,9 +170,7 @@ class RunContext:
             with torch.no_grad():  # one host sync per device, once per run
                 by_device: dict[Any, list[Any]] = {}
                 for p in params:
-                    by_device.setdefault(p.device, []).append(
-                        torch.linalg.vector_norm(p.detach().float())
-                    )
+                    by_device.setdefault(p.device, []).append(_norm_estimate(p, torch))
                 sq = sum(float(torch.stack(n).square().sum()) for n in by_device.values())
         except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
             sq = math.nan
@@ -228,6 +226,18 @@ def _setup(extra: dict[str, Any]) -> dict[str, Any]:
 def _count(value: Any) -> int:
     """A positive count from meta.json, 1 when absent or malformed (an older run, a hand edit)."""
     return value if type(value) is int and value > 0 else 1
+
+
+def _norm_estimate(p: Any, torch: Any) -> Any:
+    """A parameter's L2 norm, read on this rank alone: a sharded one's (a DTensor's) is its
+    local piece's scaled to the whole size, an estimate taken with no collective (a norm of the
+    DTensor itself would be one, which a rank without nnwatch never joins)."""
+    local = getattr(p, "_local_tensor", None)
+    if not isinstance(local, torch.Tensor):
+        return torch.linalg.vector_norm(p.detach().float())
+    norm = torch.linalg.vector_norm(local.detach().float())
+    n = local.numel()
+    return norm * math.sqrt(p.numel() / n) if n else norm
 
 
 def _optimizer_on_copy(opt: Any, params: tuple[Any, ...]) -> bool:

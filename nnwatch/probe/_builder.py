@@ -26,6 +26,8 @@ from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles, optimizer_step
 from nnwatch.probe.schedule import Schedule
+from nnwatch.probe.sharded_grads import ShardedGradientRecorder
+from nnwatch.probe.sharded_reduce import ShardedReduce, sharded_model
 from nnwatch.probe.snapshot_taker import SnapshotOwner, SnapshotTaker
 from nnwatch.probe.step_cycle import CycleOwner, StepCycle
 from nnwatch.probe.step_record import StepRecord
@@ -87,23 +89,33 @@ def build(
     snapshots = SnapshotTaker(model, source, scaler, run)
     guard = Guard(model, plan, buffers, schedule, layers, snapshots, run, options.skip_nonfinite)
     reducer = LayerReducer(plan.param_layer_index, len(plan.param_layer_names))
-    grads = GradientRecorder(
-        plan, buffers, reducer, scaler,
-        on_nonfinite=guard.hit if optimizer.hook is None and guard_on else None,
-    )
+    on_nonfinite = guard.hit if optimizer.hook is None and guard_on else None
+    shards = ShardedReduce(plan, buffers, reducer) if sharded_model(plan.params) else None
+    if shards is not None:  # FSDP2, tensor parallel: whole norms, reduced across the ranks
+        guard.sharded = True
+        layers.sums_always = guard_on  # the guard's origin of a NaN, with no forward re-run
+        grads: GradientRecorder = ShardedGradientRecorder(
+            plan, buffers, reducer, scaler, on_nonfinite=on_nonfinite, shards=shards
+        )
+    else:
+        grads = GradientRecorder(plan, buffers, reducer, scaler, on_nonfinite=on_nonfinite)
     grads.on_scaled_norm = run.on_scaled_norm
     commands = CommandHandler(run, grads, schedule.budget, snapshots)
     attachment = Attachment(layers, grads)
     attachment.on_materialized = guard.choose_sentinels
     sysmon = SystemSampler()
     record = StepRecord(buffers, sysmon, source, scaler, num_lr, run.warn_once)
+    updates = UpdateRecorder(plan, buffers, source)
+    if shards is not None:
+        updates.on_sums = shards.take_updates
     cycle = StepCycle(
         run, plan=plan, optimizer=optimizer.hook, scaler=scaler, schedule=schedule,
         buffers=buffers, layers=layers, grads=grads, guard=guard, guard_on=guard_on,
-        updates=UpdateRecorder(plan, buffers, source), labels=LabelMix(buffers, options.num_classes),
+        updates=updates, labels=LabelMix(buffers, options.num_classes),
         snapshots=snapshots, commands=commands, record=record, files=run.files,
         start_step=first_step, batch_size=options.batch_size, seq_first=sequence_first(model),
     )
+    cycle.shards = shards
     return Parts(
         plan, schedule, guard_on, schema, buffers, layers, snapshots, guard, grads, commands,
         attachment, sysmon, record, cycle,

@@ -11,7 +11,8 @@ How, and what it costs: every ``every`` optimizer steps (default 100), each rank
 checksum per parameter tensor, launches **one** ``all_reduce(MAX, async_op=True)`` of a small int64
 tensor on the job's existing process group, and reads the result at a later optimizer step, once
 the work has completed, so the training thread never waits for it. It is the only collective
-nnwatch adds; ``bench/consistency.py`` measures it.
+nnwatch adds to a replicated job (a sharded one has its norms' instead, see
+:mod:`~nnwatch.probe.sharded_reduce`); ``bench/consistency.py`` measures it.
 
 - The checksum of a tensor is the (wrapping) sum of its bytes read as int64 words. Integer sums
   do not depend on reduction order, thread count or kernel, so replicas that are bitwise

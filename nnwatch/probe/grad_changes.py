@@ -14,10 +14,11 @@ import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.tensors.grad_norms import host_sum_of_squares
+from nnwatch.tensors.sharded import local_of
 
 
 def _fingerprint(g: torch.Tensor) -> torch.Tensor:
-    flat = g.detach().reshape(-1).float()
+    flat = local_of(g).reshape(-1).float()  # a DTensor's own piece: no collective
     return torch.dot(flat, flat)
 
 
@@ -25,7 +26,7 @@ def _host_fingerprint(g: torch.Tensor) -> float:
     """The fingerprint of a gradient off the GPU, as a number: through numpy where it takes
     the gradient (a few microseconds against a torch dot's 7 on a cold cache). Taken the same
     way at both looks, so an unchanged gradient reads the same."""
-    sq = host_sum_of_squares((g,))
+    sq = host_sum_of_squares((local_of(g),))
     return sq if sq is not None else float(_fingerprint(g))
 
 
@@ -66,7 +67,7 @@ class GradChanges:
         self.sentinel = None
         for p in reversed(params):
             g = p.grad
-            if g is not None and g.numel() <= 65536:
+            if g is not None and local_of(g).numel() <= 65536:
                 self.sentinel = (p, _fingerprint(g) if g.is_cuda else _host_fingerprint(g))
                 return
 

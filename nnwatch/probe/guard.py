@@ -69,6 +69,9 @@ class Guard:
         #: the largest finite gradient element of the step the guard last tripped on: a norm
         #: whose float32 sum overflowed has finite elements, which this shows
         self.grad_max = math.nan
+        #: a sharded model (FSDP2, tensor parallel): its forward is collective, so a bad step's
+        #: forward is not re-run on this rank alone (the others may not have seen the NaN)
+        self.sharded = False
 
     def choose_sentinels(self) -> None:
         """Pick the sentinels again, once a lazy model's parameters have their sizes."""
@@ -88,7 +91,9 @@ class Guard:
         step = owner.step_index
         sched.after_trouble(step)
         self.grad_max = largest_finite(self.params)
-        if not sched.measure and self.layers.present:
+        if not sched.measure and self.layers.present and self.layers.sums_always:
+            sched.measure = True  # the forward's sums were taken anyway: this step is measured
+        if not sched.measure and self.layers.present and not self.sharded:
             self.rerun_forward()
         elif self.layers.present:
             # a measured step: its layer sums are still in the hooks; the diagnosis reads them

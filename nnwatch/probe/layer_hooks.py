@@ -23,6 +23,7 @@ from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.hook_hiding import ProbeHook
 from nnwatch.probe.schedule import Schedule
 from nnwatch.tensors.layers import LayerPlan, first_tensor
+from nnwatch.tensors.sharded import local_of
 
 
 class HookOwner(Protocol):
@@ -68,6 +69,9 @@ class LayerHooks:
         self.sums: list[torch.Tensor | None] = [None] * len(self.slots)  # this step's, by slot
         self.rows = [0.0] * len(self.slots)  # this step's output rows, by slot (measured steps)
         self.sums_stored = False  # this step's sums are in the record
+        #: take the output sums on every step (a sharded model under the guard: its forward is
+        #: collective, so a bad step's cannot be re-run on one rank to find where a NaN began)
+        self.sums_always = False
         self.stats = StatBlock(len(self.slots), device, self.cap)
         #: per layer: None, or for a rectifier whether its input comes channels-first (a conv)
         self.rectifier = _rectifier_layouts(plan.stat_modules)
@@ -92,7 +96,7 @@ class LayerHooks:
             elif owner.disabled or i in self.off or not torch.is_grad_enabled():
                 return
             else:
-                measure = sched.measure
+                measure = sched.measure or self.sums_always
                 if not (measure or sched.sampled):
                     return
             t0 = time.perf_counter()
@@ -101,7 +105,7 @@ class LayerHooks:
                 if x is not None:
                     if not self.finalized and i not in self.order:
                         self.order.append(i)
-                    x = x.detach()
+                    x = local_of(x)  # a DTensor output: this rank's piece (no collective)
                     slot = self.slots[i]
                     total = None
                     if measure:

@@ -33,6 +33,7 @@ from nnwatch.probe.label_mix import LabelMix
 from nnwatch.probe.layer_hooks import LayerHooks
 from nnwatch.probe.run_files import RunFiles
 from nnwatch.probe.schedule import Schedule
+from nnwatch.probe.sharded_reduce import ShardedReduce
 from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.probe.step_record import NO_SHARES, StepRecord, batch_size_of
 from nnwatch.probe.update_recorder import UpdateRecorder
@@ -130,6 +131,9 @@ class StepCycle:
         #: the first step's loss, read from its graph: its form and any broadcast in it
         self.loss_shape = LossShape()
         self.first_outputs = FirstOutputs()  # the model's outputs until the first loss is read
+        #: a sharded model's reduce: launched at every w.step(), its records published a step late
+        self.shards: ShardedReduce | None = None
+        self._launched = False  # this step's reduce is launched
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -226,10 +230,23 @@ class StepCycle:
     def step(self, loss: Any, batch: Any, batch_size: int | None) -> None:
         """``w.step()``: record the step, publish it, decide the next one, charge the budget."""
         t0 = _clock()
+        self._launched = False
         try:
             self._step(loss, batch, batch_size, t0)
         except Exception as exc:  # noqa: BLE001 - training must never crash because of nnwatch
             self.owner.disable(f"internal error in step(): {exc!r}")
+            if not self._launched:
+                self.keep_pace()
+
+    def keep_pace(self) -> None:
+        """A step of a rank whose probe is off: its sharded reduce still takes part, so the
+        other ranks' collectives are matched."""
+        shards = self.shards
+        if shards is not None:
+            try:
+                shards.launch(-1)
+            except Exception:  # noqa: BLE001
+                pass
 
     def _step(self, loss: Any, batch: Any, batch_size: int | None, t0: float) -> None:
         now = _now()
@@ -289,6 +306,9 @@ class StepCycle:
         snaps = self.snapshots
         if snaps.reason is not None and snaps.armed:
             snaps.write(batch)  # a request that came mid-step waits for the next one
+        if self.shards is not None:
+            self._launched = True
+            self.shards.launch(self.step_index)
         # a light step wrote only the loss (and AMP fields), which the next step overwrites
         self.buffers.commit(
             self.publish, reset=measured or sampled or rec.done or rec.clip_seen or loss is None
@@ -306,7 +326,9 @@ class StepCycle:
         self.step_index = index = self.step_index + 1
         self.step_open = self.backward_seen = self.closure_step = False
         snaps.armed = False
-        hooks = sched.advance(index, snaps.reason is not None)
+        hooks = sched.advance(index, snaps.reason is not None) or layers.sums_always
+        if layers.sums_always and not measured:
+            layers.clear_sums()  # taken for the guard only: the step went well
         self.grads.end_step(sched.measure)
         if hooks != bool(layers.handles) and self.has_layers and not self.owner.disabled:
             layers.arm(hooks)
@@ -349,7 +371,14 @@ class StepCycle:
             )
 
     def publish(self, record: memoryview) -> None:
-        """One finished record: to the loss trend, the run log, the ring and the recent tail."""
+        """One finished record: to the loss trend, the run log, the ring and the recent tail
+        (a sharded model's a step late, once its whole norms are in)."""
+        if self.shards is not None:
+            self.shards.hold(record, self.publish_now)
+        else:
+            self.publish_now(record)
+
+    def publish_now(self, record: memoryview) -> None:
         data = bytes(record)
         # the loss as published (on a GPU one step late, so reading it costs no sync)
         self.schedule.on_loss(

@@ -21,7 +21,7 @@ sample's scaled by sqrt(size / sample), an estimate of the same quantity.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -96,6 +96,9 @@ class UpdateRecorder:
         #: gradient in no group), as shares, on the step measured last; NaN when not measured
         self.shares = _NO_SHARES
         self._shares_taken = False  # before() ran on this step: its shares belong to the record
+        #: told each measured update's per-parameter weight and update squares (a sharded
+        #: model's reduce makes them whole)
+        self.on_sums: Callable[[list[torch.Tensor], Any, Any], None] | None = None
 
     # -- before the update -----------------------------------------------------------------------
     def held(self) -> list[torch.Tensor]:
@@ -238,6 +241,8 @@ class UpdateRecorder:
         dev = self.buf.dev.device
         parts = [self._sums(lay) for lay in self._layouts]
         per_param = torch.cat([p.to(dev) for p, _, _ in parts], dim=1)
+        if self.on_sums is not None:
+            self.on_sums([p for lay in self._layouts for p in lay.params], per_param[0], per_param[1])
         drift = sum(d.to(dev) for _, d, _ in parts)
         self._write_run(per_param, torch.as_tensor(drift, device=dev).sqrt())
         for lay, (pp, _, _) in zip(self._layouts, parts, strict=True):
@@ -250,6 +255,8 @@ class UpdateRecorder:
         views (the per-layer fold in Python for a model of a few parameters)."""
         per = [_host_sums(lay) for lay in self._layouts]
         sums = np.concatenate([p for p, _ in per], axis=1) if len(per) > 1 else per[0][0]
+        if self.on_sums is not None:
+            self.on_sums([p for lay in self._layouts for p in lay.params], sums[0], sums[1])
         drift = math.sqrt(sum(d for _, d in per))
         host = self.buf.dev_np
         assert host is not None

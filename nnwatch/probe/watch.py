@@ -90,6 +90,8 @@ class Watch:
             run.cycle.step(loss, batch, batch_size)
             if len(_LIVE) > 1:  # another net watched in this process: a GAN's pair?
                 game.note_step(self, list(_LIVE.values()), _judge_as_game)
+        elif not run.closed and getattr(run, "cycle", None) is not None:
+            run.cycle.keep_pace()  # a sharded job's other ranks still count on this one
 
     def clip_grad_norm_(
         self,

@@ -336,6 +336,8 @@ class WatchedRun:
         self.sysmon.stop()
         try:
             self.buffers.flush(self.cycle.publish)
+            if self.cycle.shards is not None:  # the last records, their reduce waited for
+                self.cycle.shards.close(self.cycle.publish_now)
         except Exception:  # noqa: BLE001
             pass
         share = self.budget.own_share

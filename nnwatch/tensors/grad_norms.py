@@ -317,10 +317,16 @@ def largest_finite(params: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> flo
             g = p.grad
             if g is None or g.layout != torch.strided or not g.is_floating_point():
                 continue
-            a = g.detach().abs()
+            a = _local(g).abs()  # a DTensor's own piece: reading it needs no other rank
             m = float(torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax()) if a.numel() else 0.0
             best = m if not best >= m else best
     return best
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    """A gradient's own elements on this rank (a DTensor's local piece), detached."""
+    to_local = getattr(g, "to_local", None)
+    return (to_local() if callable(to_local) else g).detach()
 
 
 def sentinel_params(
@@ -353,6 +359,6 @@ def sentinels_finite(params: list[torch.Tensor]) -> bool:
     """
     for p in params:
         g = p.grad
-        if g is not None and not math.isfinite(g.sum().item()):  # on CUDA this is the guard's sync
+        if g is not None and not math.isfinite(_local(g).sum().item()):  # on CUDA this is the guard's sync
             return False
     return True
