@@ -30,6 +30,7 @@ from nnwatch.diagnosis.snapshot_files import load_npy
 from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.run_reader import load_run
+from nnwatch.store.schema import FieldName
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
 IGNORE_INDEX = -100
@@ -211,8 +212,8 @@ def build_report(
     except Exception as exc:  # noqa: BLE001 - a damaged record must not hide the batch
         notes.append(f"the step's recorded loss could not be read: {exc}")
     if original:
-        report.recorded_loss = float(original["loss"])
-        report.recorded_grad_norm = float(original["grad_norm"])
+        report.recorded_loss = float(original[FieldName.LOSS])
+        report.recorded_grad_norm = float(original[FieldName.GRAD_NORM])
     report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, man)
     if not len(report.grad_steps):
         notes.append("no grad-norm history: neither the run log nor the snapshot's metrics hold it")
@@ -298,7 +299,7 @@ def grad_norms_before(
         try:
             run = load_run(run_dir)
             steps = np.asarray(run.steps, dtype=np.int64)
-            norms = np.asarray(run["grad_norm"], dtype=np.float64)
+            norms = np.asarray(run[FieldName.GRAD_NORM], dtype=np.float64)
         except Exception:  # noqa: BLE001 - a damaged log: try the snapshot's own metrics
             continue
         keep = (steps >= step - n) & (steps <= step)
@@ -308,8 +309,8 @@ def grad_norms_before(
     if os.path.lexists(p):
         try:
             rows = load_npy(p)  # never a link or a FIFO; no shape larger than the file
-            steps = np.asarray(rows["step"], dtype=np.int64)
-            norms = np.asarray(rows["grad_norm"], dtype=np.float64)
+            steps = np.asarray(rows[FieldName.STEP], dtype=np.int64)
+            norms = np.asarray(rows[FieldName.GRAD_NORM], dtype=np.float64)
         except (OSError, ValueError, KeyError, ReplayError):
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         keep = (steps >= step - n) & (steps <= step)

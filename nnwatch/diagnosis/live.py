@@ -39,6 +39,7 @@ from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.snapshot import complete_pending
 from nnwatch.diagnosis.spikes import SpikeTrigger
 from nnwatch.store.finding import Finding
+from nnwatch.store.schema import FieldName
 
 log = logging.getLogger("nnwatch")
 
@@ -158,7 +159,7 @@ class Diagnosis:
         records, seconds = HAND_OVER_AFTER
         if self.rows_seen < records or now - self._first_seen < seconds:
             return False
-        step_times = rows["step_time"][np.isfinite(rows["step_time"])]
+        step_times = rows[FieldName.STEP_TIME][np.isfinite(rows[FieldName.STEP_TIME])]
         if not len(step_times):
             return False
         per_record = self._cost / self.rows_seen
@@ -200,8 +201,8 @@ class Diagnosis:
             act_sum, grad_layer, grad_max = self.run.live_layer_state()
             link.send({
                 "guard": step,
-                "act_sum": None if act_sum is None else act_sum.tolist(),
-                "grad_layer": None if grad_layer is None else grad_layer.tolist(),
+                FieldName.ACT_SUM: None if act_sum is None else act_sum.tolist(),
+                FieldName.GRAD_LAYER: None if grad_layer is None else grad_layer.tolist(),
                 "grad_max": grad_max,
             })  # fmt: skip
             return

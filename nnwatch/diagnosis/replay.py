@@ -33,6 +33,7 @@ from nnwatch.diagnosis.anomaly_trace import (
 from nnwatch.diagnosis.float_bits import bits_of, same_bits
 from nnwatch.diagnosis.replay_result import ReplayResult
 from nnwatch.diagnosis.snapshot_files import ReplayError, Snapshot, load_factory, load_snapshot
+from nnwatch.store.schema import FieldName
 
 __all__ = [
     "AnomalyReport",
@@ -122,13 +123,13 @@ def replay(
     grads = [p.grad for p in plan.params if p.grad is not None]
     orig = snp.original()
     gn_probe, gn_torch = _grad_norms(grads, plan.params, dev)
-    clip = orig.get("clip_threshold") if orig else None
+    clip = orig.get(FieldName.CLIP_THRESHOLD) if orig else None
     method = "probe (measured before optimizer.step)"
     gn = gn_probe
     if (
         orig is not None
-        and not same_bits(bits_of(gn_probe), bits_of(orig["grad_norm"]))
-        and same_bits(bits_of(gn_torch), bits_of(orig["grad_norm"]))
+        and not same_bits(bits_of(gn_probe), bits_of(orig[FieldName.GRAD_NORM]))
+        and same_bits(bits_of(gn_torch), bits_of(orig[FieldName.GRAD_NORM]))
     ):
         gn, method = gn_torch, "clip_grad_norm_ (w.clip_grad_norm_)"
     elif clip is not None and math.isfinite(clip):
@@ -147,7 +148,7 @@ def replay(
         notes.append(
             "the original loss and gradient norm were not found (no record.json, no run log next to the snapshot)"
         )
-    elif orig is not None and not same_bits(bits_of(gn), bits_of(orig["grad_norm"])):
+    elif orig is not None and not same_bits(bits_of(gn), bits_of(orig[FieldName.GRAD_NORM])):
         notes.append(
             "the replayed gradient norm differs from the recorded one: the recorded norm is taken "
             "before any clip (torch's own clip_grad_norm_ is seen directly), so a difference means "
@@ -167,12 +168,12 @@ def replay(
         step=snp.step,
         loss=float(loss32),
         grad_norm=float(gn),
-        original_loss=None if orig is None else float(orig["loss"]),
-        original_grad_norm=None if orig is None else float(orig["grad_norm"]),
+        original_loss=None if orig is None else float(orig[FieldName.LOSS]),
+        original_grad_norm=None if orig is None else float(orig[FieldName.GRAD_NORM]),
         loss_bits=bits_of(loss32),
         grad_norm_bits=bits_of(gn),
-        original_loss_bits=None if orig is None else bits_of(orig["loss"]),
-        original_grad_norm_bits=None if orig is None else bits_of(orig["grad_norm"]),
+        original_loss_bits=None if orig is None else bits_of(orig[FieldName.LOSS]),
+        original_grad_norm_bits=None if orig is None else bits_of(orig[FieldName.GRAD_NORM]),
         grad_norm_method=method,
         forward_nonfinite_module=first_bad[0] if first_bad else None,
         backward_nonfinite_module=bwd,

@@ -57,7 +57,7 @@ from nnwatch.store.paths import (
     rename_file,
     write_private_file,
 )
-from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 
 SNAPSHOT_VERSION = 1
 MANIFEST, STATE, RNG, BATCH = SNAPSHOT_MANIFEST, "state.pt", "rng.pt", "batch.pt"
@@ -420,22 +420,22 @@ def latest_layer_stats(w: SnapshotSubject, recent: np.ndarray) -> dict[str, Any]
     if not isinstance(recent, np.ndarray) or not recent.dtype.names or not len(recent):
         return out
     schema = w.schema
-    sampled = recent[recent["layer_stats"] == 1.0]
+    sampled = recent[recent[FieldName.LAYER_STATS] == 1.0]
     if len(sampled):
         r = sampled[-1]
-        out["step"] = int(r["step"])
+        out["step"] = int(r[FieldName.STEP])
         for i, name in enumerate(schema.layer_names):
             out["layers"][name] = {
                 "kind": schema.layer_kinds[i],
                 **{
                     f: _plain_number(r[f][i])
-                    for f in ("act_mean", "act_std", "act_zero", "act_nonfinite", "act_maxabs")
+                    for f in (FieldName.ACT_MEAN, FieldName.ACT_STD, FieldName.ACT_ZERO, FieldName.ACT_NONFINITE, FieldName.ACT_MAXABS)
                 },
             }
     r = recent[-1]
-    out["grad_step"] = int(r["step"])
+    out["grad_step"] = int(r[FieldName.STEP])
     for j, name in enumerate(schema.param_layer_names):
-        out["grad_norms"][name] = _plain_number(r["grad_layer"][j])
+        out["grad_norms"][name] = _plain_number(r[FieldName.GRAD_LAYER][j])
     return out
 
 
@@ -449,7 +449,7 @@ def complete_pending(w: object, rows: np.ndarray) -> None:
         pending = _pending.get(w)
         if not pending:
             return
-        steps = rows["step"]
+        steps = rows[FieldName.STEP]
         hits = [(s, pending.pop(s)) for s in list(pending) if (steps == s).any()]
     for s, path in hits:
         row = rows[np.flatnonzero(steps == s)[0]]
@@ -460,16 +460,16 @@ def complete_pending(w: object, rows: np.ndarray) -> None:
 def write_record(path: Path, row: Any) -> None:
     """The step's loss and norm as recorded, and the float32 bits a replay reproduces exactly."""
     with np.errstate(over="ignore"):  # a float64 loss past float32's range has inf bits
-        loss, gn = np.float32(row["loss"]), np.float32(row["grad_norm"])
+        loss, gn = np.float32(row[FieldName.LOSS]), np.float32(row[FieldName.GRAD_NORM])
     record = {
-        "step": int(row["step"]),
-        "loss": _plain_number(row["loss"]),
+        "step": int(row[FieldName.STEP]),
+        "loss": _plain_number(row[FieldName.LOSS]),
         "loss_bits": f"0x{int(loss.view(np.uint32)):08x}",
-        "grad_norm": _plain_number(gn),
+        FieldName.GRAD_NORM: _plain_number(gn),
         "grad_norm_bits": f"0x{int(gn.view(np.uint32)):08x}",
-        "grad_norm_clipped": _plain_number(row["grad_norm_clipped"]),
-        "clip_threshold": _plain_number(row["clip_threshold"]),
-        "nonfinite_grads": _plain_number(row["nonfinite_grads"]),
+        FieldName.GRAD_NORM_CLIPPED: _plain_number(row[FieldName.GRAD_NORM_CLIPPED]),
+        FieldName.CLIP_THRESHOLD: _plain_number(row[FieldName.CLIP_THRESHOLD]),
+        FieldName.NONFINITE_GRADS: _plain_number(row[FieldName.NONFINITE_GRADS]),
         "source": "probe record (float32)",
     }
     write_private_file(

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.schema import FieldName
+
 #: A rank this many times slower than the job's median step time is a straggler ...
 STRAGGLER_RATIO = 1.5
 #: ... when it is also at least this much slower (seconds), so microsecond noise never counts.
@@ -133,7 +135,7 @@ def job_findings(
         out.append(JobFinding("diverged", "error", odd, str(ev.get("summary") or ev.get("message")),
                               _hosts(rows, odd)))  # fmt: skip
     live = [r for r in rows if getattr(r, "reachable", True)]
-    times = [getattr(r, "step_time", math.nan) for r in live]
+    times = [getattr(r, FieldName.STEP_TIME, math.nan) for r in live]
     ok = _finite(times)
     if len(ok) >= 2:
         med = float(np.median(ok))
@@ -149,7 +151,7 @@ def job_findings(
                 _hosts(rows, [r.rank for r in slow]),
             ))  # fmt: skip
     for field, kind, what in (("loss", "loss_outlier", "loss"),
-                              ("grad_norm", "grad_outlier", "gradient norm")):  # fmt: skip
+                              (FieldName.GRAD_NORM, "grad_outlier", "gradient norm")):  # fmt: skip
         values = [getattr(r, field) if r.nonfinite_step is None else math.nan for r in live]
         idx, med = outliers(values)
         if idx and len(idx) <= len(live) // 3:

@@ -23,6 +23,7 @@ from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.store.job_health import clock, judge_job
 from nnwatch.store.jobs import Job, read_job_summary
+from nnwatch.store.schema import FieldName
 
 #: rank 0 writes twice a second; older than this (and not closed) it has stopped writing.
 STALE_AFTER_S = 3.0
@@ -73,7 +74,7 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
             state = "crashed"
         else:
             state = "live" if beat_at is not None else "starting"
-        step_time = _num(r.get("step_time"))
+        step_time = _num(r.get(FieldName.STEP_TIME))
         steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
         step = max(steps) if steps else None
         seen.append(SeenRank(
@@ -104,7 +105,7 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         out.append(RankSummary(
             rank=rank, host=str(r.get("host") or "?"), pid=int(r.get("pid") or 0), run_dir="",
             step=step, steps_per_s=(1.0 / step_time) if step_time > 0 else None,
-            loss=_num(r.get("loss")), grad_norm=_num(r.get("grad_norm")), state=state,
+            loss=_num(r.get("loss")), grad_norm=_num(r.get(FieldName.GRAD_NORM)), state=state,
             status=status, nonfinite_step=nf, nonfinite_what="loss" if nf is not None else None,
             forward_nonfinite_step=nf, behind=behind, note=note,
             role=told.role if told is not None else "", step_time=step_time,

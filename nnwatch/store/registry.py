@@ -60,7 +60,7 @@ from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log
 from nnwatch.store.runlog import RunLogError
 from nnwatch.store.safe_read import hole_tail
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 
 #: A run in another PID namespace (a container) cannot be checked by its pid; gc takes it as gone
 #: only after its ring heartbeat has been silent this long (ls calls it crashed much sooner).
@@ -209,7 +209,7 @@ def inspect(
             heartbeat_at, last_step_at, interval = _ring_times(state)
             last = reader.latest()
             if last is not None and reader.meta is not None:
-                step = _step_of(last["step"][0])
+                step = _step_of(last[FieldName.STEP][0])
             elif state.write_seq:
                 step = state.write_seq - 1
             if state.step_interval > 0 and health.state in ("running", "starting"):

@@ -28,6 +28,7 @@ from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 ZERO_STEPS = 3
 EARLY_STEPS = 5
@@ -95,7 +96,7 @@ class ClippingMisuseDetector(Detector):
                 f"catches spikes; if you wanted smaller steps, lower the LR{lr_now(row)} instead"
             ),
             evidence={
-                "clip_threshold": t,
+                FieldName.CLIP_THRESHOLD: t,
                 "fired_fraction": fired,
                 "median_norm_over_threshold": factor,
                 "usual_grad_norm": usual,
@@ -128,6 +129,6 @@ class ClippingMisuseDetector(Detector):
                 + "; check where the threshold comes from (a config value read as 0, an int "
                 "division)"
             ),
-            evidence={"clip_threshold": 0.0, "grad_norm": g, "lr": row.lr0},
+            evidence={FieldName.CLIP_THRESHOLD: 0.0, FieldName.GRAD_NORM: g, "lr": row.lr0},
             onset_step=self.zero.first_hit,
         )

@@ -31,6 +31,7 @@ from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 DEAD_FRACTION = 0.70  # DeepDiagnosis
 SURELY_DEAD = 0.90
@@ -164,7 +165,7 @@ class DeadReluDetector(Detector):
                     "param_layer_index": j,
                     "layer_index": i,
                     "grad_norm_of_layer": 0.0,
-                    "grad_norm": row.grad_norm,
+                    FieldName.GRAD_NORM: row.grad_norm,
                 }
             )
             summary = (

@@ -47,6 +47,7 @@ from nnwatch.diagnosis.history import (
 from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 MIN_HISTORY = 10  # finite norms needed before any verdict
 BASELINE = 128  # norms in the rolling baseline
@@ -294,7 +295,7 @@ class ExplodingGradientsDetector(Detector):
         clip = float(f"{2 * usual:.2g}")
         clipped = math.isfinite(row.clip_threshold)
         evidence = {
-            "grad_norm": row.grad_norm,
+            FieldName.GRAD_NORM: row.grad_norm,
             "usual_grad_norm": usual,
             "times_usual": 10**rise if math.isfinite(rise) else math.inf,
             "loss": row.loss,
@@ -302,7 +303,7 @@ class ExplodingGradientsDetector(Detector):
             "layer_growth": layer_growth,
             "first_to_last_layer_ratio": ratio,
             "above_textbook_100": 1.0 if row.grad_norm > TEXTBOOK_LIMIT else 0.0,
-            "clip_threshold": row.clip_threshold,
+            FieldName.CLIP_THRESHOLD: row.clip_threshold,
         }
         start = 10 ** median(self.start) if self.start else math.nan
         if not finite:

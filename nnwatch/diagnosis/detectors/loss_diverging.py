@@ -66,6 +66,7 @@ from nnwatch.diagnosis.history import (
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 WINDOW = 16  # the newest losses, judged against the stretch before them
 REF = 48  # losses in the base stretch
@@ -337,8 +338,8 @@ class LossDivergingDetector(Detector):
             "best_loss": hist.best_loss,
             "loss_at_start": hist.start_loss,
             "lr": row.lr0,
-            "grad_norm": row.grad_norm,
-            "clip_threshold": row.clip_threshold,
+            FieldName.GRAD_NORM: row.grad_norm,
+            FieldName.CLIP_THRESHOLD: row.clip_threshold,
         }
         how = f"{fmt(times)}x" if math.isfinite(times) and times > 0 else f"+{fmt(level - base)}"
         shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"

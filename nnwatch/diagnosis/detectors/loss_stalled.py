@@ -58,6 +58,7 @@ from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 NO_GRAD_STEPS = 5
 ZERO_LR_STEPS = 5
@@ -285,7 +286,7 @@ class LossStalledDetector(Detector):
             "progress_since_start": prog,
             "steps_observed": steps,
             "lr": row.lr0,
-            "grad_norm": row.grad_norm,
+            FieldName.GRAD_NORM: row.grad_norm,
             "update_to_weight_ratio": self.update_ratio,
         }
         chance = ""
@@ -398,7 +399,7 @@ class LossStalledDetector(Detector):
             ])  # fmt: skip
         if row.clip_threshold == 0.0:
             # the evidence says why before any other cause: the user's clip zeroes every gradient
-            evidence["clip_threshold"] = 0.0
+            evidence[FieldName.CLIP_THRESHOLD] = 0.0
             remedy = (
                 "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
                 "to a positive value (about 1.0) first; if the loss still does not move, " + remedy

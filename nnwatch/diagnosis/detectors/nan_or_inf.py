@@ -29,6 +29,7 @@ from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, finite_median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 #: Clean steps after which a new NaN counts as a new episode.
 RELEASE_STEPS = 50
@@ -114,7 +115,7 @@ class NanOrInfDetector(Detector):
                 "schedule, unnormalized inputs or targets)"
             ),
             layer=ctx.param_layer_names[j] if j >= 0 else None,
-            evidence={"grad_norm": grad_norm, "largest_grad_element": grad_max,
+            evidence={FieldName.GRAD_NORM: grad_norm, "largest_grad_element": grad_max,
                       "largest_layer_norm": float(gl[j]) if j >= 0 else math.nan},
             onset_step=step,
         )
@@ -155,7 +156,7 @@ class NanOrInfDetector(Detector):
             and before - start > DIVERGED_FACTOR * max(abs(start), 1e-12)
         )
         evidence: dict[str, float] = {
-            "grad_norm": grad_norm,
+            FieldName.GRAD_NORM: grad_norm,
             "forward_layer_index": -1 if fwd is None else fwd,
             "backward_layer_index": -1 if bwd is None else bwd,
             "nonfinite_grad_layers": n_bad_grad,
