@@ -36,7 +36,6 @@ from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.judge_link import JudgeLink
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.diagnosis.row import Row
-from nnwatch.diagnosis.snapshot import complete_pending
 from nnwatch.diagnosis.spikes import SpikeTrigger
 from nnwatch.store.finding import Finding
 from nnwatch.store.schema import FieldName
@@ -80,6 +79,13 @@ class DiagnosedRun(Protocol):
         largest finite gradient element the guard saw (NaN when not looked at)."""
 
 
+class RecordObserver(Protocol):
+    """Something else that reads each batch of records after the detectors, in the writer thread
+    (the snapshot taker's :class:`~nnwatch.diagnosis.snapshot.SnapshotRecords`)."""
+
+    def observe(self, rows: np.ndarray) -> None: ...
+
+
 class Diagnosis:
     """Detectors for one watched run. Findings go to ``run.add_finding`` (and ``self.findings``)."""
 
@@ -107,6 +113,8 @@ class Diagnosis:
         self.placement = "thread" if handed_over is not None else _placement()
         self._cost = 0.0  # detector CPU seconds so far (thread time)
         self._first_seen: float | None = None
+        #: what reads the records after the detectors (see :meth:`add_observer`)
+        self.observers: list[RecordObserver] = []
         if run.guard_tripped and run.step_index == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
@@ -115,16 +123,24 @@ class Diagnosis:
     # -- writer thread ---------------------------------------------------------------------------
     def observe(self, rows: np.ndarray) -> None:
         """Feed new records (in step order) to every detector (or, once they moved to their own
-        process, only complete the snapshots waiting for these records)."""
+        process, only pass them on to the observers)."""
         if self.link is not None:
-            complete_pending(self.run, rows)
+            self._pass_on(rows)
             return
         started = time.thread_time()
         self._feed(rows)
-        complete_pending(self.run, rows)
+        self._pass_on(rows)
         self._cost += time.thread_time() - started
         if self.placement != "thread" and self.ring is not None and self._worth_a_process(rows):
             self._hand_over()
+
+    def add_observer(self, observer: RecordObserver) -> None:
+        """Have ``observer`` read every batch of records once the detectors have judged it."""
+        self.observers.append(observer)
+
+    def _pass_on(self, rows: np.ndarray) -> None:
+        for observer in self.observers:
+            observer.observe(rows)
 
     def _feed(self, rows: np.ndarray) -> None:
         hand_back = self.hand_back

@@ -34,7 +34,6 @@ import shutil
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -68,9 +67,6 @@ METRICS, LAYERS, FINDINGS, META, RECORD = (
     "meta.json",
     "record.json",
 )
-
-_pending_lock = threading.Lock()
-_pending: weakref.WeakKeyDictionary[object, dict[int, Path]] = weakref.WeakKeyDictionary()
 
 
 class SnapshotSubject(Protocol):
@@ -150,8 +146,6 @@ def write_snapshot(
         raise SnapshotError(
             f"could not write the snapshot of step {step} in {root}: {why}"
         ) from exc
-    with _pending_lock:
-        _pending.setdefault(w, {})[step] = final
     return final
 
 
@@ -443,18 +437,31 @@ def latest_layer_stats(w: SnapshotSubject, recent: np.ndarray) -> dict[str, Any]
 # the step's own record, added when it reaches the detectors
 
 
-def complete_pending(w: object, rows: np.ndarray) -> None:
-    """Write ``record.json`` into snapshots whose step is among ``rows`` (called by the writer thread)."""
-    with _pending_lock:
-        pending = _pending.get(w)
-        if not pending:
-            return
-        steps = rows[FieldName.STEP]
-        hits = [(s, pending.pop(s)) for s in list(pending) if (steps == s).any()]
-    for s, path in hits:
-        row = rows[np.flatnonzero(steps == s)[0]]
-        with contextlib.suppress(OSError):  # replay falls back to the run's scalars.bin
-            write_record(path, row)
+class SnapshotRecords:
+    """The snapshots of one run still waiting for their step's record, which the run log brings
+    a step or so after the snapshot was written. The snapshot taker tells it of each snapshot
+    (:meth:`expect`) and registers it with the detectors, which pass every batch of records on
+    (:meth:`observe`, in the writer thread): ``record.json`` is then written into the snapshot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the training thread expects, the writer thread observes
+        self._waiting: dict[int, Path] = {}
+
+    def expect(self, step: int, path: Path) -> None:
+        with self._lock:
+            self._waiting[step] = path
+
+    def observe(self, rows: np.ndarray) -> None:
+        """Write ``record.json`` into the snapshots whose step is among ``rows``."""
+        with self._lock:
+            if not self._waiting:
+                return
+            steps = rows[FieldName.STEP]
+            hits = [(s, self._waiting.pop(s)) for s in list(self._waiting) if (steps == s).any()]
+        for s, path in hits:
+            row = rows[np.flatnonzero(steps == s)[0]]
+            with contextlib.suppress(OSError):  # replay falls back to the run's scalars.bin
+                write_record(path, row)
 
 
 def write_record(path: Path, row: Any) -> None:
