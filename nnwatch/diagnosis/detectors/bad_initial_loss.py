@@ -155,13 +155,12 @@ class BadInitialLossDetector(Detector):
             f"the first loss is {fmt(loss)}, but a fresh {k}-class classifier should start near "
             f"ln({k}) = {fmt(lnk)} ({fmt(ratio)}x)."
         )
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=row.step,
-            summary=summary,
-            remedy="; ".join(causes),
+        return self.report(
+            row,
+            "warning",
+            summary,
+            "; ".join(causes),
+            evidence,
             layer=layer,
-            evidence=evidence,
             onset_step=row.step,
         )

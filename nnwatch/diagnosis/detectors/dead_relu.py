@@ -25,7 +25,7 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
-from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
+from nnwatch.diagnosis.differential import causes_sentence, remedy_text
 from nnwatch.diagnosis.episode import EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.observed import Observations
@@ -181,15 +181,14 @@ class DeadReluDetector(Detector):
             ("lower_lr", "lower the LR (one large update can push every pre-activation negative)"),
             ("", "check the bias init (negative biases start units dead)"),
         ], numbered=False)  # fmt: skip
-        evidence.update(causes_evidence(obs))
-        return Finding(
-            kind=self.kind,
-            severity="error" if fully else "warning",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "error" if fully else "warning",
+            summary,
+            remedy,
+            evidence,
             layer=layer,
-            evidence=evidence,
+            obs=obs,
         )
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
+from nnwatch.diagnosis.differential import causes_sentence, remedy_text
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
     Ring,
@@ -358,18 +358,15 @@ class ExplodingGradientsDetector(Detector):
             ))  # fmt: skip
             candidates.append(("lower_lr", f"lower the LR{lr_now(row)} by 3-10x"))
         remedy = remedy_text(obs, candidates, numbered=False)
-        evidence.update(causes_evidence(obs))
-        return Finding(
-            kind=self.kind,
-            severity=(
-                ("info" if self.note else "warning" if self.far else "error") if finite else "critical"
-            ),
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            ("info" if self.note else "warning" if self.far else "error") if finite else "critical",
+            summary,
+            remedy,
+            evidence,
             layer=layer,
-            evidence=evidence,
             onset_step=min([s for h, s in self.recent_hits if h] + self.far_steps + [row.step]),
+            obs=obs,
         )
 
 

@@ -50,7 +50,6 @@ from collections import deque
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.differential import (
-    causes_evidence,
     causes_sentence,
     observed_causes,
     remedy_text,
@@ -195,23 +194,22 @@ class LossDivergingDetector(Detector):
         if not self.unbounded.update(hit, row.step):
             return None
         level = median(list(itertools.islice(reversed(self.losses), LAST)))
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=(
+        return self.report(
+            row,
+            "error",
+            (
                 f"the loss falls without bound below zero: from {fmt(self.start)} at the start to "
                 f"{fmt(level)}, and still falling. A loss with a floor (cross-entropy, a squared "
                 "error, a KL divergence) stops at it; one that can fall forever has a term that "
                 "rewards growing outputs, and its gradients grow with it."
             ),
-            remedy=(
+            (
                 "check the sign of each term of the loss: a KL divergence or a log-likelihood "
                 "added where it should be subtracted (KL >= 0 is added to a loss), a reward "
                 "maximised by gradient descent without a minus; a learned variance that can "
                 "shrink to zero needs a floor"
             ),
-            evidence={"loss_now": level, "loss_at_start": self.start, "lr": row.lr0},
+            {"loss_now": level, "loss_at_start": self.start, "lr": row.lr0},
             onset_step=self.unbounded.first_hit,
         )
 
@@ -393,15 +391,14 @@ class LossDivergingDetector(Detector):
         if self.severity != "error":
             candidates = candidates[-1:] + candidates[:-1]  # the data first: no update explains it
         remedy = remedy_text(hist.obs, candidates)
-        evidence.update(causes_evidence(hist.obs))
-        return Finding(
-            kind=self.kind,
-            severity=self.severity,
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            evidence=evidence,
+        return self.report(
+            row,
+            self.severity,
+            summary,
+            remedy,
+            evidence,
             onset_step=onset,
+            obs=hist.obs,
         )
 
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.differential import causes_evidence, remedy_text
+from nnwatch.diagnosis.differential import remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
@@ -405,18 +405,16 @@ class LossStalledDetector(Detector):
                 "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
             )
         evidence["cause_code"] = CAUSES.index(cause)
-        evidence.update(causes_evidence(hist.obs))
-        return Finding(
-            kind=self.kind,
-            severity=severity,
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            layer=None,
-            evidence=evidence,
+        return self.report(
+            row,
+            severity,
+            summary,
+            remedy,
+            evidence,
             onset_step=(
                 max(hist.first_loss_step, 0)
                 if cause == "flat" or (cause == "mechanism" and not hist.learned(LEARNED))
                 else self.episode.first_hit
             ),
+            obs=hist.obs,
         )

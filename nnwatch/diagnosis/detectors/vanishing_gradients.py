@@ -138,13 +138,12 @@ class VanishingGradientsDetector(Detector):
         )
         if tiny and not collapsed and fl is None:
             remedy += "; if the loss itself is scaled down, scale it back up or raise the LR"
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "error",
+            summary,
+            remedy,
+            evidence,
             layer=layer,
-            evidence=evidence,
             onset_step=self.episode.first_hit,
         )

@@ -172,13 +172,12 @@ class ZeroGradientLayerDetector(Detector):
             )
         elif lasted:
             summary += f" It has lasted {OUTPUT_PATIENCE} steps or more."
-        return Finding(
-            kind=self.kind,
-            severity="info" if note else "warning",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "info" if note else "warning",
+            summary,
+            remedy,
+            evidence,
             layer=ctx.param_layer_names[j],
-            evidence=evidence,
             onset_step=int(self.absent_ep.first_hit[j] if absent else self.zero_ep.first_hit[j]),
         )
