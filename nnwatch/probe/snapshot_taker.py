@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from nnwatch.diagnosis.snapshot import SnapshotRecords, SnapshotSubject, preflight, write_snapshot
+from nnwatch.diagnosis.snapshot import SnapshotSubject, preflight, write_snapshot
+from nnwatch.diagnosis.snapshot_record import SnapshotRecords
 from nnwatch.store.events import Event, SnapshotFailed, SnapshotTaken
 
 if TYPE_CHECKING:
