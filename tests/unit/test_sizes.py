@@ -52,7 +52,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/checks/gradient_health.py:gradient_check": 136,
     "nnwatch/checks/loss_at_init.py:initial_loss": 97,
     "nnwatch/checks/lr_range.py:lr_find": 112,
-    "nnwatch/checks/overfit.py:single_batch_overfit": 244,
     "nnwatch/checks/textplot.py:line_chart": 82,
     "nnwatch/diagnosis/batch_report.py:build_report": 82,
     "nnwatch/diagnosis/batch_report.py:_flag": 63,
