@@ -232,6 +232,31 @@ def preflight(w: SnapshotSubject, margin: float = 1.5) -> str | None:
 # contents
 
 
+class _Files:
+    """The files of one snapshot directory as they are written: each one's sha256 and length."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.files: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+
+    def save_bytes(self, name: str, write: Any) -> None:
+        """Create ``name`` (new, private) and have ``write(fh)`` fill it."""
+        path = self.d / name
+        with _new_file(path) as fh:
+            write(fh)
+        self.files[name] = _sha256(path, self.sizes)
+
+    def save_torch(self, name: str, obj: Any) -> None:
+        import torch
+
+        self.save_bytes(name, lambda fh: torch.save(obj, fh))
+
+    def save_json(self, name: str, obj: Any) -> None:
+        text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
+        self.save_bytes(name, lambda fh: fh.write(text.encode()))
+
+
 def _write_contents(
     w: SnapshotSubject,
     d: Path,
@@ -242,51 +267,48 @@ def _write_contents(
     rng: dict[str, Any],
     batch: Any,
 ) -> None:
-    import torch
-
-    files, sizes = dict[str, str](), dict[str, int]()  # sha256 and length of each file written
-
-    def save_torch(name: str, obj: Any) -> None:
-        path = d / name
-        with _new_file(path) as fh:
-            torch.save(obj, fh)
-        files[name] = _sha256(path, sizes)
-
-    def save_json(name: str, obj: Any) -> None:
-        path = d / name
-        text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
-        with _new_file(path) as fh:
-            fh.write(text.encode())
-        files[name] = _sha256(path, sizes)
-
-    saved_state = {
+    out = _Files(d)
+    saved_state: dict[str, Any] = {
         k: state[k] for k in ("model", "optimizer", "scaler") if k in state and state[k] is not None
     }
-    save_torch(STATE, saved_state)
-    save_torch(RNG, rng_to_tensors(rng))
+    out.save_torch(STATE, saved_state)
+    out.save_torch(RNG, rng_to_tensors(rng))
     batch_notes: list[str] = []
     if batch is None:
         batch_notes.append(
             "w.step() was called without batch=...; pass the batch to make snapshots replayable"
         )
     else:
-        save_torch(BATCH, _plain(batch, batch_notes, "batch"))
+        out.save_torch(BATCH, _plain(batch, batch_notes, "batch"))
     recent = w.recent_records()
     if isinstance(recent, np.ndarray) and recent.dtype.names:
-        with _new_file(d / METRICS) as fh:
-            np.save(fh, recent, allow_pickle=False)
-        files[METRICS] = _sha256(d / METRICS, sizes)
-    save_json(LAYERS, latest_layer_stats(w, recent))
-    save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
+        out.save_bytes(METRICS, lambda fh: np.save(fh, recent, allow_pickle=False))
+    out.save_json(LAYERS, latest_layer_stats(w, recent))
+    out.save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
     meta = w.meta
     if meta is not None:
-        with _new_file(d / META) as fh:
-            fh.write(meta.to_json().encode())
-        files[META] = _sha256(d / META, sizes)
+        out.save_bytes(META, lambda fh: fh.write(meta.to_json().encode()))
+    manifest = _manifest(w, step, reason, state, saved_state, rng, batch is not None)
+    manifest.update(batch_notes=batch_notes, files=out.files, sizes=out.sizes)
+    out.save_json(MANIFEST, manifest)
+
+
+def _manifest(
+    w: SnapshotSubject,
+    step: int,
+    reason: str,
+    state: dict[str, Any],
+    saved_state: dict[str, Any],
+    rng: dict[str, Any],
+    has_batch: bool,
+) -> dict[str, Any]:
+    """What a replay needs to know of the step and of the versions, device and model it ran on."""
+    import torch
+
     model = w.model
     device = str(w.device)
     optimizer = w.stepping_optimizer
-    manifest: dict[str, Any] = {
+    return {
         "version": SNAPSHOT_VERSION,
         "step": step,
         "reason": reason,
@@ -296,7 +318,7 @@ def _write_contents(
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
         "python_version": platform.python_version(),
-        "nnwatch_version": getattr(meta, "nnwatch_version", ""),
+        "nnwatch_version": getattr(w.meta, "nnwatch_version", ""),
         "device": device,
         "cuda_device": _cuda_name(device),
         "num_threads": torch.get_num_threads(),
@@ -311,7 +333,7 @@ def _write_contents(
             "model": "model" in saved_state,
             "optimizer": "optimizer" in saved_state,
             "scaler": "scaler" in saved_state,
-            "batch": batch is not None,
+            "batch": has_batch,
             "rng": sorted(rng),
         },
         "weights": (
@@ -320,11 +342,7 @@ def _write_contents(
             else "unknown: watch() was given no optimizer, so the weights may already be updated"
         ),
         "buffers_note": "buffers (e.g. BatchNorm running stats) already include this step's forward",
-        "batch_notes": batch_notes,
-        "files": files,
-        "sizes": sizes,
     }
-    save_json(MANIFEST, manifest)
 
 
 def rng_to_tensors(rng: dict[str, Any]) -> dict[str, Any]:

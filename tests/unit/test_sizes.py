@@ -62,7 +62,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
     "nnwatch/diagnosis/replay_result.py:ReplayResult.report": 65,
     "nnwatch/diagnosis/row.py:Row.batch": 64,
-    "nnwatch/diagnosis/snapshot.py:_write_contents": 93,
     "nnwatch/sources/job_fanout.py:JobFanout.poll": 80,
     "nnwatch/sources/job_findings.py:job_findings": 62,
     "nnwatch/sources/job_monitor.py:build_view": 72,
