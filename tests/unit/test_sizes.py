@@ -55,7 +55,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/detectors/bad_initial_loss.py:BadInitialLossDetector._finding": 66,
     "nnwatch/diagnosis/detectors/dead_relu.py:DeadReluDetector._finding": 65,
     "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector.update": 89,
-    "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector._finding": 93,
     "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._rise": 71,
     "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._finding": 78,
     "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
