@@ -56,7 +56,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/detectors/dead_relu.py:DeadReluDetector._finding": 65,
     "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector.update": 89,
     "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._rise": 71,
-    "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._finding": 78,
     "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
     "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
     "nnwatch/diagnosis/replay_result.py:ReplayResult.report": 65,

@@ -341,15 +341,7 @@ class LossDivergingDetector(Detector):
         }
         how = f"{fmt(times)}x" if math.isfinite(times) and times > 0 else f"+{fmt(level - base)}"
         shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"
-        if base == self.best and base < self.start:
-            ref = f"its best level {fmt(base)}"
-        elif self.seen <= EARLY_N:
-            ref = f"its first loss ({fmt(base)})"
-        elif base == self.start:
-            ref = f"the level of its first steps (median {fmt(base)})"
-        else:
-            ref = f"the level it held before ({fmt(base)})"
-        summary = f"the loss rose from {ref} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
+        summary = f"the loss rose from {self._reference(base)} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
         k = self.ctx.num_classes
         if k and k > 1 and level > math.log(k) * 1.2:
             summary += f"; it is worse than chance (ln({k}) = {fmt(math.log(k))})"
@@ -359,20 +351,50 @@ class LossDivergingDetector(Detector):
         if mech is not None and mech.text:
             summary += f" Behind it: {mech.text}."
             evidence.update(mech.evidence)
+        summary += self._unexplained(row.step, onset)
+        remedy = remedy_text(hist.obs, self._remedies(row, onset))
+        return self.report(
+            row,
+            self.severity,
+            summary,
+            remedy,
+            evidence,
+            onset_step=onset,
+            obs=hist.obs,
+        )
+
+    def _reference(self, base: float) -> str:
+        """The level the loss rose from, named as the run reached it."""
+        if base == self.best and base < self.start:
+            return f"its best level {fmt(base)}"
+        if self.seen <= EARLY_N:
+            return f"its first loss ({fmt(base)})"
+        if base == self.start:
+            return f"the level of its first steps (median {fmt(base)})"
+        return f"the level it held before ({fmt(base)})"
+
+    def _unexplained(self, step: int, onset: int) -> str:
+        """A note or a warning says that nothing in the updates explains the rise."""
         if self.severity == "info":
-            summary += (
+            return (
                 " Nothing in the updates explains it (the LR, the size of the updates and the "
                 "weights' norm are as they were while the run was stable): a change in the data "
                 "or the objective (a curriculum stage, a loss term switched on, the other side "
                 "of a game) raises a loss this way too. A note for now: it becomes a warning if "
                 "the loss stays up, an error if a cause appears in the updates."
             )
-        elif self.severity == "warning":
-            summary += (
-                f" It has stayed up for {row.step - onset} steps without falling back, though "
+        if self.severity == "warning":
+            return (
+                f" It has stayed up for {step - onset} steps without falling back, though "
                 "nothing in the updates explains it: look at what changed in the data or the loss "
                 f"around step {onset}."
             )
+        return ""
+
+    def _remedies(self, row: Row, onset: int) -> list[tuple[str, str]]:
+        """(remedy id, text): the mechanism's fix, the LR, the clip, the data (first when no
+        update explains the rise)."""
+        mech = self.mechanism
         candidates: list[tuple[str, str]] = []
         if mech is not None and mech.remedy:
             candidates.append(("", mech.remedy))
@@ -390,16 +412,7 @@ class LossDivergingDetector(Detector):
         ))  # fmt: skip
         if self.severity != "error":
             candidates = candidates[-1:] + candidates[:-1]  # the data first: no update explains it
-        remedy = remedy_text(hist.obs, candidates)
-        return self.report(
-            row,
-            self.severity,
-            summary,
-            remedy,
-            evidence,
-            onset_step=onset,
-            obs=hist.obs,
-        )
+        return candidates
 
 
 def falls_without_bound(losses: list[float], start: float) -> bool:
