@@ -52,7 +52,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/batch_report.py:build_report": 82,
     "nnwatch/diagnosis/batch_report.py:_flag": 63,
     "nnwatch/diagnosis/context.py:RunContext.from_live": 63,
-    "nnwatch/diagnosis/detectors/dead_relu.py:DeadReluDetector._finding": 65,
     "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector.update": 89,
     "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._rise": 71,
     "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
