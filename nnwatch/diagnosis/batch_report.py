@@ -26,7 +26,7 @@ from typing import Any, cast
 import numpy as np
 
 from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
-from nnwatch.diagnosis.snapshot_files import load_npy
+from nnwatch.diagnosis.snapshot_files import Snapshot, load_npy
 from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.run_reader import load_run
@@ -152,8 +152,7 @@ def build_report(
         raise ReportError(str(exc)) from None
     man = snap.manifest
     meta = _read_json(snap.path / "meta.json") or {}
-    num_classes = man.get("num_classes") or meta.get("num_classes")
-    num_classes = int(num_classes) if num_classes else None
+    num_classes = int(k) if (k := man.get("num_classes") or meta.get("num_classes")) else None
     notes: list[str] = [*snap.unverified, *(man.get("batch_notes") or [])]
     inputs, targets, mask = split_batch(batch)
     if inputs is None:
@@ -176,18 +175,7 @@ def build_report(
     if kind == "table":
         _zscores(xs, samples)
     if kind == "tokens":
-        for i, s in enumerate(samples):
-            if ms is not None and ms.shape[:1] == xs.shape[:1]:
-                s.length = int(np.asarray(ms[i]).sum())
-            else:
-                s.length = int(xs[i].size)
-            if decode is not None:
-                ids = [int(v) for v in xs[i].reshape(-1)[: s.length]]
-                try:
-                    s.decoded = str(decode(ids))
-                except Exception as exc:  # noqa: BLE001 - the user's decoder; say so once
-                    notes.append(f"the decoder failed on sample {i}: {exc!r}")
-                    decode = None
+        _token_samples(samples, xs, ms, decode, notes)
     batch_flags = _flag(samples, kind, xs, ys, num_classes)
     report = BatchReport(
         path=snap.path,
@@ -206,6 +194,36 @@ def build_report(
         grad_norms=np.zeros(0),
         notes=notes,
     )
+    _add_recorded(report, snap, notes)
+    if factory is not None:
+        _recompute_losses(report, snap, batch, factory)
+    return report
+
+
+def _token_samples(
+    samples: list[SampleView],
+    xs: np.ndarray,
+    ms: np.ndarray | None,
+    decode: Callable[[list[int]], str] | None,
+    notes: list[str],
+) -> None:
+    """Each token sample's length (by its mask when there is one) and its decoded text."""
+    for i, s in enumerate(samples):
+        if ms is not None and ms.shape[:1] == xs.shape[:1]:
+            s.length = int(np.asarray(ms[i]).sum())
+        else:
+            s.length = int(xs[i].size)
+        if decode is not None:
+            ids = [int(v) for v in xs[i].reshape(-1)[: s.length]]
+            try:
+                s.decoded = str(decode(ids))
+            except Exception as exc:  # noqa: BLE001 - the user's decoder; say so once
+                notes.append(f"the decoder failed on sample {i}: {exc!r}")
+                decode = None
+
+
+def _add_recorded(report: BatchReport, snap: Snapshot, notes: list[str]) -> None:
+    """What the run recorded of the step (its loss and norm) and the grad norms before it."""
     original = None
     try:
         original = snap.original()
@@ -214,12 +232,9 @@ def build_report(
     if original:
         report.recorded_loss = float(original[FieldName.LOSS])
         report.recorded_grad_norm = float(original[FieldName.GRAD_NORM])
-    report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, man)
+    report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, snap.manifest)
     if not len(report.grad_steps):
         notes.append("no grad-norm history: neither the run log nor the snapshot's metrics hold it")
-    if factory is not None:
-        _recompute_losses(report, snap, batch, factory)
-    return report
 
 
 def _is_tensor(v: Any) -> bool:
