@@ -54,7 +54,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._rise": 71,
     "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
     "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
-    "nnwatch/diagnosis/replay_result.py:ReplayResult.report": 65,
     "nnwatch/diagnosis/row.py:Row.batch": 64,
     "nnwatch/sources/job_fanout.py:JobFanout.poll": 80,
     "nnwatch/sources/job_findings.py:job_findings": 62,
