@@ -8,8 +8,7 @@ names: non-finite or all-zero inputs, out-of-range targets, empty sequences, dup
 different labels, a single-class batch, and table values far from the rest of the batch.
 
 Headless on purpose (numpy and torch, no UI library): ``nnwatch show`` prints it as text or JSON,
-and the inspector screen draws the same report. It lives next to the screen that uses it; it
-belongs in ``nnwatch/diagnosis`` once that package takes it over.
+and the inspector screen draws the same report.
 """
 
 from __future__ import annotations
@@ -337,6 +336,36 @@ def grad_norms_before(
 # flags
 
 
+def _flag_target(s: SampleView, y: np.ndarray, num_classes: int | None) -> None:
+    """Class indices out of range, or a sequence whose every target is ignored."""
+    if not np.issubdtype(y.dtype, np.integer):
+        return
+    valid = y != IGNORE_INDEX
+    out = valid & ((y < 0) | (y >= (num_classes or np.iinfo(np.int64).max)))
+    if out.any():
+        first, top = int(y[out].reshape(-1)[0]), num_classes - 1 if num_classes else "∞"
+        s.flags.append(
+            f"target out of range ({first} not in 0..{top})" if y.ndim == 0
+            else f"{int(out.sum())} target(s) out of range (e.g. {first}, num_classes {num_classes})"
+        )  # fmt: skip
+    if y.ndim >= 1 and y.size and not valid.any():
+        s.flags.append(f"no target tokens (all {IGNORE_INDEX})")
+
+
+def _flag_conflicts(samples: list[SampleView], ys: np.ndarray) -> None:
+    """Samples with the same input and different labels, each flagged with the other."""
+    first_with: dict[bytes, int] = {}  # the first sample of each input, by its hash
+    for s in samples:
+        key = hashlib.blake2b(np.ascontiguousarray(s.inputs).tobytes(), digest_size=16).digest()
+        j = first_with.setdefault(key, s.index)
+        if j != s.index and not np.array_equal(ys[j], ys[s.index]):
+            lab, other = _label_text(ys[s.index]), _label_text(ys[j])
+            s.flags.append(f"same input as #{j}, different label ({lab} vs {other})")
+            mate = f"same input as #{s.index}"
+            if not any(f.startswith(mate) for f in samples[j].flags):
+                samples[j].flags.append(f"{mate}, different label ({other} vs {lab})")
+
+
 def _flag(
     samples: list[SampleView],
     kind: str,
@@ -364,33 +393,10 @@ def _flag(
                     f"extreme value: feature {j} = {fmt_value(x.reshape(-1)[j])} (z {z:+.1f})"
                 )
         if ys is not None:
-            y = np.asarray(ys[s.index])
-            if np.issubdtype(y.dtype, np.integer):
-                valid = y != IGNORE_INDEX
-                out = valid & ((y < 0) | (y >= (num_classes or np.iinfo(np.int64).max)))
-                if out.any():
-                    first = int(y[out].reshape(-1)[0])
-                    s.flags.append(
-                        f"target out of range ({first} not in 0..{num_classes - 1 if num_classes else '∞'})"
-                        if y.ndim == 0
-                        else f"{int(out.sum())} target(s) out of range (e.g. {first}, num_classes {num_classes})"
-                    )
-                if y.ndim >= 1 and y.size and not valid.any():
-                    s.flags.append(f"no target tokens (all {IGNORE_INDEX})")
+            _flag_target(s, np.asarray(ys[s.index]), num_classes)
     flags: list[str] = []
     if ys is not None and len(samples):
-        first_with: dict[bytes, int] = {}
-        for s in samples:
-            key = hashlib.blake2b(np.ascontiguousarray(s.inputs).tobytes(), digest_size=16).digest()
-            j = first_with.setdefault(key, s.index)
-            if j != s.index and not np.array_equal(ys[j], ys[s.index]):
-                lab = _label_text(ys[s.index])
-                other = _label_text(ys[j])
-                s.flags.append(f"same input as #{j}, different label ({lab} vs {other})")
-                if not any(f.startswith(f"same input as #{s.index}") for f in samples[j].flags):
-                    samples[j].flags.append(
-                        f"same input as #{s.index}, different label ({other} vs {lab})"
-                    )
+        _flag_conflicts(samples, ys)
         y1 = np.asarray(ys)
         if y1.ndim == 1 and len(y1) > 1 and np.issubdtype(y1.dtype, np.integer):
             uniq = np.unique(y1[y1 != IGNORE_INDEX])
