@@ -63,7 +63,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/store/paths.py:open_dir_nofollow": 83,
     "nnwatch/store/registry.py:inspect": 68,
     "nnwatch/store/registry.py:inspect_dir": 64,
-    "nnwatch/store/ring_reader.py:RingReader._attach": 61,
 }
 
 
