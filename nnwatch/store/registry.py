@@ -215,25 +215,7 @@ def inspect(
             if state.step_interval > 0 and health.state in ("running", "starting"):
                 rate = 1.0 / state.step_interval
     except (RingError, OSError, ValueError, KeyError, OverflowError):
-        step = None
-        end = read_end(run_dir)
-        alive = same_process(pid, start_time) if checkable else None
-        if end is not None:
-            state_name = "crashed" if end.get("status") == "crashed" else "finished"
-            health = Health(
-                state_name, end_message(end), None, None, None, ended_as(end.get("status"))
-            )
-        elif alive is False:
-            health = Health("crashed", gone_message(pid), None, None, None, "crashed")
-        elif alive is None:
-            where = "on another host" if host != this_host() else "in another PID namespace"
-            health = Health(
-                "hung", f"{where}, and its ring is unreadable from here", None, None, None
-            )
-        else:
-            health = Health("starting", "no ring yet (before the first step)", None, None, None)
-        if end is not None and isinstance(end.get("steps"), int):
-            step = int(end["steps"]) - 1
+        health, step = _judged_without_ring(host, pid, start_time, run_dir, checkable)
     started = float(entry.get("started") or start_time or now)
     ending = read_end(run_dir) or read_exit_note(run_dir)  # the note: when end.json never came
     alive = same_process(pid, start_time) if checkable else None
@@ -251,6 +233,33 @@ def inspect(
         ending=ending, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=health.ended_as,
         pid_ns=pid_ns,
     )  # fmt: skip
+
+
+def _judged_without_ring(
+    host: str, pid: int, start_time: float, run_dir: Path, checkable: bool
+) -> tuple[Health, int | None]:
+    """A run whose ring cannot be read: ended (its end.json says how), gone, out of reach, or
+    not started yet; and its last step when the end says so."""
+    step: int | None = None
+    end = read_end(run_dir)
+    alive = same_process(pid, start_time) if checkable else None
+    if end is not None:
+        state_name = "crashed" if end.get("status") == "crashed" else "finished"
+        health = Health(
+            state_name, end_message(end), None, None, None, ended_as(end.get("status"))
+        )
+    elif alive is False:
+        health = Health("crashed", gone_message(pid), None, None, None, "crashed")
+    elif alive is None:
+        where = "on another host" if host != this_host() else "in another PID namespace"
+        health = Health(
+            "hung", f"{where}, and its ring is unreadable from here", None, None, None
+        )
+    else:
+        health = Health("starting", "no ring yet (before the first step)", None, None, None)
+    if end is not None and isinstance(end.get("steps"), int):
+        step = int(end["steps"]) - 1
+    return health, step
 
 
 FIRST_STOP_FILE = "first_stop.json"
