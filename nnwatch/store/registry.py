@@ -524,22 +524,7 @@ def inspect_dir(
             heartbeat_at, last_step_at, interval = _ring_times(ring_state)
         state, message, how = health.state, health.message, health.ended_as
     except (RingError, OSError, ValueError):
-        how = ""
-        if end is not None:
-            state = "crashed" if end.get("status") == "crashed" else "finished"
-            message, how = end_message(end), ended_as(end.get("status"))
-            if copy is not None:
-                message = f"{message}; {describe_copy(copy)}"
-        elif copy is not None:
-            state, message, how = "finished", describe_copy(copy), "copied"
-        else:
-            alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
-            if alive_now is False:
-                state, message, how = "crashed", gone_message(meta.pid), "crashed"
-            elif alive_now is None:
-                state, message = "hung", "on another host, and its ring is unreadable from here"
-            else:
-                state, message = "running", "unregistered, and its ring is unreadable"
+        state, message, how = _dir_state_without_ring(meta, end, copy)
     if not isinstance(steps, int):
         try:  # rows in scalars.bin: 64-byte header, then fixed-size rows (a hole is none)
             size = hole_tail(run_dir / "scalars.bin")[1]
@@ -563,6 +548,30 @@ def inspect_dir(
         ending=end or read_exit_note(run_dir), alive=alive, seen_first_at=_seen_first(run_dir),
         ended_as=how,
     )  # fmt: skip
+
+
+def _dir_state_without_ring(
+    meta: RunMeta, end: dict[str, Any] | None, copy: dict[str, Any] | None
+) -> tuple[str, str, str]:
+    """(state, message, how it ended) of a run directory whose ring cannot be read: its
+    end.json, a copy's note, or whether its process is still there."""
+    how = ""
+    if end is not None:
+        state = "crashed" if end.get("status") == "crashed" else "finished"
+        message, how = end_message(end), ended_as(end.get("status"))
+        if copy is not None:
+            message = f"{message}; {describe_copy(copy)}"
+    elif copy is not None:
+        state, message, how = "finished", describe_copy(copy), "copied"
+    else:
+        alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
+        if alive_now is False:
+            state, message, how = "crashed", gone_message(meta.pid), "crashed"
+        elif alive_now is None:
+            state, message = "hung", "on another host, and its ring is unreadable from here"
+        else:
+            state, message = "running", "unregistered, and its ring is unreadable"
+    return state, message, how
 
 
 def _checkable(meta: RunMeta) -> bool:

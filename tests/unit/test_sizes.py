@@ -59,7 +59,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/store/bundle.py:receive_bundle": 86,
     "nnwatch/store/job_health.py:judge_job": 74,
     "nnwatch/store/paths.py:open_dir_nofollow": 83,
-    "nnwatch/store/registry.py:inspect_dir": 64,
 }
 
 
