@@ -59,31 +59,10 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
     stale = not doc.get("closed") and math.isfinite(written) and now - written > STALE_AFTER_S
     at = written if (stale or doc.get("closed")) and math.isfinite(written) else now
     silent = _num(doc.get("silent_after")) if doc.get("silent_after") else 1.0
-    seen, rows = [], []
     raw = [r for r in doc.get("ranks", []) if isinstance(r, dict)]
     beat_steps = [int(r["beat_step"]) for r in raw if isinstance(r.get("beat_step"), int)]
     lead = max(beat_steps) if beat_steps else None
-    for r in raw:
-        rank = int(r.get("rank", 0))
-        ended = r.get("ended") if isinstance(r.get("ended"), dict) else None
-        beat_at = r.get("beat_at")
-        quiet = beat_at is not None and at - float(beat_at) > silent
-        if ended is not None:
-            state = "finished" if ended.get("status") == "finished" else "crashed"
-        elif quiet:
-            state = "crashed"
-        else:
-            state = "live" if beat_at is not None else "starting"
-        step_time = _num(r.get(FieldName.STEP_TIME))
-        steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
-        step = max(steps) if steps else None
-        seen.append(SeenRank(
-            rank, state, step, beat_at, r.get("step_seen_at"),
-            step_time if math.isfinite(step_time) else None, ended,
-            False if (quiet and ended is None) else None,
-        ))  # fmt: skip
-        first_nf = _num(r.get("first_nonfinite"))
-        rows.append((r, rank, state, step, step_time, first_nf))
+    seen, rows = _seen_ranks(raw, at, silent)
     world = int(doc.get("world_size") or len(seen))
     have = {r.rank for r in seen}
     stops = judge_job(seen, now=at, missing=tuple(r for r in range(world) if r not in have))
@@ -111,6 +90,42 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
             role=told.role if told is not None else "", step_time=step_time,
             memory=_num(r.get("memory")),
         ))  # fmt: skip
+    note = _table_note(doc, stale, written, at, silent)
+    stragglers = tuple(x.rank for x in out if x.status == "behind")
+    found = job_findings(out, nan_origin=origin, stops=stops)
+    return JobView(job, tuple(out), origin, stragglers, (), stops, found, via="summary", note=note)
+
+
+def _seen_ranks(raw: list[dict[str, Any]], at: float, silent: float) -> tuple[list[SeenRank], list[Any]]:
+    """Each rank of the summary as the stop judge sees it, and its row's raw values."""
+    seen: list[SeenRank] = []
+    rows: list[Any] = []
+    for r in raw:
+        rank = int(r.get("rank", 0))
+        ended = r.get("ended") if isinstance(r.get("ended"), dict) else None
+        beat_at = r.get("beat_at")
+        quiet = beat_at is not None and at - float(beat_at) > silent
+        if ended is not None:
+            state = "finished" if ended.get("status") == "finished" else "crashed"
+        elif quiet:
+            state = "crashed"
+        else:
+            state = "live" if beat_at is not None else "starting"
+        step_time = _num(r.get(FieldName.STEP_TIME))
+        steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
+        step = max(steps) if steps else None
+        seen.append(SeenRank(
+            rank, state, step, beat_at, r.get("step_seen_at"),
+            step_time if math.isfinite(step_time) else None, ended,
+            False if (quiet and ended is None) else None,
+        ))  # fmt: skip
+        first_nf = _num(r.get("first_nonfinite"))
+        rows.append((r, rank, state, step, step_time, first_nf))
+    return seen, rows
+
+
+def _table_note(doc: dict[str, Any], stale: bool, written: float, at: float, silent: float) -> str:
+    """Why the table may be old: rank 0 stopped writing it, or a rank keeps a summary waiting."""
     note = ""
     if stale:
         note = (f"rank 0 stopped writing the job summary at {clock(written)}: the table is as "
@@ -120,9 +135,7 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         if math.isfinite(since) and at - since > 2 * silent:
             note = (f"the job summary of step {doc['waiting'].get('step')} has waited "
                     f"{at - since:.0f} s for a rank (since {clock(since)})")  # fmt: skip
-    stragglers = tuple(x.rank for x in out if x.status == "behind")
-    found = job_findings(out, nan_origin=origin, stops=stops)
-    return JobView(job, tuple(out), origin, stragglers, (), stops, found, via="summary", note=note)
+    return note
 
 
 class JobSummaryMonitor:

@@ -55,7 +55,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/row.py:Row.batch": 64,
     "nnwatch/sources/job_fanout.py:JobFanout.poll": 80,
     "nnwatch/sources/job_monitor.py:build_view": 72,
-    "nnwatch/sources/job_table.py:view_from_summary": 71,
     "nnwatch/store/bundle.py:receive_bundle": 86,
     "nnwatch/store/paths.py:open_dir_nofollow": 83,
 }
