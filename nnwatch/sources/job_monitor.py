@@ -260,27 +260,13 @@ def build_view(
     stragglers = tuple(i.rank for i, *_, b in raw if b >= limit)
     rows = []
     for info, st, state, first, what, fwd, behind in raw:
-        status, note = state, ""
         told = stops.ranks.get(info.rank)
-        if told is not None:
-            status, note = told.status, told.words
-        elif state in ("crashed", "lost", "hung"):
-            status = state
-        elif first is not None:
-            status = "nan"
-            note = f"non-finite {what} since step {first}"
-            if info.rank in origin and len(origin) < len(job.runs):
-                note += " (first rank to go non-finite)"
-            elif what == "gradients" and fwd is None:
-                note += " (reached this rank through the gradient all-reduce)"
-        elif behind >= limit:
-            status, note = "behind", f"{behind} steps behind the leading rank"
+        status, note = _status(
+            info.rank, state, told, first, what, fwd, (behind, limit), origin, len(job.runs)
+        )
         rows.append(
             RankSummary(
-                rank=info.rank,
-                host=info.host,
-                pid=info.pid,
-                run_dir=info.run_dir,
+                rank=info.rank, host=info.host, pid=info.pid, run_dir=info.run_dir,
                 step=st.step,
                 steps_per_s=st.steps_per_s,
                 loss=st.loss,
@@ -300,6 +286,36 @@ def build_view(
     findings = tuple(findings)
     found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=findings)
     return JobView(job, tuple(rows), origin, stragglers, findings, stops, found, stacks=stacks)
+
+
+def _status(
+    rank: int,
+    state: str,
+    told: Any,
+    first: int | None,
+    what: str | None,
+    fwd: int | None,
+    lag: tuple[int, float],
+    origin: tuple[int, ...],
+    ranks: int,
+) -> tuple[str, str]:
+    """A rank's status and note: the stop judge's word first, then a lost process, a NaN (and
+    whether it started here), then lagging behind the leading rank."""
+    if told is not None:
+        return told.status, told.words
+    if state in ("crashed", "lost", "hung"):
+        return state, ""
+    if first is not None:
+        note = f"non-finite {what} since step {first}"
+        if rank in origin and len(origin) < ranks:
+            note += " (first rank to go non-finite)"
+        elif what == "gradients" and fwd is None:
+            note += " (reached this rank through the gradient all-reduce)"
+        return "nan", note
+    behind, limit = lag
+    if behind >= limit:
+        return "behind", f"{behind} steps behind the leading rank"
+    return state, ""
 
 
 def summarize_runs(job: Job) -> JobView:

@@ -54,7 +54,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
     "nnwatch/diagnosis/row.py:Row.batch": 64,
     "nnwatch/sources/job_fanout.py:JobFanout.poll": 80,
-    "nnwatch/sources/job_monitor.py:build_view": 72,
     "nnwatch/store/bundle.py:receive_bundle": 86,
     "nnwatch/store/paths.py:open_dir_nofollow": 83,
 }
