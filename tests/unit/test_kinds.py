@@ -2,7 +2,7 @@
 
 The emitted kinds are read from the code, not listed here: every ``Finding(...)`` and
 ``make_finding(...)`` call, its kind a string, a module constant, or ``self.kind`` (the
-detector's class attribute), and every dict literal that is a finding's line (keys ``kind`` and
+detector's class attribute), every ``self.report(...)`` of a detector (its own kind), and every dict literal that is a finding's line (keys ``kind`` and
 ``severity``, the kind written out). A new kind that nobody adds to KIND_SPECS fails this test, and so does a kind the
 scan cannot read (a computed one): name it through a constant so it can be checked.
 """
@@ -21,6 +21,7 @@ FINDING_MAKERS = {"Finding", "make_finding"}
 PASS_THROUGH = {
     ("nnwatch/store/finding.py", "from_dict"),
     ("nnwatch/probe/consistency.py", "make_finding"),
+    ("nnwatch/diagnosis/detectors/base.py", "report"),  # Detector.report: the detector's own kind
 }
 
 #: Synthetic event lines of the demo fixture (nnwatch/testing), pinned by the TUI's snapshots and
@@ -67,6 +68,8 @@ class _Scan(ast.NodeVisitor):
         if name in FINDING_MAKERS and (self.rel, self.function[-1] if self.function else "") not in PASS_THROUGH:
             arg = next((k.value for k in node.keywords if k.arg == "kind"), node.args[0] if node.args else None)
             self._kind(arg, node.lineno)
+        elif name == "report" and ast.unparse(func) == "self.report" and self.class_kind and self.class_kind[-1]:
+            self.kinds.add(self.class_kind[-1])  # Detector.report(row, ...): a finding of self.kind
         self.generic_visit(node)
 
     def visit_Dict(self, node: ast.Dict) -> None:
@@ -128,7 +131,8 @@ def test_every_declared_kind_is_emitted_and_described() -> None:
 
 
 def test_a_new_kind_is_caught() -> None:
-    src = "class D:\n    kind = 'brand_new'\n    def f(self):\n        return Finding(kind=self.kind)\n"
-    scan = _Scan("x.py", ast.parse(src))
-    scan.visit(ast.parse(src))
-    assert scan.kinds == {"brand_new"} and "brand_new" not in KINDS
+    for made in ("Finding(kind=self.kind)", "self.report(row, 'warning', 's', 'r', {})"):
+        src = f"class D:\n    kind = 'brand_new'\n    def f(self):\n        return {made}\n"
+        scan = _Scan("x.py", ast.parse(src))
+        scan.visit(ast.parse(src))
+        assert scan.kinds == {"brand_new"} and "brand_new" not in KINDS
