@@ -49,7 +49,6 @@ TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/channel/client.py:Subscription.__init__": 73,
     "nnwatch/channel/stream.py:_serve": 96,
     "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector.update": 89,
-    "nnwatch/diagnosis/detectors/loss_diverging.py:LossDivergingDetector._rise": 71,
     "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
     "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
     "nnwatch/diagnosis/row.py:Row.batch": 64,

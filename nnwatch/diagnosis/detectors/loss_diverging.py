@@ -214,21 +214,7 @@ class LossDivergingDetector(Detector):
         )
 
     def _rise(self, row: Row, hist: RunHistory, loss: float) -> Finding | None:
-        self.seen += 1
-        if len(self.first) < LAST:
-            self.first.append(loss)
-            self.start = median(self.first)
-        if len(self.losses) >= WINDOW:
-            self.ref.push(self.losses[-WINDOW])
-        self.losses.append(loss)
-        self.steps.append(row.step)
-        self.newest.push(loss)
-        if len(self.losses) >= WINDOW:
-            m = self.newest.median()
-            if m < self.best:  # the lowest median of WINDOW consecutive losses so far
-                self.best = m
-                self._best_window = self.newest.values()
-                self._best_noise = None
+        self._keep(row.step, loss)
         if self.seen < 4:
             return None
         level = median(list(itertools.islice(reversed(self.losses), LAST)))
@@ -255,15 +241,9 @@ class LossDivergingDetector(Detector):
             tau = kendall_tau(v[-TREND_N:])
             hit = sustained and ((level - base) / unit >= FAR or tau >= TREND_TAU)
         if not hit and self.seen >= EARLY_N and math.isfinite(self.best):
-            # a slow climb, which the stretch just before follows up: against the best level
-            slow = self.newest.median()
-            lower = rise_unit(self.best, 0.0, self.start, SLOW_NOISE_UNITS)
-            if slow - self.best >= lower and level - self.best >= lower:
-                b_unit = rise_unit(self.best, self.best_noise, self.start, SLOW_NOISE_UNITS)
-                if slow - self.best >= b_unit and level - self.best >= b_unit:
-                    t = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
-                    if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
-                        hit, base, unit, tau = True, self.best, b_unit, t
+            climb = self._slow_climb(level)
+            if climb is not None:
+                hit, (base, unit, tau) = True, climb
         was = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was:
@@ -284,6 +264,37 @@ class LossDivergingDetector(Detector):
         if math.isnan(tau):
             tau = kendall_tau(list(self.losses)[-TREND_N:])
         return self._finding(row, hist, base, unit, level, tau)
+
+    def _keep(self, step: int, loss: float) -> None:
+        """This loss into the windows: the first losses, the reference, the newest, the best."""
+        self.seen += 1
+        if len(self.first) < LAST:
+            self.first.append(loss)
+            self.start = median(self.first)
+        if len(self.losses) >= WINDOW:
+            self.ref.push(self.losses[-WINDOW])
+        self.losses.append(loss)
+        self.steps.append(step)
+        self.newest.push(loss)
+        if len(self.losses) >= WINDOW:
+            m = self.newest.median()
+            if m < self.best:  # the lowest median of WINDOW consecutive losses so far
+                self.best = m
+                self._best_window = self.newest.values()
+                self._best_noise = None
+
+    def _slow_climb(self, level: float) -> tuple[float, float, float] | None:
+        """A slow climb, which the stretch just before follows up: against the best level.
+        (base, unit, trend tau) when the loss has climbed far enough above it, else None."""
+        slow = self.newest.median()
+        lower = rise_unit(self.best, 0.0, self.start, SLOW_NOISE_UNITS)
+        if slow - self.best >= lower and level - self.best >= lower:
+            b_unit = rise_unit(self.best, self.best_noise, self.start, SLOW_NOISE_UNITS)
+            if slow - self.best >= b_unit and level - self.best >= b_unit:
+                t = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
+                if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
+                    return self.best, b_unit, t
+        return None
 
     def _mechanism(self, row: Row, hist: RunHistory, base: float, unit: float) -> Mechanism | None:
         """What backs the rise: the set-up, another detector's open episode, the updates."""
