@@ -59,6 +59,7 @@ from nnwatch.store.log_catchup import gap_rows, load_history
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import RingError
 from nnwatch.store.ring_reader import RingReader
+from nnwatch.store.schema import FieldName
 
 #: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
 OUT_LIMIT = 8 * 1024 * 1024
@@ -200,10 +201,10 @@ class _Stream:
 
     def history(self, scalars: np.ndarray, layers: np.ndarray) -> None:
         after = self.last_step if self.last_step is not None else -math.inf
-        self.rows("scalars", scalars[scalars["step"] > after])
-        self.rows("layers", layers[layers["step"] > after])
+        self.rows("scalars", scalars[scalars[FieldName.STEP] > after])
+        self.rows("layers", layers[layers[FieldName.STEP] > after])
         if len(scalars):
-            self.last_step = max(after, float(scalars["step"][-1]))
+            self.last_step = max(after, float(scalars[FieldName.STEP][-1]))
         self.check_gap = True
 
     def read_ring(self) -> None:
@@ -214,10 +215,10 @@ class _Stream:
             self.pending_dropped += batch.dropped
             records, seqs = batch.records, batch.seqs
             if len(records) and self.last_step is not None:
-                keep = records["step"] > self.last_step
+                keep = records[FieldName.STEP] > self.last_step
                 records, seqs = records[keep], seqs[keep]
             if len(records):
-                first = float(records["step"][0])
+                first = float(records[FieldName.STEP][0])
                 last = self.last_step
                 if last is None:  # no history wanted: what the ring lost is simply lost
                     if self.pending_dropped:
@@ -239,7 +240,7 @@ class _Stream:
                         "records", records, self.binary, seq=int(seqs[0]),
                         next_seq=reader.next_seq, torn=batch.torn,
                     ))  # fmt: skip
-                self.last_step = float(records["step"][-1])
+                self.last_step = float(records[FieldName.STEP][-1])
             if len(batch.records) + batch.dropped + batch.torn < per:
                 break
         if self.overview:
@@ -277,9 +278,9 @@ class _Stream:
                 self.out.put(summ.summary_bytes(buckets, fields, rows, live=False))
             else:
                 self.rows("scalars", rows)
-            self.last_step = max(after, float(scalars["step"][n - 1]))
+            self.last_step = max(after, float(scalars[FieldName.STEP][n - 1]))
         lay = layers[-64:]
-        self.rows("layers", np.array(lay[lay["step"] > after]))
+        self.rows("layers", np.array(lay[lay[FieldName.STEP] > after]))
         self.check_gap = True
 
     def serve_fetches(self, scalars: np.ndarray | None, layers: np.ndarray | None) -> None:
@@ -297,7 +298,7 @@ class _Stream:
                 continue
             self.rows("scalars", got[0], fetch=rid)
             self.rows("layers", got[1], fetch=rid)
-            log_last = float(scalars["step"][-1]) if len(scalars) else None
+            log_last = float(scalars[FieldName.STEP][-1]) if len(scalars) else None
             self.out.put(_json_line({
                 "type": "fetched", "id": rid, "rows": int(len(got[0])),
                 "first": req.get("first"), "last": req.get("last"), "log_last": log_last,
@@ -307,7 +308,7 @@ class _Stream:
     def _log_short_of(scalars: np.ndarray, req: dict[str, Any]) -> bool:
         last = req.get("last")
         return isinstance(last, (int, float)) and (
-            not len(scalars) or last > float(scalars["step"][-1])
+            not len(scalars) or last > float(scalars[FieldName.STEP][-1])
         )
 
     def _map_log_up_to(self, req: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -322,7 +323,7 @@ class _Stream:
             last = float(req.get("last") or 0)
             if not self._log_short_of(scalars, req) or time.monotonic() >= deadline:
                 return scalars, layers
-            log_last = float(scalars["step"][-1]) if len(scalars) else -math.inf
+            log_last = float(scalars[FieldName.STEP][-1]) if len(scalars) else -math.inf
             if log_last >= min(last, ring_last):
                 return scalars, layers
             time.sleep(0.05)
@@ -383,7 +384,7 @@ def _latest_step(reader: RingReader) -> float | None:
         rec = reader.latest()
     except Exception:  # noqa: BLE001 - a progress figure only
         return None
-    return float(rec["step"][0]) if rec is not None and len(rec) else None
+    return float(rec[FieldName.STEP][0]) if rec is not None and len(rec) else None
 
 
 def _serve(
@@ -425,7 +426,7 @@ def _serve(
         else:
             loaded = load_history(run_dir) if history and not resumed_in_ring else None
         after = stream.last_step if stream.last_step is not None else -math.inf
-        n_hist = int(np.count_nonzero(loaded[0]["step"] > after)) if loaded is not None else 0
+        n_hist = int(np.count_nonzero(loaded[0][FieldName.STEP] > after)) if loaded is not None else 0
         if stream.overview:
             n_hist = min(n_hist, stream.window)
         data = {

@@ -36,7 +36,7 @@ import numpy as np
 
 from nnwatch.store import overview as ov
 from nnwatch.store.runlog import LAYERS_FILE, SCALARS_FILE, map_log_rows
-from nnwatch.store.schema import CHART_FIELDS, RunMeta
+from nnwatch.store.schema import CHART_FIELDS, FieldName, RunMeta
 
 MAX_REQUEST = 4096
 #: The most rows one fetch returns (a zoomed view needs a few thousand).
@@ -87,7 +87,7 @@ def map_log(run_dir: Path, meta: RunMeta) -> tuple[np.ndarray, np.ndarray]:
 
 def first_row_after(scalars: np.ndarray, step: float) -> int:
     """Index of the first log row whose step is after ``step`` (steps ascend in a log)."""
-    return int(np.searchsorted(np.asarray(scalars["step"]), step, side="right"))
+    return int(np.searchsorted(np.asarray(scalars[FieldName.STEP]), step, side="right"))
 
 
 def overview_since(
@@ -165,11 +165,11 @@ def fetch_rows(
     first, last = request.get("first"), request.get("last")
     if not isinstance(first, (int, float)) or not isinstance(last, (int, float)) or last < first:
         return "fetch needs numbers first <= last"
-    steps = np.asarray(scalars["step"])
+    steps = np.asarray(scalars[FieldName.STEP])
     i0 = int(np.searchsorted(steps, first, side="left"))
     i1 = min(int(np.searchsorted(steps, last, side="right")), i0 + MAX_FETCH_ROWS)
     rows = np.array(scalars[i0:i1])
-    lsteps = np.asarray(layers["step"])
+    lsteps = np.asarray(layers[FieldName.STEP])
     # the layer row in force at ``first`` too (the last sampled one at or before it)
     j0 = max(0, int(np.searchsorted(lsteps, first, side="right")) - 1)
     j1 = int(np.searchsorted(lsteps, last, side="right"))

@@ -129,120 +129,14 @@ def inspect_batch(
     warnings: list[str] = []
     stats: dict[str, Any] = {}
     normalized: bool | None = None
-
     if x.is_floating_point() and x.numel():
-        xf = x.double()
-        if not bool(torch.isfinite(xf).all()):
-            causes.append(f"the inputs contain {int((~torch.isfinite(xf)).sum())} NaN/Inf values")
-            xf = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
-        ch = _channel_view(xf)
-        c_mean, c_std = ch.mean(dim=1), ch.std(dim=1, correction=0)
-        mean, std = float(xf.mean()), float(xf.std(correction=0))
-        stats = {
-            "mean": mean,
-            "std": std,
-            "min": float(xf.min()),
-            "max": float(xf.max()),
-            "channel_mean": c_mean.tolist(),
-            "channel_std": c_std.tolist(),
-            "channel_min": ch.min(dim=1).values.tolist(),
-            "channel_max": ch.max(dim=1).values.tolist(),
-        }
-        problems = []
-        if abs(mean) > MAX_ABS_MEAN or std > MAX_STD:
-            problems.append(f"overall mean {mean:.3g}, std {std:.3g}")
-        bad_mean = (c_mean.abs() > MAX_CHANNEL_ABS_MEAN).nonzero().flatten().tolist()
-        bad_std = (c_std > MAX_CHANNEL_STD).nonzero().flatten().tolist()
-        if bad_mean or bad_std:
-            worst = sorted(set(bad_mean) | set(bad_std))
-            problems.append(
-                f"{len(worst)} of {ch.shape[0]} channels out of range (e.g. channel {worst[0]}: "
-                f"mean {float(c_mean[worst[0]]):.3g}, std {float(c_std[worst[0]]):.3g})"
-            )
-        live = c_std[c_std > 0]
-        if live.numel() > 1 and float(live.max() / live.min()) > MAX_SCALE_SPREAD:
-            problems.append(
-                f"channels on very different scales (std from {float(live.min()):.3g} to "
-                f"{float(live.max()):.3g})"
-            )
-        normalized = not problems
-        if problems:
-            causes.append(
-                "inputs are not normalized: "
-                + "; ".join(problems)
-                + " (standardize each channel to mean 0, std 1 with training-set statistics)"
-            )
-        constant = int((c_std == 0).sum())
-        if constant:
-            warnings.append(f"{constant} of {ch.shape[0]} channels are constant in this batch")
-        if 0 < std < 0.05:
-            warnings.append(f"the inputs barely vary (std {std:.3g})")
+        stats, normalized = _input_stats(x, causes, warnings)
     elif not x.is_floating_point():
         warnings.append(f"integer inputs ({x.dtype}): treated as ids, normalization not checked")
-
-    task = "none"
-    counts: dict[int, int] = {}
-    balanced: bool | None = None
-    k: int | None = num_classes
-    t_mean = t_std = None
+    labels = _Labels(k=num_classes)
     if targets is not None and isinstance(targets, Tensor):
-        y = targets.detach()
-        if y.dim() and int(y.shape[0]) != n:
-            causes.append(
-                f"label mismatch: {int(y.shape[0])} labels for {n} inputs (the batch is misaligned)"
-            )
-        if not y.is_floating_point() and y.dtype != torch.bool:
-            task = "classification"
-            flat = y.reshape(-1).long()
-            lo, hi = int(flat.min()), int(flat.max())
-            if k is None:
-                k = hi + 1
-            if lo < 0 or hi >= k:
-                causes.append(
-                    f"labels out of range: min {lo}, max {hi} for {k} classes (class indices "
-                    "must be 0..K-1; an off-by-one from 1-based labels?)"
-                )
-            hist = torch.bincount(flat.clamp(min=0), minlength=k)
-            counts = {i: int(c) for i, c in enumerate(hist.tolist())}
-            if n > 1 and lo == hi:
-                causes.append(
-                    f"every label in the batch is {lo}: the data looks sorted by class and not "
-                    "shuffled (or the labels are constant)"
-                )
-            fair = flat.numel() / max(k, 1)
-            top_class, top = max(counts.items(), key=lambda kv: kv[1])
-            balanced = top <= IMBALANCE_FACTOR * max(fair, 1.0)
-            if not balanced and lo != hi:
-                warnings.append(
-                    f"imbalanced labels: class {top_class} is {100 * top / flat.numel():.0f}% of "
-                    "the batch"
-                )
-            present = sum(1 for c in counts.values() if c > 0)
-            if present < k and flat.numel() >= 5 * k:
-                warnings.append(f"only {present} of {k} classes appear in {flat.numel()} labels")
-            dup = conflicting_labels(x, y) if x.dim() and y.dim() == 1 else 0
-            if dup:
-                causes.append(
-                    f"label mismatch: {dup} samples have identical inputs but different labels"
-                )
-        else:
-            task = "regression"
-            yf = y.double()
-            t_mean, t_std = float(yf.mean()), float(yf.std(correction=0))
-            if not bool(torch.isfinite(yf).all()):
-                causes.append("the targets contain NaN/Inf values")
-
-    samples: list[dict[str, Any]] = []
-    if decode is not None:
-        for i in range(min(max_samples, n)):
-            label = _fmt_label(targets[i]) if isinstance(targets, Tensor) else "-"
-            try:
-                text = decode(inputs[i])
-            except Exception as exc:  # the decoder is user code: report, do not crash
-                warnings.append(f"decode() raised {type(exc).__name__}: {exc}")
-                break
-            samples.append({"index": i, "label": label, "text": str(text)})
-
+        _judge_labels(x, targets.detach(), n, labels, causes, warnings)
+    samples = _decoded_samples(inputs, targets, decode, min(max_samples, n), warnings)
     passed = not causes
     if passed:
         verdict = "OK"
@@ -257,14 +151,159 @@ def inspect_batch(
         input_shape=list(x.shape),
         input_dtype=str(x.dtype).replace("torch.", ""),
         normalized=normalized,
-        task=task,
-        num_classes=k if task == "classification" else None,
-        label_counts=counts,
-        balanced=balanced,
-        target_mean=t_mean,
-        target_std=t_std,
+        task=labels.task,
+        num_classes=labels.k if labels.task == "classification" else None,
+        label_counts=labels.counts,
+        balanced=labels.balanced,
+        target_mean=labels.t_mean,
+        target_std=labels.t_std,
         samples=samples,
         causes=causes,
         warnings=warnings,
         **stats,
     )
+
+
+def _input_stats(x: Tensor, causes: list[str], warnings: list[str]) -> tuple[dict[str, Any], bool]:
+    """The float inputs' statistics, overall and per channel, and whether they look normalized."""
+    xf = x.double()
+    if not bool(torch.isfinite(xf).all()):
+        causes.append(f"the inputs contain {int((~torch.isfinite(xf)).sum())} NaN/Inf values")
+        xf = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
+    ch = _channel_view(xf)
+    c_mean, c_std = ch.mean(dim=1), ch.std(dim=1, correction=0)
+    mean, std = float(xf.mean()), float(xf.std(correction=0))
+    stats = {
+        "mean": mean,
+        "std": std,
+        "min": float(xf.min()),
+        "max": float(xf.max()),
+        "channel_mean": c_mean.tolist(),
+        "channel_std": c_std.tolist(),
+        "channel_min": ch.min(dim=1).values.tolist(),
+        "channel_max": ch.max(dim=1).values.tolist(),
+    }
+    problems = _normalization_problems(ch, c_mean, c_std, mean, std)
+    if problems:
+        causes.append(
+            "inputs are not normalized: "
+            + "; ".join(problems)
+            + " (standardize each channel to mean 0, std 1 with training-set statistics)"
+        )
+    constant = int((c_std == 0).sum())
+    if constant:
+        warnings.append(f"{constant} of {ch.shape[0]} channels are constant in this batch")
+    if 0 < std < 0.05:
+        warnings.append(f"the inputs barely vary (std {std:.3g})")
+    return stats, not problems
+
+
+def _normalization_problems(
+    ch: Tensor, c_mean: Tensor, c_std: Tensor, mean: float, std: float
+) -> list[str]:
+    """What says the inputs are not standardized: the whole, channels, or their spread of scales."""
+    problems = []
+    if abs(mean) > MAX_ABS_MEAN or std > MAX_STD:
+        problems.append(f"overall mean {mean:.3g}, std {std:.3g}")
+    bad_mean = (c_mean.abs() > MAX_CHANNEL_ABS_MEAN).nonzero().flatten().tolist()
+    bad_std = (c_std > MAX_CHANNEL_STD).nonzero().flatten().tolist()
+    if bad_mean or bad_std:
+        worst = sorted(set(bad_mean) | set(bad_std))
+        problems.append(
+            f"{len(worst)} of {ch.shape[0]} channels out of range (e.g. channel {worst[0]}: "
+            f"mean {float(c_mean[worst[0]]):.3g}, std {float(c_std[worst[0]]):.3g})"
+        )
+    live = c_std[c_std > 0]
+    if live.numel() > 1 and float(live.max() / live.min()) > MAX_SCALE_SPREAD:
+        problems.append(
+            f"channels on very different scales (std from {float(live.min()):.3g} to "
+            f"{float(live.max()):.3g})"
+        )
+    return problems
+
+
+@dataclass
+class _Labels:
+    """What the labels tell: the task, and its classes or its targets' spread."""
+
+    k: int | None
+    task: str = "none"
+    counts: dict[int, int] = field(default_factory=dict)
+    balanced: bool | None = None
+    t_mean: float | None = None
+    t_std: float | None = None
+
+
+def _judge_labels(
+    x: Tensor, y: Tensor, n: int, labels: _Labels, causes: list[str], warnings: list[str]
+) -> None:
+    if y.dim() and int(y.shape[0]) != n:
+        causes.append(
+            f"label mismatch: {int(y.shape[0])} labels for {n} inputs (the batch is misaligned)"
+        )
+    if not y.is_floating_point() and y.dtype != torch.bool:
+        _judge_classes(x, y, n, labels, causes, warnings)
+        return
+    labels.task = "regression"
+    yf = y.double()
+    labels.t_mean, labels.t_std = float(yf.mean()), float(yf.std(correction=0))
+    if not bool(torch.isfinite(yf).all()):
+        causes.append("the targets contain NaN/Inf values")
+
+
+def _judge_classes(
+    x: Tensor, y: Tensor, n: int, labels: _Labels, causes: list[str], warnings: list[str]
+) -> None:
+    """Class indices: in range, not all one class, balanced, all present, consistent."""
+    labels.task = "classification"
+    flat = y.reshape(-1).long()
+    lo, hi = int(flat.min()), int(flat.max())
+    if labels.k is None:
+        labels.k = hi + 1
+    k = labels.k
+    if lo < 0 or hi >= k:
+        causes.append(
+            f"labels out of range: min {lo}, max {hi} for {k} classes (class indices "
+            "must be 0..K-1; an off-by-one from 1-based labels?)"
+        )
+    hist = torch.bincount(flat.clamp(min=0), minlength=k)
+    counts = labels.counts = {i: int(c) for i, c in enumerate(hist.tolist())}
+    if n > 1 and lo == hi:
+        causes.append(
+            f"every label in the batch is {lo}: the data looks sorted by class and not "
+            "shuffled (or the labels are constant)"
+        )
+    fair = flat.numel() / max(k, 1)
+    top_class, top = max(counts.items(), key=lambda kv: kv[1])
+    labels.balanced = top <= IMBALANCE_FACTOR * max(fair, 1.0)
+    if not labels.balanced and lo != hi:
+        warnings.append(
+            f"imbalanced labels: class {top_class} is {100 * top / flat.numel():.0f}% of "
+            "the batch"
+        )
+    present = sum(1 for c in counts.values() if c > 0)
+    if present < k and flat.numel() >= 5 * k:
+        warnings.append(f"only {present} of {k} classes appear in {flat.numel()} labels")
+    dup = conflicting_labels(x, y) if x.dim() and y.dim() == 1 else 0
+    if dup:
+        causes.append(
+            f"label mismatch: {dup} samples have identical inputs but different labels"
+        )
+
+
+def _decoded_samples(
+    inputs: Tensor, targets: Any, decode: Decoder | None, count: int, warnings: list[str]
+) -> list[dict[str, Any]]:
+    """The first samples as ``decode`` shows them, beside their labels."""
+    samples: list[dict[str, Any]] = []
+    if decode is None:
+        return samples
+    for i in range(count):
+        label = _fmt_label(targets[i]) if isinstance(targets, Tensor) else "-"
+        try:
+            text = decode(inputs[i])
+        except Exception as exc:  # the decoder is user code: report, do not crash
+            warnings.append(f"decode() raised {type(exc).__name__}: {exc}")
+            break
+        samples.append({"index": i, "label": label, "text": str(text)})
+    return samples

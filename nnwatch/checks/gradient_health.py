@@ -114,109 +114,31 @@ def gradient_check(
     ``clip_value`` defaults to ``max_norm / sqrt(number of gradient elements)``: the same budget
     spread evenly over the elements, which is the fair value-clamping counterpart of ``max_norm``.
     """
-    with seeded(seed):
-        net = prepared_copy(model)
-        inputs, targets = to_device(split_batch(batch), model_device(net))
-        loss = compute_loss(loss_fn, call_model(net, inputs), targets)
-        named = trainable_named_params(net)
-        if loss.requires_grad:
-            loss.backward()
+    named = _backward(model, batch, loss_fn, seed)
     names = [n for n, _ in named]
     params = [p for _, p in named]
-
     total, idx, per_param = ngrad.param_grad_norms(params, norm_type)
     raw = [params[i].grad.detach().clone() for i in idx]  # type: ignore[union-attr]
     layer_norms = _layer_norms(names, idx, per_param, norm_type)
     raw_norm = float(total)
-
     ngrad.clip_grads_with_norm_(params, max_norm, total)
     clipped = [params[i].grad for i in idx]
     clipped_norm = float(ngrad.global_norm(params, norm_type))
     cosine = ngrad.grad_cosine(clipped, raw)  # type: ignore[arg-type]
-
     numel = sum(g.numel() for g in raw)
     value = clip_value if clip_value is not None else max_norm / math.sqrt(max(numel, 1))
-    clamped = [g.clamp(-value, value) for g in raw]
-    clamped_norm = (
-        float(
-            torch.linalg.vector_norm(
-                torch.stack([torch.linalg.vector_norm(g.double(), norm_type) for g in clamped]),
-                norm_type,
-            )
-        )
-        if clamped
-        else 0.0
-    )
-    clamped_cosine = ngrad.grad_cosine(clamped, raw)
-
+    clamped_norm, clamped_cosine = _clamped(raw, value, norm_type)
     without_grad = [n for n, p in named if p.grad is None]
-    zero_layers = [layer for layer, v in layer_norms.items() if v == 0.0]
-    largest = max(layer_norms.values(), default=0.0)
-    tiny_layers = [  # in model order: the first ones listed are the earliest layers
-        layer
-        for layer, v in layer_norms.items()
-        if 0.0 < v < VANISHING_RATIO * largest and math.isfinite(largest)
-    ]
-    dominant = [
-        layer
-        for layer, v in layer_norms.items()
-        if len(layer_norms) > 1 and _share(v, raw_norm, norm_type) >= DOMINANCE
-    ]
-
+    layers = _LayerGroups.of(layer_norms, raw_norm, norm_type)
     causes: list[str] = []
     warnings: list[str] = []
-    dom_text = ", ".join(
-        f"{layer} ({100 * _share(layer_norms[layer], raw_norm, norm_type):.0f}% of the norm)"
-        for layer in dominant
-    )
-    if not math.isfinite(raw_norm):
-        verdict = "NON-FINITE"
-        bad = [layer for layer, v in layer_norms.items() if not math.isfinite(v)]
-        causes.append(
-            f"non-finite gradients in {', '.join(bad) or 'some layers'}: look for log(0), division "
-            "by zero or overflow in the loss and the last layers; torch.autograd.set_detect_anomaly "
-            "finds the operation"
-        )
-    elif raw_norm > EXPLODING_FACTOR * max_norm:
-        verdict = "EXPLODING: clipping recommended"
-        causes.append(
-            f"the gradient norm {raw_norm:.3g} is {raw_norm / max_norm:.0f}x max_norm: clip with "
-            f"clip_grad_norm_(params, {max_norm:g}), lower the learning rate, or check the "
-            "input scale and the initialization"
-        )
-        if dominant:
-            causes.append(f"one layer dominates: {dom_text}")
-    elif raw_norm < VANISHING_NORM or zero_layers or tiny_layers:
-        verdict = "VANISHING"
-        if not idx:
-            causes.append(
-                "no parameter received a gradient: the loss is disconnected from the parameters "
-                "(.detach(), .item() or torch.no_grad() inside forward)"
-            )
-        elif raw_norm < VANISHING_NORM:
-            causes.append(f"the whole gradient is tiny ({raw_norm:.2e})")
-        if zero_layers:
-            causes.append(
-                f"layers with an exactly zero gradient: {', '.join(zero_layers[:6])} "
-                "(dead ReLUs upstream, saturated activations, or a detached path)"
-            )
-        if tiny_layers:
-            causes.append(
-                f"layers whose gradient is below {VANISHING_RATIO:g} of the largest layer's: "
-                f"{', '.join(tiny_layers[:6])} (saturating activations such as sigmoid/tanh in a "
-                "deep stack, or a poor init; try ReLU/GELU, normalization layers or residuals)"
-            )
-    else:
-        verdict = "HEALTHY"
-        if dominant:
-            warnings.append(f"one layer dominates the gradient: {dom_text}")
+    verdict = _verdict(raw_norm, max_norm, norm_type, bool(idx), layers, causes, warnings)
     if without_grad:
         warnings.append(f"parameters that got no gradient: {', '.join(without_grad[:6])}")
     if math.isfinite(raw_norm) and raw_norm > 0 and abs(cosine - 1.0) > 1e-3:
         warnings.append(
             f"norm clipping changed the direction (cosine {cosine:.6f}): precision loss"
         )
-
     return GradientResult(
         passed=verdict == "HEALTHY",
         verdict=verdict,
@@ -229,9 +151,126 @@ def gradient_check(
         clamped_norm=clamped_norm,
         clamped_cosine=clamped_cosine,
         layer_norms=layer_norms,
-        dominant_layers=dominant,
-        zero_grad_layers=zero_layers,
+        dominant_layers=layers.dominant,
+        zero_grad_layers=layers.zero,
         without_grad=without_grad,
         causes=causes,
         warnings=warnings,
     )
+
+
+def _backward(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> list[tuple[str, nn.Parameter]]:
+    """One forward and backward of a copy of ``model``: its trainable parameters, with gradients."""
+    with seeded(seed):
+        net = prepared_copy(model)
+        inputs, targets = to_device(split_batch(batch), model_device(net))
+        loss = compute_loss(loss_fn, call_model(net, inputs), targets)
+        named = trainable_named_params(net)
+        if loss.requires_grad:
+            loss.backward()
+    return named
+
+
+def _clamped(raw: list[torch.Tensor], value: float, norm_type: float) -> tuple[float, float]:
+    """The norm of the gradients clamped to ``[-value, value]``, and their cosine to the raw ones."""
+    clamped = [g.clamp(-value, value) for g in raw]
+    clamped_norm = (
+        float(
+            torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g.double(), norm_type) for g in clamped]),
+                norm_type,
+            )
+        )
+        if clamped
+        else 0.0
+    )
+    return clamped_norm, ngrad.grad_cosine(clamped, raw)
+
+
+@dataclass(frozen=True)
+class _LayerGroups:
+    """The layers whose gradient is exactly zero, tiny beside the largest, or most of the norm."""
+
+    norms: dict[str, float]
+    zero: list[str]
+    tiny: list[str]
+    dominant: list[str]
+    dominant_text: str
+
+    @classmethod
+    def of(cls, layer_norms: dict[str, float], raw_norm: float, norm_type: float) -> _LayerGroups:
+        largest = max(layer_norms.values(), default=0.0)
+        tiny = [  # in model order: the first ones listed are the earliest layers
+            layer
+            for layer, v in layer_norms.items()
+            if 0.0 < v < VANISHING_RATIO * largest and math.isfinite(largest)
+        ]
+        dominant = [
+            layer
+            for layer, v in layer_norms.items()
+            if len(layer_norms) > 1 and _share(v, raw_norm, norm_type) >= DOMINANCE
+        ]
+        text = ", ".join(
+            f"{layer} ({100 * _share(layer_norms[layer], raw_norm, norm_type):.0f}% of the norm)"
+            for layer in dominant
+        )
+        zero = [layer for layer, v in layer_norms.items() if v == 0.0]
+        return cls(layer_norms, zero, tiny, dominant, text)
+
+
+def _verdict(
+    raw_norm: float,
+    max_norm: float,
+    norm_type: float,
+    any_grad: bool,
+    layers: _LayerGroups,
+    causes: list[str],
+    warnings: list[str],
+) -> str:
+    """NON-FINITE, EXPLODING, VANISHING or HEALTHY, with the causes (or warnings) behind it."""
+    if not math.isfinite(raw_norm):
+        bad = [layer for layer, v in layers.norms.items() if not math.isfinite(v)]
+        causes.append(
+            f"non-finite gradients in {', '.join(bad) or 'some layers'}: look for log(0), division "
+            "by zero or overflow in the loss and the last layers; torch.autograd.set_detect_anomaly "
+            "finds the operation"
+        )
+        return "NON-FINITE"
+    if raw_norm > EXPLODING_FACTOR * max_norm:
+        causes.append(
+            f"the gradient norm {raw_norm:.3g} is {raw_norm / max_norm:.0f}x max_norm: clip with "
+            f"clip_grad_norm_(params, {max_norm:g}), lower the learning rate, or check the "
+            "input scale and the initialization"
+        )
+        if layers.dominant:
+            causes.append(f"one layer dominates: {layers.dominant_text}")
+        return "EXPLODING: clipping recommended"
+    if raw_norm < VANISHING_NORM or layers.zero or layers.tiny:
+        causes += _vanishing_causes(raw_norm, any_grad, layers)
+        return "VANISHING"
+    if layers.dominant:
+        warnings.append(f"one layer dominates the gradient: {layers.dominant_text}")
+    return "HEALTHY"
+
+
+def _vanishing_causes(raw_norm: float, any_grad: bool, layers: _LayerGroups) -> list[str]:
+    causes: list[str] = []
+    if not any_grad:
+        causes.append(
+            "no parameter received a gradient: the loss is disconnected from the parameters "
+            "(.detach(), .item() or torch.no_grad() inside forward)"
+        )
+    elif raw_norm < VANISHING_NORM:
+        causes.append(f"the whole gradient is tiny ({raw_norm:.2e})")
+    if layers.zero:
+        causes.append(
+            f"layers with an exactly zero gradient: {', '.join(layers.zero[:6])} "
+            "(dead ReLUs upstream, saturated activations, or a detached path)"
+        )
+    if layers.tiny:
+        causes.append(
+            f"layers whose gradient is below {VANISHING_RATIO:g} of the largest layer's: "
+            f"{', '.join(layers.tiny[:6])} (saturating activations such as sigmoid/tanh in a "
+            "deep stack, or a poor init; try ReLU/GELU, normalization layers or residuals)"
+        )
+    return causes

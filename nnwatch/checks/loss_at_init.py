@@ -175,14 +175,9 @@ def initial_loss(
 
     if not is_classification(output, targets):
         return InitialLossResult(
-            passed=True,
-            verdict="SKIPPED",
-            measured=measured,
-            expected=None,
-            num_classes=None,
-            tolerance=None,
-            skipped=True,
-        )
+            passed=True, verdict="SKIPPED", measured=measured, expected=None, num_classes=None,
+            tolerance=None, skipped=True,
+        )  # fmt: skip
     assert targets is not None
     k = int(num_classes) if num_classes is not None else int(output.shape[1])
     if k < 2:
@@ -195,21 +190,7 @@ def initial_loss(
     n = int(targets.shape[0])
 
     if not math.isfinite(measured):
-        return InitialLossResult(
-            passed=False,
-            verdict="NON-FINITE",
-            measured=measured,
-            expected=expected,
-            num_classes=k,
-            tolerance=tolerance,
-            logit_std=logit_std,
-            label_entropy=entropy,
-            causes=[
-                "the loss is NaN/Inf before any step: a log of zero or of a probability "
-                "(use logits with CrossEntropyLoss), a division by zero, or inputs with NaN"
-            ],
-        )
-
+        return _non_finite(measured, expected, k, tolerance, logit_std, entropy)
     evidence = _evidence(
         measured=measured,
         expected=expected,
@@ -220,6 +201,39 @@ def initial_loss(
         n=n,
         probabilities=probabilities,
     )
+    return _judged(measured, expected, k, tolerance, logit_std, entropy, probabilities, evidence)
+
+
+def _non_finite(
+    measured: float, expected: float, k: int, tolerance: float, logit_std: float, entropy: float
+) -> InitialLossResult:
+    return InitialLossResult(
+        passed=False,
+        verdict="NON-FINITE",
+        measured=measured,
+        expected=expected,
+        num_classes=k,
+        tolerance=tolerance,
+        logit_std=logit_std,
+        label_entropy=entropy,
+        causes=[
+            "the loss is NaN/Inf before any step: a log of zero or of a probability "
+            "(use logits with CrossEntropyLoss), a division by zero, or inputs with NaN"
+        ],
+    )
+
+
+def _judged(
+    measured: float,
+    expected: float,
+    k: int,
+    tolerance: float,
+    logit_std: float,
+    entropy: float,
+    probabilities: bool,
+    evidence: list[str],
+) -> InitialLossResult:
+    """OK within the tolerance of ln(K); else softmax twice, too high or too low, with causes."""
     within = abs(measured - expected) <= tolerance
     passed = within and not probabilities
     if passed:

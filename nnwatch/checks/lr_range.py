@@ -235,7 +235,6 @@ def lr_find(
     lrs_all = [start * (end / start) ** (i / (steps - 1)) for i in range(steps)]
     with seeded(seed):
         net = prepared_copy(model)
-        device = model_device(net)
         if optimizer is not None:
             opt, warnings = copy_user_optimizer(optimizer, model, net)
             if current_lr is None:
@@ -244,65 +243,12 @@ def lr_find(
             params = [p for p in net.parameters() if p.requires_grad]
             opt = optimizer_cls(params, lr=start, **(optimizer_kwargs or {}))  # type: ignore[call-arg]
             warnings = []
-        batches = _forever(loader)
-        lrs: list[float] = []
-        losses: list[float] = []
-        best = math.inf
-        avg = 0.0
-        smoothed: list[float] = []
-        for i, lr in enumerate(lrs_all):
-            for g in opt.param_groups:
-                g["lr"] = lr
-            inputs, targets = to_device(split_batch(next(batches)), device)
-            opt.zero_grad(set_to_none=True)
-            loss = compute_loss(loss_fn, call_model(net, inputs), targets)
-            if loss.requires_grad:
-                loss.backward()
-            opt.step()
-            value = float(loss.detach())
-            lrs.append(lr)
-            losses.append(value)
-            avg = EMA_BETA * avg + (1 - EMA_BETA) * value
-            sm = avg / (1 - EMA_BETA ** (i + 1))
-            smoothed.append(sm)
-            if not math.isfinite(sm) or (i > 0 and sm > diverge_factor * best):
-                break
-            best = min(best, sm)
-
+        lrs, losses, smoothed = _sweep(net, opt, loader, loss_fn, lrs_all, diverge_factor)
     stop = divergence_index(smoothed, diverge_factor)
     diverged_at = lrs[stop] if stop is not None else None
     pick = suggest_lr(lrs, losses, diverge_factor=diverge_factor)
-
     causes: list[str] = []
-    if pick is None:
-        verdict = "FAILED"
-        if stop is not None and stop < 5:
-            causes.append(
-                f"the loss diverged at once (lr {diverged_at:.2g}): start the sweep lower or "
-                "check the gradient check for exploding gradients"
-            )
-        else:
-            causes.append(
-                "the loss never fell during the sweep: fix the single-batch check first "
-                "(a graph, optimizer or label bug stops any LR from working)"
-            )
-    elif current_lr is not None and diverged_at is not None and current_lr >= diverged_at:
-        verdict = "TOO HIGH"
-        causes.append(
-            f"your learning rate {current_lr:.2g} is at or above {diverged_at:.2g}, where the "
-            f"loss diverges; try {format_lr(pick.lr)}"
-        )
-    else:
-        verdict = "OK"
-        if current_lr is not None and current_lr > 10 * pick.lr:
-            warnings.append(
-                f"your learning rate {current_lr:.2g} is over 10x the suggestion {format_lr(pick.lr)}"
-            )
-        elif current_lr is not None and current_lr < pick.lr / 100:
-            warnings.append(
-                f"your learning rate {current_lr:.2g} is under 1/100 of the suggestion "
-                f"{format_lr(pick.lr)}: training may be needlessly slow"
-            )
+    verdict = _verdict(pick, stop, diverged_at, current_lr, causes, warnings)
     result = LRFindResult(
         passed=verdict == "OK",
         verdict=verdict,
@@ -320,3 +266,79 @@ def lr_find(
     if show:
         print(result.plot())
     return result
+
+
+def _sweep(
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    loader: Iterable[Any],
+    loss_fn: LossFn,
+    lrs_all: list[float],
+    diverge_factor: float,
+) -> tuple[list[float], list[float], list[float]]:
+    """One step per LR, until the smoothed loss diverges: (LRs, losses, smoothed losses)."""
+    device = model_device(net)
+    batches = _forever(loader)
+    lrs: list[float] = []
+    losses: list[float] = []
+    best = math.inf
+    avg = 0.0
+    smoothed: list[float] = []
+    for i, lr in enumerate(lrs_all):
+        for g in opt.param_groups:
+            g["lr"] = lr
+        inputs, targets = to_device(split_batch(next(batches)), device)
+        opt.zero_grad(set_to_none=True)
+        loss = compute_loss(loss_fn, call_model(net, inputs), targets)
+        if loss.requires_grad:
+            loss.backward()
+        opt.step()
+        value = float(loss.detach())
+        lrs.append(lr)
+        losses.append(value)
+        avg = EMA_BETA * avg + (1 - EMA_BETA) * value
+        sm = avg / (1 - EMA_BETA ** (i + 1))
+        smoothed.append(sm)
+        if not math.isfinite(sm) or (i > 0 and sm > diverge_factor * best):
+            break
+        best = min(best, sm)
+    return lrs, losses, smoothed
+
+
+def _verdict(
+    pick: Any,
+    stop: int | None,
+    diverged_at: float | None,
+    current_lr: float | None,
+    causes: list[str],
+    warnings: list[str],
+) -> str:
+    """FAILED (no LR to suggest), TOO HIGH (the user's LR diverges) or OK, with why."""
+    if pick is None:
+        if stop is not None and stop < 5:
+            causes.append(
+                f"the loss diverged at once (lr {diverged_at:.2g}): start the sweep lower or "
+                "check the gradient check for exploding gradients"
+            )
+        else:
+            causes.append(
+                "the loss never fell during the sweep: fix the single-batch check first "
+                "(a graph, optimizer or label bug stops any LR from working)"
+            )
+        return "FAILED"
+    if current_lr is not None and diverged_at is not None and current_lr >= diverged_at:
+        causes.append(
+            f"your learning rate {current_lr:.2g} is at or above {diverged_at:.2g}, where the "
+            f"loss diverges; try {format_lr(pick.lr)}"
+        )
+        return "TOO HIGH"
+    if current_lr is not None and current_lr > 10 * pick.lr:
+        warnings.append(
+            f"your learning rate {current_lr:.2g} is over 10x the suggestion {format_lr(pick.lr)}"
+        )
+    elif current_lr is not None and current_lr < pick.lr / 100:
+        warnings.append(
+            f"your learning rate {current_lr:.2g} is under 1/100 of the suggestion "
+            f"{format_lr(pick.lr)}: training may be needlessly slow"
+        )
+    return "OK"

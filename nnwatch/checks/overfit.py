@@ -209,6 +209,34 @@ def _output_ignores_input(output: Tensor) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Setup:
+    """What the optimizer says before any step: parameters it misses, a zero LR."""
+
+    not_in_opt: list[str]
+    zero_lr: bool
+    opt: torch.optim.Optimizer
+
+
+@dataclass
+class _Run:
+    """What the training loop saw, and what a failed run's model shows afterwards."""
+
+    threshold: float
+    losses: list[float] = field(default_factory=list)
+    accs: list[float] = field(default_factory=list)
+    without_grad: list[str] = field(default_factory=list)
+    zero_grad_layers: list[str] = field(default_factory=list)
+    accumulate: bool = False
+    passed_at: int | None = None
+    classification: bool | None = None
+    failure: str | None = None
+    output: Tensor | None = None  # the model's latest output
+    dead: dict[str, float] = field(default_factory=dict)
+    ignores_input: bool = False
+    conflicts: int = 0
+
+
 def single_batch_overfit(
     model: nn.Module,
     batch: Any,
@@ -236,142 +264,203 @@ def single_batch_overfit(
         raise ValueError("pass either optimizer or optimizer_factory, not both")
     with seeded(seed):
         net = prepared_copy(model)
-        device = model_device(net)
-        sub = to_device(take(batch, num_samples), device)
+        sub = to_device(take(batch, num_samples), model_device(net))
         inputs, targets = split_batch(sub)
         n = batch_size(inputs)
         warnings: list[str] = []
         if n < num_samples:
             warnings.append(f"the batch has only {n} samples (asked for {num_samples})")
-
         named = trainable_named_params(net)
-        params = [p for _, p in named]
-        if not params:
+        if not named:
             raise CheckError("the model has no trainable parameters (requires_grad=True)")
-        if optimizer is not None:
-            opt, more = copy_user_optimizer(optimizer, model, net)
-            warnings += more
-        elif optimizer_factory is not None:
-            opt = optimizer_factory(list(params))
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise CheckError("optimizer_factory must return a torch.optim.Optimizer")
-        else:
-            opt = torch.optim.AdamW(params, lr=lr)
-
+        opt = _make_optimizer(model, net, named, optimizer, optimizer_factory, lr, warnings)
         held = {id(p) for g in opt.param_groups for p in g["params"]}
-        not_in_opt = [name for name, p in named if id(p) not in held]
-        zero_lr = any(group_lr(g) == 0.0 for g in opt.param_groups)
+        setup = _Setup(
+            not_in_opt=[name for name, p in named if id(p) not in held],
+            zero_lr=any(group_lr(g) == 0.0 for g in opt.param_groups),
+            opt=opt,
+        )
+        run = _Run(threshold=loss_threshold)
+        _train(net, opt, sub, named, loss_fn, run, steps=steps, train_step=train_step,
+               regression_threshold=regression_threshold,
+               check_accumulation=train_step is not None and not allow_grad_accumulation)  # fmt: skip
+        if run.passed_at is None:
+            _post_mortem(net, inputs, targets, run)
+    evidence = _setup_evidence(setup, run, warnings) + _training_evidence(setup, run, targets)
+    return _result(setup, run, n, evidence, warnings)
 
-        last_output: list[Tensor] = []  # the model's latest output, caught by a hook
 
-        def keep_output(_m: nn.Module, _i: Any, out: Any) -> None:
-            last_output[:] = [out] if isinstance(out, Tensor) else []
+def _make_optimizer(
+    model: nn.Module,
+    net: nn.Module,
+    named: list[tuple[str, nn.Parameter]],
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_factory: OptimizerFactory | None,
+    lr: float,
+    warnings: list[str],
+) -> torch.optim.Optimizer:
+    """The user's optimizer copied onto ``net``, the factory's, or AdamW at ``lr``."""
+    params = [p for _, p in named]
+    if optimizer is not None:
+        opt, more = copy_user_optimizer(optimizer, model, net)
+        warnings += more
+        return opt
+    if optimizer_factory is not None:
+        opt = optimizer_factory(list(params))
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise CheckError("optimizer_factory must return a torch.optim.Optimizer")
+        return opt
+    return torch.optim.AdamW(params, lr=lr)
 
-        hook = net.register_forward_hook(keep_output)
-        step_fn: TrainStep = train_step or _default_step
 
-        losses: list[float] = []
-        accs: list[float] = []
-        without_grad: list[str] = []
-        zero_grad_layers: list[str] = []
-        accumulate = False
-        passed_at: int | None = None
-        classification: bool | None = None
-        threshold = loss_threshold
-        failure: str | None = None
-        try:
-            for step in range(steps):
-                probe = train_step is not None and step == 1 and not allow_grad_accumulation
-                if probe:
-                    prev = [None if p.grad is None else p.grad.detach().clone() for p in params]
-                    fresh_loss = compute_loss(loss_fn, call_model(net, inputs), targets)
-                    fresh = torch.autograd.grad(fresh_loss, params, allow_unused=True)
-                try:
-                    loss = _loss_from_step(step_fn(net, opt, sub, loss_fn))
-                except RuntimeError as exc:
-                    if "does not require grad" in str(exc):
-                        failure = (
-                            "disconnected graph: the loss does not depend on any parameter "
-                            "(a .detach(), .item(), torch.no_grad() or a tensor rebuilt from "
-                            "values inside forward)"
-                        )
-                    else:
-                        failure = f"the training step raised {type(exc).__name__}: {exc}"
-                    break
-                if probe:
-                    accumulate = _grads_accumulate(params, prev, fresh)
-                output = last_output[0] if last_output else None
-                if step == 0:
-                    without_grad = [name for name, p in named if p.grad is None]
-                    zero_grad_layers = sorted(
-                        {
-                            layer_of(name)
-                            for name, p in named
-                            if p.grad is not None and float(p.grad.detach().abs().max()) == 0.0
-                        }
-                    )
-                    classification = output is not None and is_classification(output, targets)
-                    if not classification:
-                        threshold = (
-                            regression_threshold
-                            if regression_threshold is not None
-                            else REGRESSION_FRACTION * abs(loss)
-                        )
-                losses.append(loss)
-                acc = (
-                    accuracy(output, targets)
-                    if classification and output is not None and targets is not None
-                    else None
-                )
-                if acc is not None:
-                    accs.append(acc)
-                if not math.isfinite(loss):
-                    break
-                if loss < threshold and (acc is None or acc == 1.0):
-                    passed_at = step
-                    break
-        finally:
-            hook.remove()
+def _train(
+    net: nn.Module,
+    opt: torch.optim.Optimizer,
+    sub: Any,
+    named: list[tuple[str, nn.Parameter]],
+    loss_fn: LossFn,
+    run: _Run,
+    *,
+    steps: int,
+    train_step: TrainStep | None,
+    regression_threshold: float | None,
+    check_accumulation: bool,
+) -> None:
+    """Train until the loss is under the threshold (and every sample right), a failure, or
+    ``steps``; the model's output is caught by a hook at each forward."""
+    inputs, targets = split_batch(sub)  # the same views as the caller's: no copy, no randomness
+    params = [p for _, p in named]
+    last_output: list[Tensor] = []
 
-        dead: dict[str, float] = {}
-        ignores_input = False
-        conflicts = 0
-        if passed_at is None:
-            dead = {k: v for k, v in _dead_relu_fractions(net, inputs).items() if v >= 0.5}
-            if last_output:
-                ignores_input = _output_ignores_input(last_output[0])
-            if classification and targets is not None:
-                conflicts = conflicting_labels(inputs, targets)
+    def keep_output(_m: nn.Module, _i: Any, out: Any) -> None:
+        last_output[:] = [out] if isinstance(out, Tensor) else []
 
-    final_loss = losses[-1] if losses else float("nan")
-    finite = [v for v in losses if math.isfinite(v)]
-    best = min(finite) if finite else float("nan")
-    final_acc = accs[-1] if accs else None
-    output = last_output[0] if last_output else None
+    hook = net.register_forward_hook(keep_output)
+    step_fn: TrainStep = train_step or _default_step
+    try:
+        for step in range(steps):
+            probe = check_accumulation and step == 1
+            if probe:
+                prev = [None if p.grad is None else p.grad.detach().clone() for p in params]
+                fresh_loss = compute_loss(loss_fn, call_model(net, inputs), targets)
+                fresh = torch.autograd.grad(fresh_loss, params, allow_unused=True)
+            try:
+                loss = _loss_from_step(step_fn(net, opt, sub, loss_fn))
+            except RuntimeError as exc:
+                run.failure = _step_failure(exc)
+                break
+            if probe:
+                run.accumulate = _grads_accumulate(params, prev, fresh)
+            run.output = last_output[0] if last_output else None
+            if step == 0:
+                _first_step(run, named, targets, loss, regression_threshold)
+            if _record_step(run, step, loss, targets):
+                break
+    finally:
+        hook.remove()
+    run.output = last_output[0] if last_output else None
 
+
+def _step_failure(exc: RuntimeError) -> str:
+    if "does not require grad" in str(exc):
+        return (
+            "disconnected graph: the loss does not depend on any parameter "
+            "(a .detach(), .item(), torch.no_grad() or a tensor rebuilt from "
+            "values inside forward)"
+        )
+    return f"the training step raised {type(exc).__name__}: {exc}"
+
+
+def _first_step(
+    run: _Run,
+    named: list[tuple[str, nn.Parameter]],
+    targets: Any,
+    loss: float,
+    regression_threshold: float | None,
+) -> None:
+    """After the first step: the parameters without a gradient, the layers whose gradient is all
+    zero, and whether this is classification (else the threshold is relative to this loss)."""
+    run.without_grad = [name for name, p in named if p.grad is None]
+    run.zero_grad_layers = sorted(
+        {
+            layer_of(name)
+            for name, p in named
+            if p.grad is not None and float(p.grad.detach().abs().max()) == 0.0
+        }
+    )
+    output = run.output
+    run.classification = output is not None and is_classification(output, targets)
+    if not run.classification:
+        run.threshold = (
+            regression_threshold
+            if regression_threshold is not None
+            else REGRESSION_FRACTION * abs(loss)
+        )
+
+
+def _record_step(run: _Run, step: int, loss: float, targets: Any) -> bool:
+    """Keep the step's loss and accuracy; True when training ends here (passed, or not finite)."""
+    run.losses.append(loss)
+    output = run.output
+    acc = (
+        accuracy(output, targets)
+        if run.classification and output is not None and targets is not None
+        else None
+    )
+    if acc is not None:
+        run.accs.append(acc)
+    if not math.isfinite(loss):
+        return True
+    if loss < run.threshold and (acc is None or acc == 1.0):
+        run.passed_at = step
+        return True
+    return False
+
+
+def _post_mortem(net: nn.Module, inputs: Any, targets: Any, run: _Run) -> None:
+    """A run that did not pass: its dead units, an output blind to the input, conflicting labels."""
+    run.dead = {k: v for k, v in _dead_relu_fractions(net, inputs).items() if v >= 0.5}
+    if run.output is not None:
+        run.ignores_input = _output_ignores_input(run.output)
+    if run.classification and targets is not None:
+        run.conflicts = conflicting_labels(inputs, targets)
+
+
+def _setup_evidence(setup: _Setup, run: _Run, warnings: list[str]) -> list[str]:
+    """What is wrong with the loop itself: a failed step, the optimizer, zero_grad, the graph."""
     evidence: list[str] = []
-    if failure:
-        evidence.append(failure)
+    not_in_opt, without_grad = setup.not_in_opt, run.without_grad
+    if run.failure:
+        evidence.append(run.failure)
     if not_in_opt:
         evidence.append(
             f"parameters missing from the optimizer: {', '.join(not_in_opt[:6])}"
             + (f" (+{len(not_in_opt) - 6} more)" if len(not_in_opt) > 6 else "")
             + " (set requires_grad=False if they are meant to be frozen)"
         )
-    if zero_lr:
+    if setup.zero_lr:
         evidence.append("a zero learning rate in at least one parameter group")
-    if accumulate:
+    if run.accumulate:
         evidence.append(
             "gradients accumulate across steps: after the step each .grad equals the previous "
             "gradient plus the new one, so optimizer.zero_grad() is missing"
         )
-    if without_grad and passed_at is None:
+    if without_grad and run.passed_at is None:
         evidence.append(
             f"disconnected graph: {len(without_grad)} parameter(s) got no gradient "
             f"({', '.join(without_grad[:6])})"
         )
     elif without_grad:
         warnings.append(f"parameters never used in the loss: {', '.join(without_grad[:6])}")
+    return evidence
+
+
+def _training_evidence(setup: _Setup, run: _Run, targets: Any) -> list[str]:
+    """What the losses and the model show: divergence, dead units, the output, the labels."""
+    evidence: list[str] = []
+    losses, opt, output = run.losses, setup.opt, run.output
+    final_loss = losses[-1] if losses else float("nan")
+    finite = [v for v in losses if math.isfinite(v)]
     if losses and not math.isfinite(final_loss):
         evidence.append(
             f"the loss became {final_loss} at step {len(losses) - 1}: the learning rate is too "
@@ -382,33 +471,46 @@ def single_batch_overfit(
             f"the loss rose to {max(finite[5:]) / finite[0]:.0f}x its start: the learning rate "
             f"is too high for {_describe(opt)}"
         )
-    for name, frac in dead.items():
+    for name, frac in run.dead.items():
         evidence.append(f"dead units: {100 * frac:.0f}% of the units after '{name}' never fire")
-    if zero_grad_layers and passed_at is None:
-        evidence.append(f"layers with an all-zero gradient: {', '.join(zero_grad_layers[:6])}")
-    if ignores_input:
+    if run.zero_grad_layers and run.passed_at is None:
+        evidence.append(f"layers with an all-zero gradient: {', '.join(run.zero_grad_layers[:6])}")
+    if run.ignores_input:
         evidence.append(
             "the output is the same for every sample: the input does not reach the output "
             "(dead units, a detached or overwritten activation)"
         )
-    if output is not None and targets is not None and classification is False:
+    evidence += _output_evidence(run, output, targets)
+    return evidence
+
+
+def _output_evidence(run: _Run, output: Tensor | None, targets: Any) -> list[str]:
+    """The output against the labels: shapes that broadcast, softmax twice, conflicting labels."""
+    evidence: list[str] = []
+    if output is not None and targets is not None and run.classification is False:
         if isinstance(output, Tensor) and tuple(output.shape) != tuple(targets.shape):
             evidence.append(
                 f"label mismatch: output shape {tuple(output.shape)} vs target shape "
                 f"{tuple(targets.shape)}; the loss broadcasts them against each other"
             )
-    if classification and output is not None and looks_like_probabilities(output):
+    if run.classification and output is not None and looks_like_probabilities(output):
         evidence.append(
             "the model's outputs sum to 1 over the classes: softmax is applied twice "
             "(CrossEntropyLoss expects raw logits; drop the final softmax)"
         )
-    if conflicts:
+    if run.conflicts:
         evidence.append(
-            f"label mismatch: {conflicts} samples have identical inputs but different labels"
+            f"label mismatch: {run.conflicts} samples have identical inputs but different labels"
         )
+    return evidence
 
+
+def _result(setup: _Setup, run: _Run, n: int, evidence: list[str], warnings: list[str]) -> OverfitResult:
+    """The verdict: passed, a loop bug (the loss fell, but the loop is wrong), or failed."""
+    losses, opt = run.losses, setup.opt
+    finite = [v for v in losses if math.isfinite(v)]
     if (
-        passed_at is None
+        run.passed_at is None
         and not evidence
         and len(finite) == len(losses) >= 20
         and finite[-1] < 0.95 * finite[0]
@@ -419,37 +521,32 @@ def single_batch_overfit(
             f"{finite[-1]:.3g}): the learning rate of {_describe(opt)} may be too low for this "
             "test; raise steps or lr"
         )
-    reached = passed_at is not None
-    passed = reached and not not_in_opt and not accumulate and failure is None
+    reached = run.passed_at is not None
+    passed = reached and not setup.not_in_opt and not run.accumulate and run.failure is None
     causes: list[str] = []
     if not passed:
         causes = with_generic_causes(evidence, GENERIC_CAUSES) if not reached else list(evidence)
     else:
         warnings += [e for e in evidence if e not in causes]
-    if passed:
-        verdict = "PASSED"
-    elif reached:
-        verdict = "FAILED: loop bug"
-    else:
-        verdict = "FAILED"
+    verdict = "PASSED" if passed else "FAILED: loop bug" if reached else "FAILED"
     return OverfitResult(
         passed=passed,
         verdict=verdict,
-        task="classification" if classification else "regression",
+        task="classification" if run.classification else "regression",
         num_samples=n,
         steps_run=len(losses),
-        passed_at_step=passed_at,
-        final_loss=final_loss,
-        best_loss=best,
-        final_accuracy=final_acc,
-        threshold=float(threshold),
+        passed_at_step=run.passed_at,
+        final_loss=losses[-1] if losses else float("nan"),
+        best_loss=min(finite) if finite else float("nan"),
+        final_accuracy=run.accs[-1] if run.accs else None,
+        threshold=float(run.threshold),
         optimizer=_describe(opt),
         losses=losses,
-        not_in_optimizer=not_in_opt,
-        without_grad=without_grad,
-        zero_grad_layers=zero_grad_layers,
-        dead_units=dead,
-        grads_accumulate=accumulate,
+        not_in_optimizer=setup.not_in_opt,
+        without_grad=run.without_grad,
+        zero_grad_layers=run.zero_grad_layers,
+        dead_units=run.dead,
+        grads_accumulate=run.accumulate,
         causes=causes,
         warnings=warnings,
     )

@@ -8,8 +8,7 @@ names: non-finite or all-zero inputs, out-of-range targets, empty sequences, dup
 different labels, a single-class batch, and table values far from the rest of the batch.
 
 Headless on purpose (numpy and torch, no UI library): ``nnwatch show`` prints it as text or JSON,
-and the inspector screen draws the same report. It lives next to the screen that uses it; it
-belongs in ``nnwatch/diagnosis`` once that package takes it over.
+and the inspector screen draws the same report.
 """
 
 from __future__ import annotations
@@ -26,10 +25,11 @@ from typing import Any, cast
 import numpy as np
 
 from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
-from nnwatch.diagnosis.snapshot_files import load_npy
+from nnwatch.diagnosis.snapshot_files import Snapshot, load_npy
 from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.run_reader import load_run
+from nnwatch.store.schema import FieldName
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
 IGNORE_INDEX = -100
@@ -151,8 +151,7 @@ def build_report(
         raise ReportError(str(exc)) from None
     man = snap.manifest
     meta = _read_json(snap.path / "meta.json") or {}
-    num_classes = man.get("num_classes") or meta.get("num_classes")
-    num_classes = int(num_classes) if num_classes else None
+    num_classes = int(k) if (k := man.get("num_classes") or meta.get("num_classes")) else None
     notes: list[str] = [*snap.unverified, *(man.get("batch_notes") or [])]
     inputs, targets, mask = split_batch(batch)
     if inputs is None:
@@ -175,18 +174,7 @@ def build_report(
     if kind == "table":
         _zscores(xs, samples)
     if kind == "tokens":
-        for i, s in enumerate(samples):
-            if ms is not None and ms.shape[:1] == xs.shape[:1]:
-                s.length = int(np.asarray(ms[i]).sum())
-            else:
-                s.length = int(xs[i].size)
-            if decode is not None:
-                ids = [int(v) for v in xs[i].reshape(-1)[: s.length]]
-                try:
-                    s.decoded = str(decode(ids))
-                except Exception as exc:  # noqa: BLE001 - the user's decoder; say so once
-                    notes.append(f"the decoder failed on sample {i}: {exc!r}")
-                    decode = None
+        _token_samples(samples, xs, ms, decode, notes)
     batch_flags = _flag(samples, kind, xs, ys, num_classes)
     report = BatchReport(
         path=snap.path,
@@ -205,20 +193,47 @@ def build_report(
         grad_norms=np.zeros(0),
         notes=notes,
     )
+    _add_recorded(report, snap, notes)
+    if factory is not None:
+        _recompute_losses(report, snap, batch, factory)
+    return report
+
+
+def _token_samples(
+    samples: list[SampleView],
+    xs: np.ndarray,
+    ms: np.ndarray | None,
+    decode: Callable[[list[int]], str] | None,
+    notes: list[str],
+) -> None:
+    """Each token sample's length (by its mask when there is one) and its decoded text."""
+    for i, s in enumerate(samples):
+        if ms is not None and ms.shape[:1] == xs.shape[:1]:
+            s.length = int(np.asarray(ms[i]).sum())
+        else:
+            s.length = int(xs[i].size)
+        if decode is not None:
+            ids = [int(v) for v in xs[i].reshape(-1)[: s.length]]
+            try:
+                s.decoded = str(decode(ids))
+            except Exception as exc:  # noqa: BLE001 - the user's decoder; say so once
+                notes.append(f"the decoder failed on sample {i}: {exc!r}")
+                decode = None
+
+
+def _add_recorded(report: BatchReport, snap: Snapshot, notes: list[str]) -> None:
+    """What the run recorded of the step (its loss and norm) and the grad norms before it."""
     original = None
     try:
         original = snap.original()
     except Exception as exc:  # noqa: BLE001 - a damaged record must not hide the batch
         notes.append(f"the step's recorded loss could not be read: {exc}")
     if original:
-        report.recorded_loss = float(original["loss"])
-        report.recorded_grad_norm = float(original["grad_norm"])
-    report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, man)
+        report.recorded_loss = float(original[FieldName.LOSS])
+        report.recorded_grad_norm = float(original[FieldName.GRAD_NORM])
+    report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, snap.manifest)
     if not len(report.grad_steps):
         notes.append("no grad-norm history: neither the run log nor the snapshot's metrics hold it")
-    if factory is not None:
-        _recompute_losses(report, snap, batch, factory)
-    return report
 
 
 def _is_tensor(v: Any) -> bool:
@@ -298,7 +313,7 @@ def grad_norms_before(
         try:
             run = load_run(run_dir)
             steps = np.asarray(run.steps, dtype=np.int64)
-            norms = np.asarray(run["grad_norm"], dtype=np.float64)
+            norms = np.asarray(run[FieldName.GRAD_NORM], dtype=np.float64)
         except Exception:  # noqa: BLE001 - a damaged log: try the snapshot's own metrics
             continue
         keep = (steps >= step - n) & (steps <= step)
@@ -308,8 +323,8 @@ def grad_norms_before(
     if os.path.lexists(p):
         try:
             rows = load_npy(p)  # never a link or a FIFO; no shape larger than the file
-            steps = np.asarray(rows["step"], dtype=np.int64)
-            norms = np.asarray(rows["grad_norm"], dtype=np.float64)
+            steps = np.asarray(rows[FieldName.STEP], dtype=np.int64)
+            norms = np.asarray(rows[FieldName.GRAD_NORM], dtype=np.float64)
         except (OSError, ValueError, KeyError, ReplayError):
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         keep = (steps >= step - n) & (steps <= step)
@@ -319,6 +334,36 @@ def grad_norms_before(
 
 # ------------------------------------------------------------------------------------------------
 # flags
+
+
+def _flag_target(s: SampleView, y: np.ndarray, num_classes: int | None) -> None:
+    """Class indices out of range, or a sequence whose every target is ignored."""
+    if not np.issubdtype(y.dtype, np.integer):
+        return
+    valid = y != IGNORE_INDEX
+    out = valid & ((y < 0) | (y >= (num_classes or np.iinfo(np.int64).max)))
+    if out.any():
+        first, top = int(y[out].reshape(-1)[0]), num_classes - 1 if num_classes else "∞"
+        s.flags.append(
+            f"target out of range ({first} not in 0..{top})" if y.ndim == 0
+            else f"{int(out.sum())} target(s) out of range (e.g. {first}, num_classes {num_classes})"
+        )  # fmt: skip
+    if y.ndim >= 1 and y.size and not valid.any():
+        s.flags.append(f"no target tokens (all {IGNORE_INDEX})")
+
+
+def _flag_conflicts(samples: list[SampleView], ys: np.ndarray) -> None:
+    """Samples with the same input and different labels, each flagged with the other."""
+    first_with: dict[bytes, int] = {}  # the first sample of each input, by its hash
+    for s in samples:
+        key = hashlib.blake2b(np.ascontiguousarray(s.inputs).tobytes(), digest_size=16).digest()
+        j = first_with.setdefault(key, s.index)
+        if j != s.index and not np.array_equal(ys[j], ys[s.index]):
+            lab, other = _label_text(ys[s.index]), _label_text(ys[j])
+            s.flags.append(f"same input as #{j}, different label ({lab} vs {other})")
+            mate = f"same input as #{s.index}"
+            if not any(f.startswith(mate) for f in samples[j].flags):
+                samples[j].flags.append(f"{mate}, different label ({other} vs {lab})")
 
 
 def _flag(
@@ -348,33 +393,10 @@ def _flag(
                     f"extreme value: feature {j} = {fmt_value(x.reshape(-1)[j])} (z {z:+.1f})"
                 )
         if ys is not None:
-            y = np.asarray(ys[s.index])
-            if np.issubdtype(y.dtype, np.integer):
-                valid = y != IGNORE_INDEX
-                out = valid & ((y < 0) | (y >= (num_classes or np.iinfo(np.int64).max)))
-                if out.any():
-                    first = int(y[out].reshape(-1)[0])
-                    s.flags.append(
-                        f"target out of range ({first} not in 0..{num_classes - 1 if num_classes else '∞'})"
-                        if y.ndim == 0
-                        else f"{int(out.sum())} target(s) out of range (e.g. {first}, num_classes {num_classes})"
-                    )
-                if y.ndim >= 1 and y.size and not valid.any():
-                    s.flags.append(f"no target tokens (all {IGNORE_INDEX})")
+            _flag_target(s, np.asarray(ys[s.index]), num_classes)
     flags: list[str] = []
     if ys is not None and len(samples):
-        first_with: dict[bytes, int] = {}
-        for s in samples:
-            key = hashlib.blake2b(np.ascontiguousarray(s.inputs).tobytes(), digest_size=16).digest()
-            j = first_with.setdefault(key, s.index)
-            if j != s.index and not np.array_equal(ys[j], ys[s.index]):
-                lab = _label_text(ys[s.index])
-                other = _label_text(ys[j])
-                s.flags.append(f"same input as #{j}, different label ({lab} vs {other})")
-                if not any(f.startswith(f"same input as #{s.index}") for f in samples[j].flags):
-                    samples[j].flags.append(
-                        f"same input as #{s.index}, different label ({other} vs {lab})"
-                    )
+        _flag_conflicts(samples, ys)
         y1 = np.asarray(ys)
         if y1.ndim == 1 and len(y1) > 1 and np.issubdtype(y1.dtype, np.integer):
             uniq = np.unique(y1[y1 != IGNORE_INDEX])

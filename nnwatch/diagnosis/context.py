@@ -161,19 +161,9 @@ class RunContext:
             mod = modules.get(name) if name in modules else (model if name == root else None)
             kinds.append(type(mod).__name__ if mod is not None else "?")
         numel = np.zeros(base.num_param_layers)
-        sq = 0.0
         for p, j in zip(params, param_layer_index, strict=True):
             numel[j] += p.numel()
-        try:
-            import torch
-
-            with torch.no_grad():  # one host sync per device, once per run
-                by_device: dict[Any, list[Any]] = {}
-                for p in params:
-                    by_device.setdefault(p.device, []).append(_norm_estimate(p, torch))
-                sq = sum(float(torch.stack(n).square().sum()) for n in by_device.values())
-        except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
-            sq = math.nan
+        sq = _squared_norm(params)
         return cls(
             layer_names=base.layer_names,
             layer_kinds=base.layer_kinds,
@@ -261,6 +251,20 @@ def _optimizer_on_copy(opt: Any, params: tuple[Any, ...]) -> bool:
 
 def _shape_key(p: Any) -> tuple[tuple[int, ...], str]:
     return tuple(p.shape), str(p.dtype)
+
+
+def _squared_norm(params: Sequence[Any]) -> float:
+    """The squared norm of all the watched weights (NaN where it cannot be read)."""
+    try:
+        import torch
+
+        with torch.no_grad():  # one host sync per device, once per run
+            by_device: dict[Any, list[Any]] = {}
+            for p in params:
+                by_device.setdefault(p.device, []).append(_norm_estimate(p, torch))
+            return float(sum(float(torch.stack(n).square().sum()) for n in by_device.values()))
+    except Exception:  # noqa: BLE001 - a parameter on an odd device: the ratio rule stays off
+        return math.nan
 
 
 def _unwatched_before(model: Any, layer_names: tuple[str, ...]) -> dict[int, tuple[str, ...]]:

@@ -32,6 +32,7 @@ import numpy as np
 from nnwatch.diagnosis.live import Diagnosis
 from nnwatch.store.finding import Finding
 from nnwatch.store.ring_reader import RingReader
+from nnwatch.store.schema import FieldName
 
 #: Seconds between two reads of the ring while records come (the ring holds thousands of records,
 #: so even a step of 50 us leaves the reader a generous margin).
@@ -154,11 +155,11 @@ class Judge:
                     going = False
                 if "guard" in message:  # the steps before the bad one first, as in the thread
                     step = int(message["guard"])
-                    before = rows["step"] < step
+                    before = rows[FieldName.STEP] < step
                     self.feed(rows[before])
                     rows = rows[~before]
                     self.answers.layer_state = (
-                        _array(message.get("act_sum")), _array(message.get("grad_layer")),
+                        _array(message.get(FieldName.ACT_SUM)), _array(message.get(FieldName.GRAD_LAYER)),
                         _number(message.get("grad_max")),
                     )  # fmt: skip
                     self.diagnosis.on_nonfinite_grads(step)

@@ -36,9 +36,9 @@ from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.judge_link import JudgeLink
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.diagnosis.row import Row
-from nnwatch.diagnosis.snapshot import complete_pending
 from nnwatch.diagnosis.spikes import SpikeTrigger
 from nnwatch.store.finding import Finding
+from nnwatch.store.schema import FieldName
 
 log = logging.getLogger("nnwatch")
 
@@ -79,6 +79,13 @@ class DiagnosedRun(Protocol):
         largest finite gradient element the guard saw (NaN when not looked at)."""
 
 
+class RecordObserver(Protocol):
+    """Something else that reads each batch of records after the detectors, in the writer thread
+    (the snapshot taker's :class:`~nnwatch.diagnosis.snapshot.SnapshotRecords`)."""
+
+    def observe(self, rows: np.ndarray) -> None: ...
+
+
 class Diagnosis:
     """Detectors for one watched run. Findings go to ``run.add_finding``: the run keeps the one
     list of them."""
@@ -106,6 +113,8 @@ class Diagnosis:
         self.placement = "thread" if handed_over is not None else _placement()
         self._cost = 0.0  # detector CPU seconds so far (thread time)
         self._first_seen: float | None = None
+        #: what reads the records after the detectors (see :meth:`add_observer`)
+        self.observers: list[RecordObserver] = []
         if run.guard_tripped and run.step_index == 0:
             # The guard tripped on step 0, before this object existed (it is created at the end
             # of the first step); the step's buffers still hold its per-layer values.
@@ -114,16 +123,24 @@ class Diagnosis:
     # -- writer thread ---------------------------------------------------------------------------
     def observe(self, rows: np.ndarray) -> None:
         """Feed new records (in step order) to every detector (or, once they moved to their own
-        process, only complete the snapshots waiting for these records)."""
+        process, only pass them on to the observers)."""
         if self.link is not None:
-            complete_pending(self.run, rows)
+            self._pass_on(rows)
             return
         started = time.thread_time()
         self._feed(rows)
-        complete_pending(self.run, rows)
+        self._pass_on(rows)
         self._cost += time.thread_time() - started
         if self.placement != "thread" and self.ring is not None and self._worth_a_process(rows):
             self._hand_over()
+
+    def add_observer(self, observer: RecordObserver) -> None:
+        """Have ``observer`` read every batch of records once the detectors have judged it."""
+        self.observers.append(observer)
+
+    def _pass_on(self, rows: np.ndarray) -> None:
+        for observer in self.observers:
+            observer.observe(rows)
 
     def _feed(self, rows: np.ndarray) -> None:
         hand_back = self.hand_back
@@ -158,7 +175,7 @@ class Diagnosis:
         records, seconds = HAND_OVER_AFTER
         if self.rows_seen < records or now - self._first_seen < seconds:
             return False
-        step_times = rows["step_time"][np.isfinite(rows["step_time"])]
+        step_times = rows[FieldName.STEP_TIME][np.isfinite(rows[FieldName.STEP_TIME])]
         if not len(step_times):
             return False
         per_record = self._cost / self.rows_seen
@@ -200,8 +217,8 @@ class Diagnosis:
             act_sum, grad_layer, grad_max = self.run.live_layer_state()
             link.send({
                 "guard": step,
-                "act_sum": None if act_sum is None else act_sum.tolist(),
-                "grad_layer": None if grad_layer is None else grad_layer.tolist(),
+                FieldName.ACT_SUM: None if act_sum is None else act_sum.tolist(),
+                FieldName.GRAD_LAYER: None if grad_layer is None else grad_layer.tolist(),
                 "grad_max": grad_max,
             })  # fmt: skip
             return

@@ -17,6 +17,7 @@ from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.pipeline import Pipeline
 from nnwatch.store.finding import Finding
 from nnwatch.store.run_reader import Run, load_run
+from nnwatch.store.schema import FieldName
 
 
 def full_records(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -32,15 +33,15 @@ def full_records(run: Run) -> tuple[np.ndarray, np.ndarray]:
         rec[name] = run.scalars[name]
     known = np.zeros(n, dtype=bool)
     if len(run.layers) and n:
-        steps = np.asarray(run.scalars["step"], dtype=np.int64)
+        steps = np.asarray(run.scalars[FieldName.STEP], dtype=np.int64)
         order = np.argsort(steps, kind="stable")
-        lsteps = np.asarray(run.layers["step"], dtype=np.int64)
+        lsteps = np.asarray(run.layers[FieldName.STEP], dtype=np.int64)
         pos = np.searchsorted(steps[order], lsteps)
         pos = np.clip(pos, 0, n - 1)
         idx = order[pos]
         ok = steps[idx] == lsteps
         for name in run.layers.dtype.names or ():
-            if name != "step":
+            if name != FieldName.STEP:
                 rec[name][idx[ok]] = run.layers[name][ok]
         known[idx[ok]] = True
     return rec, known
@@ -56,5 +57,5 @@ def diagnose_run(run: Run | str | os.PathLike[str], **context: Any) -> list[Find
 
         ctx = replace(ctx, **context)
     rec, known = full_records(run)
-    order = np.argsort(rec["step"], kind="stable")
+    order = np.argsort(rec[FieldName.STEP], kind="stable")
     return Pipeline(ctx).feed(rec[order], known[order])

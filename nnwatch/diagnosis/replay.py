@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from nnwatch.diagnosis.anomaly_trace import (
 from nnwatch.diagnosis.float_bits import bits_of, same_bits
 from nnwatch.diagnosis.replay_result import ReplayResult
 from nnwatch.diagnosis.snapshot_files import ReplayError, Snapshot, load_factory, load_snapshot
+from nnwatch.store.schema import FieldName
 
 __all__ = [
     "AnomalyReport",
@@ -61,45 +62,17 @@ def replay(
     snp = snapshot if isinstance(snapshot, Snapshot) else load_snapshot(snapshot)
     man = snp.manifest
     if model is None:
-        if factory is None:
-            raise ReplayError("give the model factory (--model module:function)")
-        fn = load_factory(factory) if isinstance(factory, str) else factory
-        try:
-            built = fn()
-        except Exception as exc:  # noqa: BLE001 - the user's factory failed
-            raise ReplayError(f"the model factory raised {exc!r}") from exc
-        if isinstance(built, dict):
-            model = built.get("model")
-            loss_fn = loss_fn or built.get("loss_fn")
-        else:
-            model = built
+        model, loss_fn = _built_model(factory, loss_fn)
     if not isinstance(model, torch.nn.Module):
         raise ReplayError(
             f"the factory returned {type(model).__name__}, not a torch.nn.Module (or a dict with 'model')"
         )
-    state = snp.state()
-    if "model" not in state:
-        raise ReplayError("the snapshot holds no model state_dict")
-    weights = match_prefix(state["model"], model)
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise ReplayError(
-            "the factory builds a different model than the one snapshotted "
-            f"({man.get('model_class')}): {str(exc).splitlines()[0]}"
-        ) from exc
+    weights = _load_weights(snp, model)
     batch = snp.batch()
     if loss_fn is None:
         loss_fn = _default_loss(batch, man)
-    notes: list[str] = []
     dev = torch.device(device)
-    model.to(dev)
-    batch = _to_device(batch, dev)
-    model.train(bool(man.get("model_training", True)))
-    if str(man.get("device", "cpu")).split(":")[0] != dev.type:
-        notes.append(
-            f"the step ran on {man.get('device')} and is replayed on {dev}: bitwise equality is only expected on the same device type"
-        )
+    batch, notes = _placed(model, batch, man, dev)
     rng = snp.rng()
     threads = int(man.get("num_threads") or torch.get_num_threads())
     from nnwatch.tensors.layers import plan_layers  # lazy: pulls torch; diagnosis stays torch-free
@@ -109,31 +82,113 @@ def replay(
     loss = _run_once(model, plan.params, batch, rng, loss_fn, threads, dev, first_bad, None)
     report = None
     if anomaly:
-        # A second pass, under anomaly mode: its backward stops at the first NaN, so the bitwise
-        # check above uses the plain pass. Reload the state in case the forward updated buffers.
-        grads_plain = [None if p.grad is None else p.grad.clone() for p in plan.params]
-        model.load_state_dict(weights)
-        report = AnomalyReport()
-        _run_once(model, plan.params, batch, rng, loss_fn, threads, dev, [], report)
-        for p, g in zip(plan.params, grads_plain, strict=True):
-            p.grad = g
+        report = _anomaly_pass(model, weights, plan.params, batch, rng, loss_fn, threads, dev)
     value = loss.detach().float().mean() if loss.numel() != 1 else loss.detach().float().reshape(())
     loss32 = np.float32(value.cpu().item())
-    grads = [p.grad for p in plan.params if p.grad is not None]
     orig = snp.original()
-    gn_probe, gn_torch = _grad_norms(grads, plan.params, dev)
-    clip = orig.get("clip_threshold") if orig else None
-    method = "probe (measured before optimizer.step)"
-    gn = gn_probe
+    gn, method = _grad_norm_as_recorded(plan.params, dev, orig)
+    bwd = _last_nonfinite_layer(plan)
+    notes += _comparison_notes(orig, gn, report, float(loss32), bwd)
+    return ReplayResult(
+        step=snp.step,
+        loss=float(loss32),
+        grad_norm=float(gn),
+        original_loss=None if orig is None else float(orig[FieldName.LOSS]),
+        original_grad_norm=None if orig is None else float(orig[FieldName.GRAD_NORM]),
+        loss_bits=bits_of(loss32),
+        grad_norm_bits=bits_of(gn),
+        original_loss_bits=None if orig is None else bits_of(orig[FieldName.LOSS]),
+        original_grad_norm_bits=None if orig is None else bits_of(orig[FieldName.GRAD_NORM]),
+        grad_norm_method=method,
+        forward_nonfinite_module=first_bad[0] if first_bad else None,
+        backward_nonfinite_module=bwd,
+        anomaly=report,
+        original_source=None if orig is None else orig.get("source"),
+        notes=notes,
+    )
+
+
+def _placed(model: Any, batch: Any, man: dict[str, Any], dev: Any) -> tuple[Any, list[str]]:
+    """The model and the batch on ``dev``, the model in the mode the step ran in; a note when
+    the device type differs from the step's."""
+    notes: list[str] = []
+    model.to(dev)
+    batch = _to_device(batch, dev)
+    model.train(bool(man.get("model_training", True)))
+    if str(man.get("device", "cpu")).split(":")[0] != dev.type:
+        notes.append(
+            f"the step ran on {man.get('device')} and is replayed on {dev}: bitwise equality is only expected on the same device type"
+        )
+    return batch, notes
+
+
+def _built_model(
+    factory: Callable[[], Any] | str | None, loss_fn: Callable[[Any, Any], Any] | None
+) -> tuple[Any, Callable[[Any, Any], Any] | None]:
+    """The model the user's factory builds (and its loss, when it returns a dict)."""
+    if factory is None:
+        raise ReplayError("give the model factory (--model module:function)")
+    fn = load_factory(factory) if isinstance(factory, str) else factory
+    try:
+        built = fn()
+    except Exception as exc:  # noqa: BLE001 - the user's factory failed
+        raise ReplayError(f"the model factory raised {exc!r}") from exc
+    if isinstance(built, dict):
+        return built.get("model"), loss_fn or built.get("loss_fn")
+    return built, loss_fn
+
+
+def _load_weights(snp: Snapshot, model: Any) -> dict[str, Any]:
+    """Load the snapshot's weights into ``model`` (prefixes matched); returns them for a reload."""
+    state = snp.state()
+    if "model" not in state:
+        raise ReplayError("the snapshot holds no model state_dict")
+    weights = match_prefix(state["model"], model)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise ReplayError(
+            "the factory builds a different model than the one snapshotted "
+            f"({snp.manifest.get('model_class')}): {str(exc).splitlines()[0]}"
+        ) from exc
+    return weights
+
+
+def _anomaly_pass(
+    model: Any, weights: Any, params: Sequence[Any], batch: Any, rng: Any, loss_fn: Any, threads: int, dev: Any
+) -> AnomalyReport:
+    """A second pass, under anomaly mode: its backward stops at the first NaN, so the bitwise
+    check uses the plain pass. Reload the state in case the forward updated buffers."""
+    grads_plain = [None if p.grad is None else p.grad.clone() for p in params]
+    model.load_state_dict(weights)
+    report = AnomalyReport()
+    _run_once(model, params, batch, rng, loss_fn, threads, dev, [], report)
+    for p, g in zip(params, grads_plain, strict=True):
+        p.grad = g
+    return report
+
+
+def _grad_norm_as_recorded(params: Sequence[Any], dev: Any, orig: dict[str, Any] | None) -> tuple[Any, str]:
+    """The replayed gradient norm measured the way the recorded one was: the probe's, or torch's
+    clip's when that is what the record holds (a clip was set, or only its bits match)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    gn_probe, gn_torch = _grad_norms(grads, params, dev)
+    clip = orig.get(FieldName.CLIP_THRESHOLD) if orig else None
     if (
         orig is not None
-        and not same_bits(bits_of(gn_probe), bits_of(orig["grad_norm"]))
-        and same_bits(bits_of(gn_torch), bits_of(orig["grad_norm"]))
+        and not same_bits(bits_of(gn_probe), bits_of(orig[FieldName.GRAD_NORM]))
+        and same_bits(bits_of(gn_torch), bits_of(orig[FieldName.GRAD_NORM]))
     ):
-        gn, method = gn_torch, "clip_grad_norm_ (w.clip_grad_norm_)"
-    elif clip is not None and math.isfinite(clip):
-        gn, method = gn_torch, "clip_grad_norm_ (w.clip_grad_norm_)"
-    bwd = None
+        return gn_torch, "clip_grad_norm_ (w.clip_grad_norm_)"
+    if clip is not None and math.isfinite(clip):
+        return gn_torch, "clip_grad_norm_ (w.clip_grad_norm_)"
+    return gn_probe, "probe (measured before optimizer.step)"
+
+
+def _last_nonfinite_layer(plan: Any) -> str | None:
+    """The layer nearest the output whose gradient holds a NaN or Inf (backward's first)."""
+    import torch
+
     for j in range(len(plan.param_layer_names) - 1, -1, -1):
         own = [
             p
@@ -141,13 +196,21 @@ def replay(
             if k == j and p.grad is not None
         ]
         if any(g.grad is not None and not bool(torch.isfinite(g.grad).all()) for g in own):
-            bwd = plan.param_layer_names[j]
-            break
+            return str(plan.param_layer_names[j])
+    return None
+
+
+def _comparison_notes(
+    orig: dict[str, Any] | None, gn: Any, report: AnomalyReport | None, loss: float, bwd: str | None
+) -> list[str]:
+    """What a reader of the result must know: nothing recorded to compare, a norm that differs,
+    or an anomaly trace with nothing to trace."""
+    notes: list[str] = []
     if orig is None:
         notes.append(
             "the original loss and gradient norm were not found (no record.json, no run log next to the snapshot)"
         )
-    elif orig is not None and not same_bits(bits_of(gn), bits_of(orig["grad_norm"])):
+    elif orig is not None and not same_bits(bits_of(gn), bits_of(orig[FieldName.GRAD_NORM])):
         notes.append(
             "the replayed gradient norm differs from the recorded one: the recorded norm is taken "
             "before any clip (torch's own clip_grad_norm_ is seen directly), so a difference means "
@@ -158,28 +221,12 @@ def replay(
         report is not None
         and report.backward_op is None
         and report.forward_op is None
-        and math.isfinite(float(loss32))
+        and math.isfinite(loss)
         and math.isfinite(float(gn))
         and bwd is None
     ):
         notes.append("the loss and gradients are finite: this step holds no NaN to trace")
-    return ReplayResult(
-        step=snp.step,
-        loss=float(loss32),
-        grad_norm=float(gn),
-        original_loss=None if orig is None else float(orig["loss"]),
-        original_grad_norm=None if orig is None else float(orig["grad_norm"]),
-        loss_bits=bits_of(loss32),
-        grad_norm_bits=bits_of(gn),
-        original_loss_bits=None if orig is None else bits_of(orig["loss"]),
-        original_grad_norm_bits=None if orig is None else bits_of(orig["grad_norm"]),
-        grad_norm_method=method,
-        forward_nonfinite_module=first_bad[0] if first_bad else None,
-        backward_nonfinite_module=bwd,
-        anomaly=report,
-        original_source=None if orig is None else orig.get("source"),
-        notes=notes,
-    )
+    return notes
 
 
 def _run_once(

@@ -41,40 +41,14 @@ class ReplayResult:
 
     def report(self) -> str:
         lines = [f"replayed step {self.step}"]
-
-        def cmp(
-            label: str,
-            now: float,
-            bits: str,
-            orig: float | None,
-            obits: str | None,
-            ok: bool | None,
-        ) -> str:
-            if orig is None:
-                return f"  {label:<10} {num_text(now)} ({bits}); the original value is unknown"
-            verdict = "identical, bit for bit" if ok else "DIFFERENT"
-            return f"  {label:<10} original {num_text(orig)} ({obits})  replay {num_text(now)} ({bits})  -> {verdict}"
-
-        lines.append(
-            cmp(
-                "loss",
-                self.loss,
-                self.loss_bits,
-                self.original_loss,
-                self.original_loss_bits,
-                self.loss_matches,
-            )
-        )
-        lines.append(
-            cmp(
-                "grad norm",
-                self.grad_norm,
-                self.grad_norm_bits,
-                self.original_grad_norm,
-                self.original_grad_norm_bits,
-                self.grad_norm_matches,
-            )
-        )
+        lines.append(_compared(
+            "loss", self.loss, self.loss_bits, self.original_loss, self.original_loss_bits,
+            self.loss_matches,
+        ))  # fmt: skip
+        lines.append(_compared(
+            "grad norm", self.grad_norm, self.grad_norm_bits, self.original_grad_norm,
+            self.original_grad_norm_bits, self.grad_norm_matches,
+        ))  # fmt: skip
         if self.forward_nonfinite_module:
             lines.append(
                 f"  forward: first non-finite module output: {self.forward_nonfinite_module}"
@@ -83,24 +57,40 @@ class ReplayResult:
             lines.append(
                 f"  backward: first parameter-owning module with non-finite gradients: {self.backward_nonfinite_module}"
             )
-        a = self.anomaly
-        if a is not None:
-            if a.forward_op:
-                where = f" at {a.forward_source}" if a.forward_source else ""
-                lines.append(
-                    f"  forward op that first turned finite inputs into NaN/Inf: {a.forward_op}{where}"
-                )
-                if a.forward_source and a.forward_source.code:
-                    lines.append(f"      {a.forward_source.code}")
-            if a.backward_op:
-                where = f" at {a.backward_source}" if a.backward_source else ""
-                lines.append(f"  anomaly: {a.backward_op}{where}")
-                if a.backward_source and a.backward_source.code:
-                    lines.append(f"      {a.backward_source.code}")
-                if a.backward_error:
-                    lines.append(f"      ({a.backward_error})")
-            elif not a.forward_op:
-                lines.append("  anomaly mode found no NaN in the backward pass")
+        if self.anomaly is not None:
+            lines += _anomaly_lines(self.anomaly)
         for n in self.notes:
             lines.append(f"  note: {n}")
         return "\n".join(lines)
+
+
+def _compared(
+    label: str, now: float, bits: str, orig: float | None, obits: str | None, ok: bool | None
+) -> str:
+    """One replayed value beside the recorded one, and whether their bits are the same."""
+    if orig is None:
+        return f"  {label:<10} {num_text(now)} ({bits}); the original value is unknown"
+    verdict = "identical, bit for bit" if ok else "DIFFERENT"
+    return f"  {label:<10} original {num_text(orig)} ({obits})  replay {num_text(now)} ({bits})  -> {verdict}"
+
+
+def _anomaly_lines(a: AnomalyReport) -> list[str]:
+    """What anomaly mode found: the forward op that made the NaN/Inf, the backward op, or none."""
+    lines: list[str] = []
+    if a.forward_op:
+        where = f" at {a.forward_source}" if a.forward_source else ""
+        lines.append(
+            f"  forward op that first turned finite inputs into NaN/Inf: {a.forward_op}{where}"
+        )
+        if a.forward_source and a.forward_source.code:
+            lines.append(f"      {a.forward_source.code}")
+    if a.backward_op:
+        where = f" at {a.backward_source}" if a.backward_source else ""
+        lines.append(f"  anomaly: {a.backward_op}{where}")
+        if a.backward_source and a.backward_source.code:
+            lines.append(f"      {a.backward_source.code}")
+        if a.backward_error:
+            lines.append(f"      ({a.backward_error})")
+    elif not a.forward_op:
+        lines.append("  anomaly mode found no NaN in the backward pass")
+    return lines

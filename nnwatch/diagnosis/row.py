@@ -12,70 +12,64 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.store.schema import sums_measured
-
-_SCALARS = (
-    "step",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "clip_threshold",
-    "amp_scale",
-    "amp_skipped",
-    "nonfinite_grads",
-    "layer_stats",
-    "samples_per_sec",
-    "step_time",
-    "grads_kept",
-    "params_no_grad",
-    "params_unoptimized",
-    "update_frozen",
-    "label_entropy",
-    "label_mean",
-    "label_var",
-    "weight_drift",
+from nnwatch.store.schema import (
+    ACT_SUM_FIELD,
+    DEV_FIELDS,
+    HOST_FIELDS,
+    LAYER_FIELDS_ACT,
+    LAYER_FIELDS_UPDATE,
+    FieldName,
+    sums_measured,
 )
-_LAYER = ("act_sum", "act_mean", "act_std", "act_zero", "act_maxabs", "act_nonfinite", "act_dead")
+
+#: The record's scalars a detector reads: every one of the schema's but those only monitors show
+#: (the clock, memory, CPU, the clip bit the norms already tell, the budget's measured flag).
+_NOT_READ = frozenset({
+    FieldName.TIME, FieldName.CUDA_ALLOCATED, FieldName.CUDA_RESERVED, FieldName.CUDA_PEAK,
+    FieldName.CPU_PERCENT, FieldName.RSS, FieldName.LAYER_SUMS, FieldName.CLIPPED,
+})
+_SCALARS = tuple(f for f in (*HOST_FIELDS, *DEV_FIELDS) if f not in _NOT_READ)
+_LAYER = (ACT_SUM_FIELD, *LAYER_FIELDS_ACT)
 #: what each measured update did, per parameter-owning layer (None on rows without an update)
-_UPDATE = ("weight_layer", "update_layer", "frozen_layer")
+_UPDATE = LAYER_FIELDS_UPDATE
 
 
 class Row:
     """The fields of one step that detectors use. Per-layer arrays are None when not recorded."""
 
     __slots__ = (
-        "step",
-        "loss",
-        "grad_norm",
-        "grad_norm_clipped",
-        "clip_threshold",
-        "amp_scale",
-        "amp_skipped",
-        "nonfinite_grads",
-        "lr",
+        FieldName.STEP,
+        FieldName.LOSS,
+        FieldName.GRAD_NORM,
+        FieldName.GRAD_NORM_CLIPPED,
+        FieldName.CLIP_THRESHOLD,
+        FieldName.AMP_SCALE,
+        FieldName.AMP_SKIPPED,
+        FieldName.NONFINITE_GRADS,
+        FieldName.LR,
         "sampled",
         "measured",
-        "act_sum",
-        "act_mean",
-        "act_std",
-        "act_zero",
-        "act_maxabs",
-        "act_nonfinite",
-        "act_dead",
-        "act_rows",
-        "grad_layer",
+        FieldName.ACT_SUM,
+        FieldName.ACT_MEAN,
+        FieldName.ACT_STD,
+        FieldName.ACT_ZERO,
+        FieldName.ACT_MAXABS,
+        FieldName.ACT_NONFINITE,
+        FieldName.ACT_DEAD,
+        FieldName.ACT_ROWS,
+        FieldName.GRAD_LAYER,
         "batch_size",
-        "grads_kept",
-        "params_no_grad",
-        "params_unoptimized",
-        "update_frozen",
-        "label_entropy",
-        "label_mean",
-        "label_var",
-        "weight_drift",
-        "weight_layer",
-        "update_layer",
-        "frozen_layer",
+        FieldName.GRADS_KEPT,
+        FieldName.PARAMS_NO_GRAD,
+        FieldName.PARAMS_UNOPTIMIZED,
+        FieldName.UPDATE_FROZEN,
+        FieldName.LABEL_ENTROPY,
+        FieldName.LABEL_MEAN,
+        FieldName.LABEL_VAR,
+        FieldName.WEIGHT_DRIFT,
+        FieldName.WEIGHT_LAYER,
+        FieldName.UPDATE_LAYER,
+        FieldName.FROZEN_LAYER,
     )
     step: int
     loss: float
@@ -138,59 +132,59 @@ class Row:
         cols = {f: rows[f].astype(np.float64).tolist() for f in _SCALARS if f in names}
         nan = [math.nan] * n
         # the width from the dtype, not -1: a log of 0 readable rows must give 0 rows, not fail
-        lr = rows["lr"].reshape(n, int(np.prod(rows.dtype["lr"].shape))) if "lr" in names else np.zeros((n, 0))
-        sampled = [v == 1.0 for v in cols.get("layer_stats", nan)]
+        lr = rows[FieldName.LR].reshape(n, int(np.prod(rows.dtype[FieldName.LR].shape))) if FieldName.LR in names else np.zeros((n, 0))
+        sampled = [v == 1.0 for v in cols.get(FieldName.LAYER_STATS, nan)]
         per_layer = {f: rows[f] for f in _LAYER if f in names}
-        rows_seen = rows["act_rows"] if "act_rows" in names else None
+        rows_seen = rows[FieldName.ACT_ROWS] if FieldName.ACT_ROWS in names else None
         measured = sums_measured(rows)
-        grad = rows["grad_layer"] if "grad_layer" in names else np.zeros((n, 0), np.float32)
+        grad = rows[FieldName.GRAD_LAYER] if FieldName.GRAD_LAYER in names else np.zeros((n, 0), np.float32)
         upd = {f: rows[f] for f in _UPDATE if f in names}
         updated = (
-            np.isfinite(upd["update_layer"]).any(axis=1) if "update_layer" in upd
+            np.isfinite(upd[FieldName.UPDATE_LAYER]).any(axis=1) if FieldName.UPDATE_LAYER in upd
             else np.zeros(n, dtype=bool)
         )
         out: list[Row] = []
         for i in range(n):
             r = Row.__new__(Row)
-            r.step = int(cols["step"][i])
-            r.loss = cols["loss"][i]
-            r.grad_norm = cols["grad_norm"][i]
-            r.grad_norm_clipped = cols.get("grad_norm_clipped", nan)[i]
-            r.clip_threshold = cols.get("clip_threshold", nan)[i]
-            r.amp_scale = cols.get("amp_scale", nan)[i]
-            r.amp_skipped = cols.get("amp_skipped", nan)[i]
-            r.nonfinite_grads = cols.get("nonfinite_grads", nan)[i]
+            r.step = int(cols[FieldName.STEP][i])
+            r.loss = cols[FieldName.LOSS][i]
+            r.grad_norm = cols[FieldName.GRAD_NORM][i]
+            r.grad_norm_clipped = cols.get(FieldName.GRAD_NORM_CLIPPED, nan)[i]
+            r.clip_threshold = cols.get(FieldName.CLIP_THRESHOLD, nan)[i]
+            r.amp_scale = cols.get(FieldName.AMP_SCALE, nan)[i]
+            r.amp_skipped = cols.get(FieldName.AMP_SKIPPED, nan)[i]
+            r.nonfinite_grads = cols.get(FieldName.NONFINITE_GRADS, nan)[i]
             r.lr = lr[i]
             r.sampled = sampled[i]
-            sps, dt = cols.get("samples_per_sec", nan)[i], cols.get("step_time", nan)[i]
+            sps, dt = cols.get(FieldName.SAMPLES_PER_SEC, nan)[i], cols.get(FieldName.STEP_TIME, nan)[i]
             r.batch_size = sps * dt if math.isfinite(sps) and math.isfinite(dt) else math.nan
             r.measured = bool(measured[i])
             known = (act_known is None or bool(act_known[i])) and r.measured
-            r.act_sum = per_layer["act_sum"][i] if known and "act_sum" in per_layer else None
+            r.act_sum = per_layer[FieldName.ACT_SUM][i] if known and FieldName.ACT_SUM in per_layer else None
             r.act_rows = rows_seen[i] if known and rows_seen is not None else None
-            if r.sampled and "act_zero" in per_layer:
-                r.act_mean = per_layer["act_mean"][i] if "act_mean" in per_layer else None
-                r.act_std = per_layer["act_std"][i]
-                r.act_zero = per_layer["act_zero"][i]
-                r.act_maxabs = per_layer["act_maxabs"][i]
-                r.act_nonfinite = per_layer["act_nonfinite"][i]
-                r.act_dead = per_layer["act_dead"][i] if "act_dead" in per_layer else None
+            if r.sampled and FieldName.ACT_ZERO in per_layer:
+                r.act_mean = per_layer[FieldName.ACT_MEAN][i] if FieldName.ACT_MEAN in per_layer else None
+                r.act_std = per_layer[FieldName.ACT_STD][i]
+                r.act_zero = per_layer[FieldName.ACT_ZERO][i]
+                r.act_maxabs = per_layer[FieldName.ACT_MAXABS][i]
+                r.act_nonfinite = per_layer[FieldName.ACT_NONFINITE][i]
+                r.act_dead = per_layer[FieldName.ACT_DEAD][i] if FieldName.ACT_DEAD in per_layer else None
             else:
                 r.act_mean = r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
                 r.act_dead = None
             r.grad_layer = grad[i]
-            r.grads_kept = cols.get("grads_kept", nan)[i]
-            r.params_no_grad = cols.get("params_no_grad", nan)[i]
-            r.params_unoptimized = cols.get("params_unoptimized", nan)[i]
-            r.update_frozen = cols.get("update_frozen", nan)[i]
-            r.label_entropy = cols.get("label_entropy", nan)[i]
-            r.label_mean = cols.get("label_mean", nan)[i]
-            r.label_var = cols.get("label_var", nan)[i]
-            r.weight_drift = cols.get("weight_drift", nan)[i]
+            r.grads_kept = cols.get(FieldName.GRADS_KEPT, nan)[i]
+            r.params_no_grad = cols.get(FieldName.PARAMS_NO_GRAD, nan)[i]
+            r.params_unoptimized = cols.get(FieldName.PARAMS_UNOPTIMIZED, nan)[i]
+            r.update_frozen = cols.get(FieldName.UPDATE_FROZEN, nan)[i]
+            r.label_entropy = cols.get(FieldName.LABEL_ENTROPY, nan)[i]
+            r.label_mean = cols.get(FieldName.LABEL_MEAN, nan)[i]
+            r.label_var = cols.get(FieldName.LABEL_VAR, nan)[i]
+            r.weight_drift = cols.get(FieldName.WEIGHT_DRIFT, nan)[i]
             if updated[i]:
-                r.weight_layer = upd["weight_layer"][i]
-                r.update_layer = upd["update_layer"][i]
-                r.frozen_layer = upd["frozen_layer"][i]
+                r.weight_layer = upd[FieldName.WEIGHT_LAYER][i]
+                r.update_layer = upd[FieldName.UPDATE_LAYER][i]
+                r.frozen_layer = upd[FieldName.FROZEN_LAYER][i]
             else:
                 r.weight_layer = r.update_layer = r.frozen_layer = None
             out.append(r)

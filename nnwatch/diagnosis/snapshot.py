@@ -22,25 +22,24 @@ becomes a ``snapshot_failed`` finding, and raises: the probe turns the exception
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import math
 import os
 import platform
 import random
 import secrets
 import shutil
 import sys
-import threading
 import time
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
 
+from nnwatch.diagnosis.snapshot_record import RECORD as RECORD  # re-exported: read from here too
+from nnwatch.diagnosis.snapshot_record import plain_number as _plain_number
+from nnwatch.diagnosis.snapshot_record import read_record as read_record
 from nnwatch.store.clean_text import loads
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import (
@@ -55,22 +54,12 @@ from nnwatch.store.paths import (
     pinned,
     read_small_file,
     rename_file,
-    write_private_file,
 )
-from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 
 SNAPSHOT_VERSION = 1
 MANIFEST, STATE, RNG, BATCH = SNAPSHOT_MANIFEST, "state.pt", "rng.pt", "batch.pt"
-METRICS, LAYERS, FINDINGS, META, RECORD = (
-    "metrics.npy",
-    "layers.json",
-    "findings.json",
-    "meta.json",
-    "record.json",
-)
-
-_pending_lock = threading.Lock()
-_pending: weakref.WeakKeyDictionary[object, dict[int, Path]] = weakref.WeakKeyDictionary()
+METRICS, LAYERS, FINDINGS, META = "metrics.npy", "layers.json", "findings.json", "meta.json"
 
 
 class SnapshotSubject(Protocol):
@@ -150,8 +139,6 @@ def write_snapshot(
         raise SnapshotError(
             f"could not write the snapshot of step {step} in {root}: {why}"
         ) from exc
-    with _pending_lock:
-        _pending.setdefault(w, {})[step] = final
     return final
 
 
@@ -245,6 +232,31 @@ def preflight(w: SnapshotSubject, margin: float = 1.5) -> str | None:
 # contents
 
 
+class _Files:
+    """The files of one snapshot directory as they are written: each one's sha256 and length."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+        self.files: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+
+    def save_bytes(self, name: str, write: Any) -> None:
+        """Create ``name`` (new, private) and have ``write(fh)`` fill it."""
+        path = self.d / name
+        with _new_file(path) as fh:
+            write(fh)
+        self.files[name] = _sha256(path, self.sizes)
+
+    def save_torch(self, name: str, obj: Any) -> None:
+        import torch
+
+        self.save_bytes(name, lambda fh: torch.save(obj, fh))
+
+    def save_json(self, name: str, obj: Any) -> None:
+        text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
+        self.save_bytes(name, lambda fh: fh.write(text.encode()))
+
+
 def _write_contents(
     w: SnapshotSubject,
     d: Path,
@@ -255,51 +267,48 @@ def _write_contents(
     rng: dict[str, Any],
     batch: Any,
 ) -> None:
-    import torch
-
-    files, sizes = dict[str, str](), dict[str, int]()  # sha256 and length of each file written
-
-    def save_torch(name: str, obj: Any) -> None:
-        path = d / name
-        with _new_file(path) as fh:
-            torch.save(obj, fh)
-        files[name] = _sha256(path, sizes)
-
-    def save_json(name: str, obj: Any) -> None:
-        path = d / name
-        text = json.dumps(obj, indent=1, sort_keys=True, default=_json_default, allow_nan=False)
-        with _new_file(path) as fh:
-            fh.write(text.encode())
-        files[name] = _sha256(path, sizes)
-
-    saved_state = {
+    out = _Files(d)
+    saved_state: dict[str, Any] = {
         k: state[k] for k in ("model", "optimizer", "scaler") if k in state and state[k] is not None
     }
-    save_torch(STATE, saved_state)
-    save_torch(RNG, rng_to_tensors(rng))
+    out.save_torch(STATE, saved_state)
+    out.save_torch(RNG, rng_to_tensors(rng))
     batch_notes: list[str] = []
     if batch is None:
         batch_notes.append(
             "w.step() was called without batch=...; pass the batch to make snapshots replayable"
         )
     else:
-        save_torch(BATCH, _plain(batch, batch_notes, "batch"))
+        out.save_torch(BATCH, _plain(batch, batch_notes, "batch"))
     recent = w.recent_records()
     if isinstance(recent, np.ndarray) and recent.dtype.names:
-        with _new_file(d / METRICS) as fh:
-            np.save(fh, recent, allow_pickle=False)
-        files[METRICS] = _sha256(d / METRICS, sizes)
-    save_json(LAYERS, latest_layer_stats(w, recent))
-    save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
+        out.save_bytes(METRICS, lambda fh: np.save(fh, recent, allow_pickle=False))
+    out.save_json(LAYERS, latest_layer_stats(w, recent))
+    out.save_json(FINDINGS, [_finding_dict(f) for f in list(w.findings)])
     meta = w.meta
     if meta is not None:
-        with _new_file(d / META) as fh:
-            fh.write(meta.to_json().encode())
-        files[META] = _sha256(d / META, sizes)
+        out.save_bytes(META, lambda fh: fh.write(meta.to_json().encode()))
+    manifest = _manifest(w, step, reason, state, saved_state, rng, batch is not None)
+    manifest.update(batch_notes=batch_notes, files=out.files, sizes=out.sizes)
+    out.save_json(MANIFEST, manifest)
+
+
+def _manifest(
+    w: SnapshotSubject,
+    step: int,
+    reason: str,
+    state: dict[str, Any],
+    saved_state: dict[str, Any],
+    rng: dict[str, Any],
+    has_batch: bool,
+) -> dict[str, Any]:
+    """What a replay needs to know of the step and of the versions, device and model it ran on."""
+    import torch
+
     model = w.model
     device = str(w.device)
     optimizer = w.stepping_optimizer
-    manifest: dict[str, Any] = {
+    return {
         "version": SNAPSHOT_VERSION,
         "step": step,
         "reason": reason,
@@ -309,7 +318,7 @@ def _write_contents(
         "torch_version": torch.__version__,
         "numpy_version": np.__version__,
         "python_version": platform.python_version(),
-        "nnwatch_version": getattr(meta, "nnwatch_version", ""),
+        "nnwatch_version": getattr(w.meta, "nnwatch_version", ""),
         "device": device,
         "cuda_device": _cuda_name(device),
         "num_threads": torch.get_num_threads(),
@@ -324,7 +333,7 @@ def _write_contents(
             "model": "model" in saved_state,
             "optimizer": "optimizer" in saved_state,
             "scaler": "scaler" in saved_state,
-            "batch": batch is not None,
+            "batch": has_batch,
             "rng": sorted(rng),
         },
         "weights": (
@@ -333,11 +342,7 @@ def _write_contents(
             else "unknown: watch() was given no optimizer, so the weights may already be updated"
         ),
         "buffers_note": "buffers (e.g. BatchNorm running stats) already include this step's forward",
-        "batch_notes": batch_notes,
-        "files": files,
-        "sizes": sizes,
     }
-    save_json(MANIFEST, manifest)
 
 
 def rng_to_tensors(rng: dict[str, Any]) -> dict[str, Any]:
@@ -420,61 +425,23 @@ def latest_layer_stats(w: SnapshotSubject, recent: np.ndarray) -> dict[str, Any]
     if not isinstance(recent, np.ndarray) or not recent.dtype.names or not len(recent):
         return out
     schema = w.schema
-    sampled = recent[recent["layer_stats"] == 1.0]
+    sampled = recent[recent[FieldName.LAYER_STATS] == 1.0]
     if len(sampled):
         r = sampled[-1]
-        out["step"] = int(r["step"])
+        out["step"] = int(r[FieldName.STEP])
         for i, name in enumerate(schema.layer_names):
             out["layers"][name] = {
                 "kind": schema.layer_kinds[i],
                 **{
                     f: _plain_number(r[f][i])
-                    for f in ("act_mean", "act_std", "act_zero", "act_nonfinite", "act_maxabs")
+                    for f in (FieldName.ACT_MEAN, FieldName.ACT_STD, FieldName.ACT_ZERO, FieldName.ACT_NONFINITE, FieldName.ACT_MAXABS)
                 },
             }
     r = recent[-1]
-    out["grad_step"] = int(r["step"])
+    out["grad_step"] = int(r[FieldName.STEP])
     for j, name in enumerate(schema.param_layer_names):
-        out["grad_norms"][name] = _plain_number(r["grad_layer"][j])
+        out["grad_norms"][name] = _plain_number(r[FieldName.GRAD_LAYER][j])
     return out
-
-
-# ------------------------------------------------------------------------------------------------
-# the step's own record, added when it reaches the detectors
-
-
-def complete_pending(w: object, rows: np.ndarray) -> None:
-    """Write ``record.json`` into snapshots whose step is among ``rows`` (called by the writer thread)."""
-    with _pending_lock:
-        pending = _pending.get(w)
-        if not pending:
-            return
-        steps = rows["step"]
-        hits = [(s, pending.pop(s)) for s in list(pending) if (steps == s).any()]
-    for s, path in hits:
-        row = rows[np.flatnonzero(steps == s)[0]]
-        with contextlib.suppress(OSError):  # replay falls back to the run's scalars.bin
-            write_record(path, row)
-
-
-def write_record(path: Path, row: Any) -> None:
-    """The step's loss and norm as recorded, and the float32 bits a replay reproduces exactly."""
-    with np.errstate(over="ignore"):  # a float64 loss past float32's range has inf bits
-        loss, gn = np.float32(row["loss"]), np.float32(row["grad_norm"])
-    record = {
-        "step": int(row["step"]),
-        "loss": _plain_number(row["loss"]),
-        "loss_bits": f"0x{int(loss.view(np.uint32)):08x}",
-        "grad_norm": _plain_number(gn),
-        "grad_norm_bits": f"0x{int(gn.view(np.uint32)):08x}",
-        "grad_norm_clipped": _plain_number(row["grad_norm_clipped"]),
-        "clip_threshold": _plain_number(row["clip_threshold"]),
-        "nonfinite_grads": _plain_number(row["nonfinite_grads"]),
-        "source": "probe record (float32)",
-    }
-    write_private_file(
-        path / RECORD, json.dumps(record, indent=1, sort_keys=True, allow_nan=False).encode()
-    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -519,33 +486,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_record(path: Path) -> dict[str, Any] | None:
-    """A snapshot's ``record.json`` (the step's own loss and grad norm, as float32 bit patterns),
-    checked; None when it is missing or damaged (a truncated file), so replay falls back to the
-    run log instead of failing."""
-    try:
-        rec = loads(read_small_file(path, limit=1 << 20))
-    except (OSError, ValueError, RecursionError):
-        return None
-    if not isinstance(rec, dict):
-        return None
-    for key in ("loss_bits", "grad_norm_bits"):
-        bits = rec.get(key)
-        if not isinstance(bits, str) or not _is_u32_hex(bits):
-            return None
-    step = rec.get("step")
-    if isinstance(step, bool) or not isinstance(step, int):
-        return None
-    return rec
-
-
-def _is_u32_hex(text: str) -> bool:
-    try:
-        return text.startswith("0x") and 0 <= int(text, 16) <= 0xFFFFFFFF and len(text) <= 10
-    except ValueError:
-        return False
-
-
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -558,21 +498,6 @@ def _sha256(path: Path, sizes: dict[str, int]) -> str:
             h.update(chunk)
         sizes[path.name] = fh.tell()
     return h.hexdigest()
-
-
-def _plain_number(x: Any) -> Any:
-    """JSON-safe: NaN -> None, +-inf -> "inf"/"-inf"; other numbers as Python floats/ints."""
-    if x is None or isinstance(x, (bool, str)):
-        return x
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(f):
-        return None
-    if math.isinf(f):
-        return "inf" if f > 0 else "-inf"
-    return int(f) if isinstance(x, int) else f
 
 
 def _json_default(obj: Any) -> Any:

@@ -24,6 +24,7 @@ from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import SNAPSHOTS_DIR, open_regular, read_small_file
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.safe_read import held_size, hole_tail, open_file
+from nnwatch.store.schema import FieldName
 
 
 class ReplayError(RuntimeError):
@@ -108,8 +109,8 @@ class Snapshot:
         if rec is not None:
             return {
                 "loss": from_bits(rec.get("loss_bits")),
-                "grad_norm": from_bits(rec.get("grad_norm_bits")),
-                "clip_threshold": json_float(rec.get("clip_threshold")),
+                FieldName.GRAD_NORM: from_bits(rec.get("grad_norm_bits")),
+                FieldName.CLIP_THRESHOLD: json_float(rec.get(FieldName.CLIP_THRESHOLD)),
                 "source": str(p),
             }
         run_dir = Path(self.manifest.get("run_dir", ""))
@@ -118,15 +119,15 @@ class Snapshot:
                 run = load_run(candidate)
             except Exception:  # noqa: BLE001 - not a run directory: try the next
                 continue
-            hit = np.flatnonzero(np.asarray(run.scalars["step"]) == self.step)
+            hit = np.flatnonzero(np.asarray(run.scalars[FieldName.STEP]) == self.step)
             if hit.size:
                 r = run.scalars[int(hit[-1])]
                 with np.errstate(over="ignore"):  # float64 values past float32's range
-                    loss, norm = np.float32(r["loss"]), np.float32(r["grad_norm"])
+                    loss, norm = np.float32(r[FieldName.LOSS]), np.float32(r[FieldName.GRAD_NORM])
                 return {
                     "loss": loss,
-                    "grad_norm": norm,
-                    "clip_threshold": float(r["clip_threshold"]),
+                    FieldName.GRAD_NORM: norm,
+                    FieldName.CLIP_THRESHOLD: float(r[FieldName.CLIP_THRESHOLD]),
                     "source": str(candidate / "scalars.bin"),
                 }
         return None

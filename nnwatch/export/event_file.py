@@ -11,6 +11,7 @@ TensorBoard and its ``EventAccumulator`` find it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import socket
@@ -27,6 +28,7 @@ _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
 
+@functools.cache  # chosen once: the import is looked for on the first record only
 def _crc32c_function() -> Callable[[bytes], int]:
     try:
         import google_crc32c
@@ -40,15 +42,9 @@ def _crc32c_function() -> Callable[[bytes], int]:
     return crc32c  # type: ignore[no-any-return]
 
 
-_crc32c: Callable[[bytes], int] | None = None
-
-
 def masked_crc32c(data: bytes) -> int:
     """The CRC-32C of ``data``, masked the way TFRecord files store it."""
-    global _crc32c
-    if _crc32c is None:
-        _crc32c = _crc32c_function()
-    x = _crc32c(data) & 0xFFFFFFFF
+    x = _crc32c_function()(data) & 0xFFFFFFFF
     return (((x >> 15) | (x << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 

@@ -48,7 +48,7 @@ from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.paths import open_dir_nofollow
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError, split_records
-from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, RunMeta, fields_of
+from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, FieldName, RunMeta, fields_of
 
 if TYPE_CHECKING:
     from nnwatch.store.runlog import RunLogWriter
@@ -57,24 +57,24 @@ log = logging.getLogger("nnwatch")
 
 #: (record field, TensorBoard tag) for the per-step scalars; LR columns are added per group.
 SCALAR_TAGS: tuple[tuple[str, str], ...] = (
-    ("loss", "train/loss"),
-    ("grad_norm", "grad/norm"),
-    ("grad_norm_clipped", "grad/norm_clipped"),
-    ("clipped", "grad/clipped"),
-    ("clip_threshold", "grad/clip_threshold"),
-    ("nonfinite_grads", "grad/nonfinite"),
-    ("amp_scale", "amp/scale"),
-    ("amp_skipped", "amp/skipped"),
-    ("step_time", "perf/step_time"),
-    ("samples_per_sec", "perf/samples_per_sec"),
-    ("cpu_percent", "perf/cpu_percent"),
-    ("rss", "memory/rss"),
-    ("cuda_allocated", "memory/cuda_allocated"),
-    ("cuda_reserved", "memory/cuda_reserved"),
-    ("cuda_peak", "memory/cuda_peak"),
+    (FieldName.LOSS, "train/loss"),
+    (FieldName.GRAD_NORM, "grad/norm"),
+    (FieldName.GRAD_NORM_CLIPPED, "grad/norm_clipped"),
+    (FieldName.CLIPPED, "grad/clipped"),
+    (FieldName.CLIP_THRESHOLD, "grad/clip_threshold"),
+    (FieldName.NONFINITE_GRADS, "grad/nonfinite"),
+    (FieldName.AMP_SCALE, "amp/scale"),
+    (FieldName.AMP_SKIPPED, "amp/skipped"),
+    (FieldName.STEP_TIME, "perf/step_time"),
+    (FieldName.SAMPLES_PER_SEC, "perf/samples_per_sec"),
+    (FieldName.CPU_PERCENT, "perf/cpu_percent"),
+    (FieldName.RSS, "memory/rss"),
+    (FieldName.CUDA_ALLOCATED, "memory/cuda_allocated"),
+    (FieldName.CUDA_RESERVED, "memory/cuda_reserved"),
+    (FieldName.CUDA_PEAK, "memory/cuda_peak"),
 )
 #: Per-layer stats drawn as histograms across layers (``grad_layer`` as log10).
-HISTOGRAM_FIELDS: tuple[str, ...] = (GRAD_LAYER_FIELD, "act_std", "act_zero", "act_maxabs")
+HISTOGRAM_FIELDS: tuple[str, ...] = (GRAD_LAYER_FIELD, FieldName.ACT_STD, FieldName.ACT_ZERO, FieldName.ACT_MAXABS)
 EVENT_FILE_PREFIX = "events.out.tfevents."
 
 
@@ -163,15 +163,15 @@ class TensorBoardWriter:
         names = rows.dtype.names or ()
         tags = [tag for field, tag in SCALAR_TAGS if field in names]
         cols = [rows[field].astype(np.float64) for field, _ in SCALAR_TAGS if field in names]
-        if "lr" in names and self._lr_tags:
-            lr = rows["lr"].reshape(len(rows), -1).astype(np.float64)
+        if FieldName.LR in names and self._lr_tags:
+            lr = rows[FieldName.LR].reshape(len(rows), -1).astype(np.float64)
             tags += self._lr_tags
             cols += [lr[:, i] for i in range(lr.shape[1])]
         values = np.stack(cols, axis=1)
         finite = np.isfinite(values).tolist()
         values_l = values.tolist()  # Python floats: protobuf takes them much faster than numpy's
-        steps = rows["step"].tolist()
-        times = rows["time"].tolist() if "time" in names else [math.nan] * len(rows)
+        steps = rows[FieldName.STEP].tolist()
+        times = rows[FieldName.TIME].tolist() if FieldName.TIME in names else [math.nan] * len(rows)
         Summary, Value = self._Summary, self._Summary.Value
         pairs = list(enumerate(tags))
         for row, ok, step, wt in zip(values_l, finite, steps, times, strict=True):
@@ -187,10 +187,10 @@ class TensorBoardWriter:
         if not len(rows) or not (self.per_layer or self.histogram_every):
             return
         Summary, Value = self._Summary, self._Summary.Value
-        own_time = "time" in (rows.dtype.names or ())
+        own_time = FieldName.TIME in (rows.dtype.names or ())
         for row in rows:
-            step = int(row["step"])
-            walltime = float(row["time"]) if own_time else (times or {}).get(step, math.nan)
+            step = int(row[FieldName.STEP])
+            walltime = float(row[FieldName.TIME]) if own_time else (times or {}).get(step, math.nan)
             vals = []
             if self.per_layer:
                 for field, tags in self._layer_tags:
@@ -303,7 +303,7 @@ def export_run(
         scalars = np.asarray(run.scalars)
         writer.add_scalars(scalars)
         times = dict(
-            zip(scalars["step"].astype(np.int64).tolist(), scalars["time"].tolist(), strict=True)
+            zip(scalars[FieldName.STEP].astype(np.int64).tolist(), scalars[FieldName.TIME].tolist(), strict=True)
         )
         writer.add_layers(np.asarray(run.layers), times)
         writer.add_events(run.events)
@@ -343,7 +343,7 @@ class LiveExport:
             scalars, layers = split_records(rows, self.meta.schema)
             self.writer.add_scalars(scalars)
             self.writer.add_layers(
-                layers, {int(s): float(t) for s, t in zip(rows["step"], rows["time"], strict=True)}
+                layers, {int(s): float(t) for s, t in zip(rows[FieldName.STEP], rows[FieldName.TIME], strict=True)}
             )
             self.writer.add_events(self._events.read_events())
             self.writer.flush()  # a live TensorBoard sees each batch as soon as it is drained

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nnwatch.store.events import TrainingError
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors import torch_clip as gradmath
 
 if TYPE_CHECKING:
@@ -58,14 +59,14 @@ class FrameworkLink:
         try:
             b = run.buffers
             post = gradmath.global_norm(list(run.plan.params)).to(b.dev.device, torch.float64)
-            pre = b.slot("grad_norm")
-            b.slot("grad_norm_clipped").copy_(post)
+            pre = b.slot(FieldName.GRAD_NORM)
+            b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(post)
             limits = [x for x in (max_norm, run.clip_override) if x is not None and math.isfinite(x)]
             if limits:
                 run.grads.threshold = float(min(limits))
-                b.slot("clipped").copy_(pre > run.grads.threshold)
+                b.slot(FieldName.CLIPPED).copy_(pre > run.grads.threshold)
             else:
-                b.slot("clipped").copy_(post < pre)
+                b.slot(FieldName.CLIPPED).copy_(post < pre)
         except Exception as exc:  # noqa: BLE001
             run.warn_once("integration-clip", f"could not record the framework's clip: {exc!r}")
 
@@ -79,18 +80,18 @@ class FrameworkLink:
         try:
             b = run.buffers
             pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float64)
-            measured = b.slot("grad_norm").clone()
+            measured = b.slot(FieldName.GRAD_NORM).clone()
             scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
             b.grad_layer.mul_(scale)
-            b.slot("grad_norm").copy_(pre)
-            b.slot("nonfinite_grads").copy_(~torch.isfinite(pre))
+            b.slot(FieldName.GRAD_NORM).copy_(pre)
+            b.slot(FieldName.NONFINITE_GRADS).copy_(~torch.isfinite(pre))
             if max_norm is not None and math.isfinite(max_norm):
                 if run.clip_override is None:
-                    b.slot("grad_norm_clipped").copy_(measured)
+                    b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(measured)
                     run.grads.threshold = float(max_norm)
                 else:
                     run.grads.threshold = float(min(max_norm, run.clip_override))
-                b.slot("clipped").copy_(pre > run.grads.threshold)
+                b.slot(FieldName.CLIPPED).copy_(pre > run.grads.threshold)
         except Exception as exc:  # noqa: BLE001
             run.warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
 

@@ -1,6 +1,7 @@
 """What ``watch()`` can be told, declared once: :class:`WatchOptions`.
 
-``watch(model, optimizer, scaler, **options)`` builds one of these; the builder
+``watch(model, optimizer, scaler, **options)`` builds one of these (its keywords are typed by
+:class:`WatchOptionsDict`, the same fields for editors and mypy); the builder
 (:mod:`nnwatch.probe._builder`) reads it and hands each part only the options it uses. It is
 frozen: an option is fixed when the watch starts (what a monitor changes live, such as the clip
 threshold or the layer interval, is state of the part it steers, not an option).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,27 @@ class WatchOptions:
             start_step=step if self.start_step is None else self.start_step,
             run_dir=run_dir,
         )
+
+
+class WatchOptionsDict(TypedDict, total=False):
+    """The keywords of ``watch(**options)``: :class:`WatchOptions`' fields with their types, so
+    that editors complete them and mypy checks a caller's spelling and values
+    (``tests/unit/test_watch_typing.py`` keeps the two declarations the same)."""
+
+    num_classes: int | None
+    name: str | None
+    run_dir: str | os.PathLike[str] | None
+    layer_interval: int | None
+    stat_cap: int
+    guard: bool | None
+    skip_nonfinite: bool
+    channel: bool
+    detectors: bool
+    tensorboard: Any
+    consistency_every: int | None
+    job_summary_every: int | None
+    budget: float | None
+    max_interval: int
+    batch_size: int | None
+    start_step: int | None
+    resume: bool

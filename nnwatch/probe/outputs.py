@@ -22,6 +22,7 @@ from nnwatch.probe.mate_watch import start_mate_watch
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles
+from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.store.paths import default_root
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta
@@ -58,6 +59,9 @@ class OutputsOwner(ChannelOwner, DiagnosedRun, Protocol):
 
     @property
     def resumed(self) -> bool: ...
+
+    @property
+    def snapshots(self) -> SnapshotTaker: ...
 
     @property
     def clip_before_unscale(self) -> bool: ...
@@ -108,5 +112,6 @@ def _make_diagnosis(run: OutputsOwner, run_log: RunLogWriter) -> Diagnosis | Non
     except Exception as exc:  # noqa: BLE001
         run.warn_once("diagnosis", f"detectors are off: {exc!r}")
         return None
+    run.snapshots.register_with(diag)
     run_log.observers.append(diag.observe)
     return diag

@@ -9,14 +9,18 @@ and :mod:`nnwatch.diagnosis.snapshot` writes it all when the step is recorded.
 from __future__ import annotations
 
 import random
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from nnwatch.diagnosis.snapshot import SnapshotSubject, preflight, write_snapshot
+from nnwatch.diagnosis.snapshot_record import SnapshotRecords
 from nnwatch.store.events import Event, SnapshotFailed, SnapshotTaken
+
+if TYPE_CHECKING:
+    from nnwatch.diagnosis.live import Diagnosis
 
 
 class SnapshotOwner(SnapshotSubject, Protocol):
@@ -85,6 +89,12 @@ class SnapshotTaker:
         self._cuda_rng: list[torch.Tensor] | None = None
         self.pre_state: dict[str, Any] | None = None  # the weights before this step's update
         self.random_forward = draws_random_numbers(model)
+        #: the snapshots waiting for their step's record (see :meth:`register_with`)
+        self.records = SnapshotRecords()
+
+    def register_with(self, diagnosis: Diagnosis) -> None:
+        """Have the detectors pass the records on, which completes each snapshot's record.json."""
+        diagnosis.add_observer(self.records)
 
     @property
     def rng_at_start(self) -> dict[str, Any] | None:
@@ -159,4 +169,5 @@ class SnapshotTaker:
             owner.log_event(SnapshotFailed(step=owner.step_index, error=str(exc)))
             owner.warn_once("snapshot-failed", f"could not write the snapshot: {exc}")
             return
+        self.records.expect(int(owner.step_index), path)
         owner.log_event(SnapshotTaken(step=owner.step_index, reason=reason, path=str(path)))

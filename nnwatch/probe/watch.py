@@ -26,12 +26,13 @@ events, findings, failures and end). Each concern belongs to one part:
 
 from __future__ import annotations
 
+import difflib
 import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -40,7 +41,7 @@ from nnwatch.probe import game
 from nnwatch.probe.exit_status import OBSERVER, Ending, from_exception, taken_over
 from nnwatch.probe.framework_link import FrameworkLink
 from nnwatch.probe.optimizer_target import resolve as resolve_optimizer
-from nnwatch.probe.options import WatchOptions
+from nnwatch.probe.options import WatchOptions, WatchOptionsDict
 from nnwatch.probe.run_files import RankInfo as RankInfo
 from nnwatch.probe.schedule import AFTER_TROUBLE as AFTER_TROUBLE
 from nnwatch.probe.schedule import WARMUP_STEPS as WARMUP_STEPS
@@ -48,6 +49,9 @@ from nnwatch.probe.watched_run import WatchedRun
 from nnwatch.store.events import TrainingError
 from nnwatch.store.finding import Finding
 from nnwatch.store.summary import RunSummary
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11; a type, never imported
 
 
 class Watch:
@@ -269,7 +273,9 @@ def _take_over(model: nn.Module, resume: bool = False, name: str | None = None) 
     return _Continued(str(run.name), int(run.step_index), Path(run.files.dir))
 
 
-def watch(model: nn.Module, optimizer: Any = None, scaler: Any = None, **options: Any) -> Watch:
+def watch(
+    model: nn.Module, optimizer: Any = None, scaler: Any = None, **options: Unpack[WatchOptionsDict]
+) -> Watch:
     """Attach nnwatch to a model (and optionally its optimizer and AMP GradScaler).
 
     Use it as a context manager, or call ``close()`` at the end. ``optimizer`` may be None (a
@@ -303,7 +309,10 @@ def watch(model: nn.Module, optimizer: Any = None, scaler: Any = None, **options
     optimizer that already holds state: a resumed run goes on where it left off).
     The environment variable ``NNWATCH_DISABLE=1`` makes this an inert watch (no hooks, no files).
     """
-    unknown = sorted(set(options) - {f.name for f in fields(WatchOptions)})
-    if unknown:  # as Python says it for a function's own keywords
-        raise TypeError(f"watch() got an unexpected keyword argument {unknown[0]!r}")
+    known = [f.name for f in fields(WatchOptions)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:  # as Python says it for a function's own keywords, with the option meant
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; its options are {', '.join(known)}"
+        raise TypeError(f"watch() got an unexpected keyword argument {unknown[0]!r}{hint}")
     return Watch(model, optimizer, scaler, WatchOptions(**options))

@@ -40,7 +40,7 @@ from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
 from nnwatch.store.job_health import HEARTBEAT_PERIOD, SILENT_SLACK, certain_first, judge_job
 from nnwatch.store.jobs import Job
-from nnwatch.store.schema import MAX_WORLD_SIZE
+from nnwatch.store.schema import MAX_WORLD_SIZE, FieldName
 
 CONNECT_TIMEOUT = 30.0
 RETRY_S = 5.0
@@ -267,7 +267,7 @@ class JobFanout:
         cross = events.get(key, [])
         for link, r in pairs:
             d = {k: v for k, v in r.items() if k in _FIELDS}
-            for k in ("loss", "grad_norm", "step_time", "memory"):
+            for k in (FieldName.LOSS, FieldName.GRAD_NORM, FieldName.STEP_TIME, "memory"):
                 d[k] = float("nan") if d.get(k) is None else float(d[k])
             if "host" in _FIELDS:  # the name the user reached it by: every node may be `vm`
                 d["host"] = link.host

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.schema import FieldName
+
 #: A rank this many times slower than the job's median step time is a straggler ...
 STRAGGLER_RATIO = 1.5
 #: ... when it is also at least this much slower (seconds), so microsecond noise never counts.
@@ -133,7 +135,14 @@ def job_findings(
         out.append(JobFinding("diverged", "error", odd, str(ev.get("summary") or ev.get("message")),
                               _hosts(rows, odd)))  # fmt: skip
     live = [r for r in rows if getattr(r, "reachable", True)]
-    times = [getattr(r, "step_time", math.nan) for r in live]
+    out += _stragglers(rows, live) + _outliers(rows, live)
+    return tuple(out)
+
+
+def _stragglers(rows: Sequence[Any], live: list[Any]) -> list[JobFinding]:
+    """The ranks whose steps take far longer than the job's median (fewer than half of them)."""
+    out: list[JobFinding] = []
+    times = [getattr(r, FieldName.STEP_TIME, math.nan) for r in live]
     ok = _finite(times)
     if len(ok) >= 2:
         med = float(np.median(ok))
@@ -148,8 +157,14 @@ def job_findings(
                 f"step against a median of {med * 1e3:.0f} ms ({worst.step_time / med:.1f}x)",
                 _hosts(rows, [r.rank for r in slow]),
             ))  # fmt: skip
+    return out
+
+
+def _outliers(rows: Sequence[Any], live: list[Any]) -> list[JobFinding]:
+    """The ranks whose loss or gradient norm sits far from the job's median (a third at most)."""
+    out: list[JobFinding] = []
     for field, kind, what in (("loss", "loss_outlier", "loss"),
-                              ("grad_norm", "grad_outlier", "gradient norm")):  # fmt: skip
+                              (FieldName.GRAD_NORM, "grad_outlier", "gradient norm")):  # fmt: skip
         values = [getattr(r, field) if r.nonfinite_step is None else math.nan for r in live]
         idx, med = outliers(values)
         if idx and len(idx) <= len(live) // 3:
@@ -162,4 +177,4 @@ def job_findings(
                 f"{_ranks([r.rank for r in far])}: {what} far from the job's median {med:.4g} "
                 f"({vals}){hint}", _hosts(rows, [r.rank for r in far]),
             ))  # fmt: skip
-    return tuple(out)
+    return out

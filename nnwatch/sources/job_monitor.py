@@ -34,7 +34,7 @@ from nnwatch.store.jobs import Job, read_job_summary
 from nnwatch.store.registry import RunInfo, note_first_stop, refresh
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError
-from nnwatch.store.schema import sums_measured
+from nnwatch.store.schema import FieldName, sums_measured
 
 #: A live rank this many steps behind the most advanced rank is called a straggler (or, in a
 #: fast job, a second of its steps: see ``job_findings.lag_limit``).
@@ -62,20 +62,20 @@ class RankState:
 
     def update(self, scalars: np.ndarray, layers: np.ndarray) -> None:
         if len(scalars):
-            steps = scalars["step"]
-            loss = scalars["loss"].astype(np.float64)
+            steps = scalars[FieldName.STEP]
+            loss = scalars[FieldName.LOSS].astype(np.float64)
             self.step = int(steps[-1])
             self.loss = float(loss[-1])
-            gn = scalars["grad_norm"]
+            gn = scalars[FieldName.GRAD_NORM]
             measured = np.flatnonzero(~np.isnan(gn))  # the cost budget may skip some steps
             if len(measured):
                 self.grad_norm = float(gn[measured[-1]])
-            st = scalars["step_time"][-20:]
+            st = scalars[FieldName.STEP_TIME][-20:]
             self.step_times = (
                 self.step_times + [float(x) for x in st if np.isfinite(x) and x > 0]
             )[-20:]
-            mem = float(scalars["cuda_peak"][-1])
-            self.memory = mem if math.isfinite(mem) and mem > 0 else float(scalars["rss"][-1])
+            mem = float(scalars[FieldName.CUDA_PEAK][-1])
+            self.memory = mem if math.isfinite(mem) and mem > 0 else float(scalars[FieldName.RSS][-1])
             bad_loss = np.isinf(loss)
             finite = np.isfinite(loss)
             before = np.maximum.accumulate(finite) | self.loss_seen
@@ -83,17 +83,17 @@ class RankState:
             self.loss_seen = self.loss_seen or bool(finite.any())
             self._first("loss", steps, bad_loss)
             # 1.0 only when a measured gradient held NaN/Inf; NaN there means "not measured"
-            self._first("gradients", steps, scalars["nonfinite_grads"] == 1.0)
+            self._first("gradients", steps, scalars[FieldName.NONFINITE_GRADS] == 1.0)
             # steps whose layer output sums the cost budget left out but that get a layer row
             # (their stats were sampled, or a gradient went bad)
-            rowed = (scalars["layer_stats"] == 1.0) | (scalars["nonfinite_grads"] == 1.0)
+            rowed = (scalars[FieldName.LAYER_STATS] == 1.0) | (scalars[FieldName.NONFINITE_GRADS] == 1.0)
             skipped = steps[~sums_measured(scalars) & rowed]
             if len(skipped):
                 self._unmeasured = np.union1d(self._unmeasured, skipped.astype(np.int64))
-        if len(layers) and "act_sum" in (layers.dtype.names or ()):
-            act = layers["act_sum"].reshape(len(layers), -1)
+        if len(layers) and FieldName.ACT_SUM in (layers.dtype.names or ()):
+            act = layers[FieldName.ACT_SUM].reshape(len(layers), -1)
             if act.shape[1]:
-                lsteps = layers["step"].astype(np.int64)
+                lsteps = layers[FieldName.STEP].astype(np.int64)
                 # a row for a step whose stats were sampled but whose sums were not measured
                 # holds NaN sums: "not measured", never "non-finite"
                 measured_rows = ~np.isin(lsteps, self._unmeasured)
@@ -260,27 +260,13 @@ def build_view(
     stragglers = tuple(i.rank for i, *_, b in raw if b >= limit)
     rows = []
     for info, st, state, first, what, fwd, behind in raw:
-        status, note = state, ""
         told = stops.ranks.get(info.rank)
-        if told is not None:
-            status, note = told.status, told.words
-        elif state in ("crashed", "lost", "hung"):
-            status = state
-        elif first is not None:
-            status = "nan"
-            note = f"non-finite {what} since step {first}"
-            if info.rank in origin and len(origin) < len(job.runs):
-                note += " (first rank to go non-finite)"
-            elif what == "gradients" and fwd is None:
-                note += " (reached this rank through the gradient all-reduce)"
-        elif behind >= limit:
-            status, note = "behind", f"{behind} steps behind the leading rank"
+        status, note = _status(
+            info.rank, state, told, first, what, fwd, (behind, limit), origin, len(job.runs)
+        )
         rows.append(
             RankSummary(
-                rank=info.rank,
-                host=info.host,
-                pid=info.pid,
-                run_dir=info.run_dir,
+                rank=info.rank, host=info.host, pid=info.pid, run_dir=info.run_dir,
                 step=st.step,
                 steps_per_s=st.steps_per_s,
                 loss=st.loss,
@@ -300,6 +286,36 @@ def build_view(
     findings = tuple(findings)
     found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=findings)
     return JobView(job, tuple(rows), origin, stragglers, findings, stops, found, stacks=stacks)
+
+
+def _status(
+    rank: int,
+    state: str,
+    told: Any,
+    first: int | None,
+    what: str | None,
+    fwd: int | None,
+    lag: tuple[int, float],
+    origin: tuple[int, ...],
+    ranks: int,
+) -> tuple[str, str]:
+    """A rank's status and note: the stop judge's word first, then a lost process, a NaN (and
+    whether it started here), then lagging behind the leading rank."""
+    if told is not None:
+        return told.status, told.words
+    if state in ("crashed", "lost", "hung"):
+        return state, ""
+    if first is not None:
+        note = f"non-finite {what} since step {first}"
+        if rank in origin and len(origin) < ranks:
+            note += " (first rank to go non-finite)"
+        elif what == "gradients" and fwd is None:
+            note += " (reached this rank through the gradient all-reduce)"
+        return "nan", note
+    behind, limit = lag
+    if behind >= limit:
+        return "behind", f"{behind} steps behind the leading rank"
+    return state, ""
 
 
 def summarize_runs(job: Job) -> JobView:

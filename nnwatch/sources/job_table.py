@@ -23,6 +23,7 @@ from nnwatch.sources.job_findings import job_findings, lag_limit
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.store.job_health import clock, judge_job
 from nnwatch.store.jobs import Job, read_job_summary
+from nnwatch.store.schema import FieldName
 
 #: rank 0 writes twice a second; older than this (and not closed) it has stopped writing.
 STALE_AFTER_S = 3.0
@@ -58,31 +59,10 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
     stale = not doc.get("closed") and math.isfinite(written) and now - written > STALE_AFTER_S
     at = written if (stale or doc.get("closed")) and math.isfinite(written) else now
     silent = _num(doc.get("silent_after")) if doc.get("silent_after") else 1.0
-    seen, rows = [], []
     raw = [r for r in doc.get("ranks", []) if isinstance(r, dict)]
     beat_steps = [int(r["beat_step"]) for r in raw if isinstance(r.get("beat_step"), int)]
     lead = max(beat_steps) if beat_steps else None
-    for r in raw:
-        rank = int(r.get("rank", 0))
-        ended = r.get("ended") if isinstance(r.get("ended"), dict) else None
-        beat_at = r.get("beat_at")
-        quiet = beat_at is not None and at - float(beat_at) > silent
-        if ended is not None:
-            state = "finished" if ended.get("status") == "finished" else "crashed"
-        elif quiet:
-            state = "crashed"
-        else:
-            state = "live" if beat_at is not None else "starting"
-        step_time = _num(r.get("step_time"))
-        steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
-        step = max(steps) if steps else None
-        seen.append(SeenRank(
-            rank, state, step, beat_at, r.get("step_seen_at"),
-            step_time if math.isfinite(step_time) else None, ended,
-            False if (quiet and ended is None) else None,
-        ))  # fmt: skip
-        first_nf = _num(r.get("first_nonfinite"))
-        rows.append((r, rank, state, step, step_time, first_nf))
+    seen, rows = _seen_ranks(raw, at, silent)
     world = int(doc.get("world_size") or len(seen))
     have = {r.rank for r in seen}
     stops = judge_job(seen, now=at, missing=tuple(r for r in range(world) if r not in have))
@@ -104,12 +84,48 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         out.append(RankSummary(
             rank=rank, host=str(r.get("host") or "?"), pid=int(r.get("pid") or 0), run_dir="",
             step=step, steps_per_s=(1.0 / step_time) if step_time > 0 else None,
-            loss=_num(r.get("loss")), grad_norm=_num(r.get("grad_norm")), state=state,
+            loss=_num(r.get("loss")), grad_norm=_num(r.get(FieldName.GRAD_NORM)), state=state,
             status=status, nonfinite_step=nf, nonfinite_what="loss" if nf is not None else None,
             forward_nonfinite_step=nf, behind=behind, note=note,
             role=told.role if told is not None else "", step_time=step_time,
             memory=_num(r.get("memory")),
         ))  # fmt: skip
+    note = _table_note(doc, stale, written, at, silent)
+    stragglers = tuple(x.rank for x in out if x.status == "behind")
+    found = job_findings(out, nan_origin=origin, stops=stops)
+    return JobView(job, tuple(out), origin, stragglers, (), stops, found, via="summary", note=note)
+
+
+def _seen_ranks(raw: list[dict[str, Any]], at: float, silent: float) -> tuple[list[SeenRank], list[Any]]:
+    """Each rank of the summary as the stop judge sees it, and its row's raw values."""
+    seen: list[SeenRank] = []
+    rows: list[Any] = []
+    for r in raw:
+        rank = int(r.get("rank", 0))
+        ended = r.get("ended") if isinstance(r.get("ended"), dict) else None
+        beat_at = r.get("beat_at")
+        quiet = beat_at is not None and at - float(beat_at) > silent
+        if ended is not None:
+            state = "finished" if ended.get("status") == "finished" else "crashed"
+        elif quiet:
+            state = "crashed"
+        else:
+            state = "live" if beat_at is not None else "starting"
+        step_time = _num(r.get(FieldName.STEP_TIME))
+        steps = [int(x) for x in (_num(r.get("beat_step")), _num(r.get("step"))) if math.isfinite(x)]
+        step = max(steps) if steps else None
+        seen.append(SeenRank(
+            rank, state, step, beat_at, r.get("step_seen_at"),
+            step_time if math.isfinite(step_time) else None, ended,
+            False if (quiet and ended is None) else None,
+        ))  # fmt: skip
+        first_nf = _num(r.get("first_nonfinite"))
+        rows.append((r, rank, state, step, step_time, first_nf))
+    return seen, rows
+
+
+def _table_note(doc: dict[str, Any], stale: bool, written: float, at: float, silent: float) -> str:
+    """Why the table may be old: rank 0 stopped writing it, or a rank keeps a summary waiting."""
     note = ""
     if stale:
         note = (f"rank 0 stopped writing the job summary at {clock(written)}: the table is as "
@@ -119,9 +135,7 @@ def view_from_summary(doc: dict[str, Any], job: Job, *, now: float | None = None
         if math.isfinite(since) and at - since > 2 * silent:
             note = (f"the job summary of step {doc['waiting'].get('step')} has waited "
                     f"{at - since:.0f} s for a rank (since {clock(since)})")  # fmt: skip
-    stragglers = tuple(x.rank for x in out if x.status == "behind")
-    found = job_findings(out, nan_origin=origin, stops=stops)
-    return JobView(job, tuple(out), origin, stragglers, (), stops, found, via="summary", note=note)
+    return note
 
 
 class JobSummaryMonitor:

@@ -35,7 +35,7 @@ from nnwatch.store.registry import RunInfo, find_runs, list_runs
 from nnwatch.store.ring_layout import RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.runlog import schema_dtypes, split_records
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 
 #: Health states (see nnwatch.store.health) as the UI's source states.
 _STATE = {
@@ -59,17 +59,17 @@ class _StepFilter:
     def scalars(self, rows: np.ndarray) -> np.ndarray:
         if len(rows) == 0:
             return rows
-        rows = rows[rows["step"] > self.last_scalar]
+        rows = rows[rows[FieldName.STEP] > self.last_scalar]
         if len(rows):
-            self.last_scalar = float(rows["step"].max())
+            self.last_scalar = float(rows[FieldName.STEP].max())
         return rows
 
     def layers(self, rows: np.ndarray) -> np.ndarray:
         if len(rows) == 0:
             return rows
-        rows = rows[rows["step"] > self.last_layer]
+        rows = rows[rows[FieldName.STEP] > self.last_layer]
         if len(rows):
-            self.last_layer = float(rows["step"].max())
+            self.last_layer = float(rows[FieldName.STEP].max())
         return rows
 
 
@@ -172,7 +172,7 @@ class LiveSource(RunSource):
                 scalars, layers = split_records(records, schema)
                 if self._check_gap:  # the log was read after the ring: did it reach the ring?
                     self._check_gap = False
-                    first = float(scalars["step"][0])
+                    first = float(scalars[FieldName.STEP][0])
                     if first > self._filter.last_scalar + 1:
                         gap = gap_rows(self.run_dir, self._filter.last_scalar, first)
                         if gap is not None:

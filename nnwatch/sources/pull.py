@@ -196,20 +196,7 @@ def pull(req: PullRequest) -> Received:
             try:
                 got = receive_bundle(proc.stdout, target)
             except BundleError as exc:
-                rc = _ended(proc, 2.0 if exc.started else SSH_EXIT_WAIT)
-                if not exc.started and rc not in (None, 0):
-                    raise _refused(req.host, rc, _why(err), req.remote_nnwatch) from None
-                if rc not in (None, 0):  # ssh or the far side stopped in the middle
-                    why = _why(err) or f"ssh ended with status {rc}"
-                    raise PullError(
-                        f"the transfer from {req.host} stopped: {why}; nothing was written",
-                        EXIT_UNREACHABLE,
-                    ) from None
-                raise PullError(
-                    f"the stream from {req.host} arrived damaged: {exc}; nothing was written "
-                    "(pull again; if it fails again, the link or the host's disk alters data)",
-                    EXIT_DAMAGED,
-                ) from None
+                raise _stream_failed(req, proc, err, exc) from None
             except FileExistsError as exc:
                 raise PullError(str(exc.strerror or exc), EXIT_CANNOT_WRITE) from None
             except OSError as exc:
@@ -230,6 +217,27 @@ def pull(req: PullRequest) -> Received:
         except OSError:
             pass  # the files landed; without the note they read as a run of this host
     return got
+
+
+def _stream_failed(
+    req: PullRequest, proc: subprocess.Popen[bytes], err: IO[bytes], exc: BundleError
+) -> PullError:
+    """Why the bundle did not arrive whole: ssh or the far side refused, stopped midway, or the
+    stream came damaged."""
+    rc = _ended(proc, 2.0 if exc.started else SSH_EXIT_WAIT)
+    if not exc.started and rc not in (None, 0):
+        return _refused(req.host, rc, _why(err), req.remote_nnwatch)
+    if rc not in (None, 0):  # ssh or the far side stopped in the middle
+        why = _why(err) or f"ssh ended with status {rc}"
+        return PullError(
+            f"the transfer from {req.host} stopped: {why}; nothing was written",
+            EXIT_UNREACHABLE,
+        )
+    return PullError(
+        f"the stream from {req.host} arrived damaged: {exc}; nothing was written "
+        "(pull again; if it fails again, the link or the host's disk alters data)",
+        EXIT_DAMAGED,
+    )
 
 
 def size_text(n: int) -> str:

@@ -23,7 +23,7 @@ from nnwatch.store.copy_note import describe_copy
 from nnwatch.store.events import Event
 from nnwatch.store.run_reader import load_run
 from nnwatch.store.runlog import RunLogError
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 
 CHUNK_ROWS = 262_144  # rows per poll while loading: ~30 MB of scalars for a small model
 LAYER_TAIL = 64  # per-layer rows handed over at the end of loading; older ones are read on demand
@@ -116,7 +116,7 @@ class RecordedSource(RunSource):
         s = self._run.scalars
         if not len(s):
             return cast("np.ndarray", s[:0].copy())
-        steps = s["step"]
+        steps = s[FieldName.STEP]
         i = int(np.searchsorted(steps, first_step, side="left"))
         j = int(np.searchsorted(steps, last_step, side="right"))
         return np.array(s[i:j]) if j > i else s[:0].copy()
@@ -126,7 +126,7 @@ class RecordedSource(RunSource):
         layers = self._run.layers
         if not len(layers):
             return None
-        i = int(np.searchsorted(layers["step"], step, side="right")) - 1
+        i = int(np.searchsorted(layers[FieldName.STEP], step, side="right")) - 1
         return np.array(layers[i]) if i >= 0 else None
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from nnwatch.sources.base import SourceError, SourceUpdate
 from nnwatch.sources.live import ConnectedSource, concat_rows
 from nnwatch.store import overview as ov
 from nnwatch.store.runlog import schema_dtypes
+from nnwatch.store.schema import FieldName
 
 #: How long a fetch may take before the monitor draws what it holds instead.
 FETCH_TIMEOUT = 5.0
@@ -160,7 +161,7 @@ class SummarisedSource(ConnectedSource):
         got = self.fetch(float(step), float(step))
         if got is None or not len(got[1]):
             return None
-        layers = got[1][got[1]["step"] <= step]
+        layers = got[1][got[1][FieldName.STEP] <= step]
         return layers[-1] if len(layers) else None
 
     def fetch(

@@ -16,6 +16,7 @@ import numpy as np
 
 from nnwatch.store.events import FindingEvent, LogFailed
 from nnwatch.store.run_reader import Run
+from nnwatch.store.schema import FieldName
 
 #: Findings of these severities, recorded live in events.jsonl, make a run fail its check.
 SERIOUS = ("error", "critical")
@@ -40,7 +41,7 @@ class Audit:
 
 def audit(run: Run) -> Audit:
     """Compare the log's rows with ``end.json`` and ``events.jsonl``; see :class:`Audit`."""
-    steps = np.asarray(run.scalars["step"], dtype=np.float64) if len(run.scalars) else np.zeros(0)
+    steps = np.asarray(run.scalars[FieldName.STEP], dtype=np.float64) if len(run.scalars) else np.zeros(0)
     steps = steps[np.isfinite(steps)]
     present = np.unique(steps.astype(np.int64)) if len(steps) else np.zeros(0, np.int64)
     end = run.end or {}

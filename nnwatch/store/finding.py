@@ -14,23 +14,54 @@ from typing import Any
 
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 
-#: The kinds the detectors emit. ``snapshot_failed`` reports nnwatch's own trouble, not the model's.
-KINDS: tuple[str, ...] = (
-    "exploding_gradients",
-    "vanishing_gradients",
-    "dead_relu",
-    "nan_or_inf",
-    "loss_stalled",
-    "bad_initial_loss",
-    "amp_scale_collapse",
-    "oscillating_loss",
-    "loss_diverging",
-    "loss_spike",
-    "clipping_misuse",
-    "saturated_activation",
-    "zero_gradient_layer",
-    "snapshot_failed",
-)
+@dataclass(frozen=True)
+class KindSpec:
+    """What a kind of finding means, and the severities it is reported at."""
+
+    severities: tuple[str, ...]
+    description: str
+
+
+#: Every kind of finding nnwatch emits, with its severities and meaning (docs/detectors.md says
+#: more). ``tests/unit/test_kinds.py`` reads the package for every kind a finding is made with and
+#: fails on one missing here. ``snapshot_failed`` and ``nnwatch_error`` report nnwatch's own
+#: trouble, not the model's.
+KIND_SPECS: Mapping[str, KindSpec] = {
+    "exploding_gradients": KindSpec(
+        ("info", "warning", "error", "critical"),
+        "the grad norm jumped far above its own recent range while the loss got worse",
+    ),
+    "vanishing_gradients": KindSpec(("error",), "the global norm, or the first layers' share of it, collapsed"),
+    "dead_relu": KindSpec(("warning", "error"), "most units of a ReLU layer are zero for every input"),
+    "nan_or_inf": KindSpec(
+        ("error", "critical"), "a non-finite loss, activation or gradient, with the first module that produced it"
+    ),
+    "loss_stalled": KindSpec(("info", "warning"), "no progress, with the mechanism the records show"),
+    "bad_initial_loss": KindSpec(("warning",), "the first loss is far from ln(K) for a plain cross-entropy"),
+    "amp_scale_collapse": KindSpec(("error",), "the AMP loss scale keeps falling once calibration is over"),
+    "oscillating_loss": KindSpec(("warning",), "the loss swings far more than its own noise level"),
+    "loss_diverging": KindSpec(
+        ("info", "warning", "error"), "the loss keeps rising against the run's own earlier level"
+    ),
+    "loss_spike": KindSpec(("warning",), "one isolated jump of the loss that came back down"),
+    "clipping_misuse": KindSpec(
+        ("warning", "error"), "a clip threshold of 0, one that clips every step, or a clip before unscale_"
+    ),
+    "saturated_activation": KindSpec(("warning",), "a Tanh or Sigmoid layer pinned at its limits"),
+    "zero_gradient_layer": KindSpec(("info", "warning"), "a layer that gets exactly zero (or no) gradient"),
+    "grads_not_cleared": KindSpec(
+        ("error",), "the last update's gradients were still there when the next backward added to them"
+    ),
+    "lr_negative": KindSpec(("error",), "an LR below 0: every update climbs the gradient"),
+    "adversarial_imbalance": KindSpec(("warning",), "one side of a GAN has won: its loss sits near zero"),
+    "rank_divergence": KindSpec(("error",), "replicas of a distributed job that drifted apart"),
+    "rank_nonfinite": KindSpec(("error",), "the rank of a distributed job that first went non-finite"),
+    "snapshot_failed": KindSpec(("error",), "nnwatch could not write a snapshot"),
+    "nnwatch_error": KindSpec(("error",), "nnwatch's own trouble (its run log failed, a full disk); training goes on"),
+}
+
+#: The kinds' names, in the order above.
+KINDS: tuple[str, ...] = tuple(KIND_SPECS)
 
 
 def _number(value: Any) -> float | int | str | None:

@@ -15,6 +15,7 @@ the run by its ring heartbeat instead.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -65,25 +66,22 @@ def pid_namespace() -> int:
 
 #: The inode the kernel gives the initial PID namespace (``PROC_PID_INIT_INO``): the host's own.
 INIT_PID_NS = 0xEFFFFFFC
-_TAG: list[str] = []
 
 
+@functools.cache  # once per process: the random tag must stay the same
 def namespace_tag() -> str:
     """What makes this process's pid unique on a machine whose ``/dev/shm`` and host name other
     PID namespaces share (two containers, both pid 1): "" in the host's own namespace (names stay
     as they were), ``-n<inode>`` in another, and a random ``-x<hex>`` (once per process) where
     the namespace cannot be read. Registry entries and sockets carry it in their names."""
-    if not _TAG:
-        ns = pid_namespace()
-        if ns == INIT_PID_NS:
-            _TAG.append("")
-        elif ns:
-            _TAG.append(f"-n{ns}")
-        else:
-            import secrets
+    ns = pid_namespace()
+    if ns == INIT_PID_NS:
+        return ""
+    if ns:
+        return f"-n{ns}"
+    import secrets
 
-            _TAG.append(f"-x{secrets.token_hex(4)}")
-    return _TAG[0]
+    return f"-x{secrets.token_hex(4)}"
 
 
 def pid_checkable(host: str | None, pid_ns: object = 0) -> bool:

@@ -459,18 +459,35 @@ def judge_job(
     moving = [r for r in live if r not in frozen]
     stalled = [r for r in moving if _stalled(r, now)]
     if not holders and len(moving) > 1 and len(stalled) == len(moving):
-        # everyone alive has stopped stepping: the ones left behind hold the others
-        steps = [r.step for r in moving if r.step is not None]
-        if steps and min(steps) < max(steps):
-            low = min(steps)
-            behind = [r for r in moving if r.step == low]
-            for r in behind:
-                words = (
-                    f"stopped stepping at step {low} ({clock(r.last_step_at)}); the others went on"
-                )
-                out[r.rank] = RankStop(r.rank, "holds", "behind", r.last_step_at, words)
-                holders.append(r.rank)
-            parts.append(f"{_ranks([r.rank for r in behind])} stopped stepping at step {low}")
+        _mark_behind(moving, out, holders, parts)
+    waiting = _mark_waiting(stalled, out, holders, parts)
+    return JobStops(
+        out, first, first_at, heads[0].how if heads else "", tuple(sorted(set(holders))),
+        tuple(r.rank for r in waiting), "; ".join(parts),
+    )  # fmt: skip
+
+
+def _mark_behind(
+    moving: list[RankRun], out: dict[int, RankStop], holders: list[int], parts: list[str]
+) -> None:
+    """Everyone alive has stopped stepping: the ones left behind hold the others."""
+    steps = [r.step for r in moving if r.step is not None]
+    if steps and min(steps) < max(steps):
+        low = min(steps)
+        behind = [r for r in moving if r.step == low]
+        for r in behind:
+            words = (
+                f"stopped stepping at step {low} ({clock(r.last_step_at)}); the others went on"
+            )
+            out[r.rank] = RankStop(r.rank, "holds", "behind", r.last_step_at, words)
+            holders.append(r.rank)
+        parts.append(f"{_ranks([r.rank for r in behind])} stopped stepping at step {low}")
+
+
+def _mark_waiting(
+    stalled: list[RankRun], out: dict[int, RankStop], holders: list[int], parts: list[str]
+) -> list[RankRun]:
+    """The stalled ranks that wait in a collective for the holders (none without holders)."""
     waiting = [r for r in stalled if r.rank not in holders] if holders else []
     if waiting:
         since = min(r.last_step_at for r in waiting if r.last_step_at is not None)
@@ -482,7 +499,4 @@ def judge_job(
         parts.append(
             f"{_ranks([r.rank for r in waiting])} {verb} in a collective since {clock(since)}"
         )
-    return JobStops(
-        out, first, first_at, heads[0].how if heads else "", tuple(sorted(set(holders))),
-        tuple(r.rank for r in waiting), "; ".join(parts),
-    )  # fmt: skip
+    return waiting

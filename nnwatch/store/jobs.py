@@ -25,7 +25,7 @@ from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry import RunInfo, inspect_dir
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import RunLogError
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 
 #: Runs that share a master address but started further apart than this are different jobs.
 JOIN_WINDOW_S = 600.0
@@ -252,7 +252,7 @@ def job_of(run: RunInfo, runs: Iterable[RunInfo]) -> Job:
 JOB_SUMMARY_FILE = "job.json"
 #: One row per rank, float64 each, in this order (the collective's layout).
 JOB_SUMMARY_FIELDS = (
-    "step", "loss", "grad_norm", "step_time", "nonfinite", "first_nonfinite", "memory", "time",
+    FieldName.STEP, FieldName.LOSS, FieldName.GRAD_NORM, FieldName.STEP_TIME, "nonfinite", "first_nonfinite", "memory", FieldName.TIME,
 )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from nnwatch.store.run_reader import load_run
+from nnwatch.store.schema import FieldName
 
 
 def load_history(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
@@ -34,8 +35,8 @@ def gap_rows(
     if loaded is None:
         return None
     scalars, layers = loaded
-    s = scalars["step"]
-    l_steps = layers["step"]
+    s = scalars[FieldName.STEP]
+    l_steps = layers[FieldName.STEP]
     return (
         np.array(scalars[(s > after_step) & (s < before_step)]),
         np.array(layers[(l_steps > after_step) & (l_steps < before_step)]),

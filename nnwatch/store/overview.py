@@ -31,6 +31,7 @@ import numpy as np
 
 from nnwatch.store.paths import open_for_append
 from nnwatch.store.safe_read import held_size, open_file
+from nnwatch.store.schema import FieldName
 
 OVERVIEW_FILE = "overview.bin"
 MAGIC = b"NNWOVR1\0"
@@ -210,7 +211,7 @@ def build(scalars: np.ndarray, fields: tuple[str, ...] | None = None) -> Overvie
     block = b0 * 1024
     for i in range(0, n - n % b0, block):
         sub = scalars[i : min(i + block, n - n % b0)]
-        parts.append(reduce_blocks(columns(sub, fields), np.asarray(sub["step"], np.float64), 0,
+        parts.append(reduce_blocks(columns(sub, fields), np.asarray(sub[FieldName.STEP], np.float64), 0,
                                    i // b0))  # fmt: skip
     complete = np.concatenate(parts) if parts else np.zeros(0, bucket_dtype(len(fields)))
     return complete_with(fields, complete, {}, scalars)
@@ -223,7 +224,7 @@ def reduce_rows(rows: np.ndarray, fields: tuple[str, ...], size: int, level: int
     if not n:
         return np.zeros(0, bucket_dtype(len(fields)))
     x = columns(rows, fields)
-    steps = np.asarray(rows["step"], np.float64)
+    steps = np.asarray(rows[FieldName.STEP], np.float64)
     whole = n - n % size
     out = [reduce_blocks(x[:, :whole], steps[:whole], level, first_index, size)]
     if whole < n:  # a partial bucket: NaN-padded to a whole one, then its counts fixed
@@ -319,7 +320,7 @@ class OverviewWriter:
         self._held_rows = len(held) - whole
         scalars = np.ascontiguousarray(held[:whole]).view(self.scalar_dtype).reshape(-1)
         x = columns(scalars, self.fields)
-        steps = np.asarray(scalars["step"], np.float64)
+        steps = np.asarray(scalars[FieldName.STEP], np.float64)
         out = [reduce_blocks(x[:, :whole], steps[:whole], 0, self._count[0])]
         self._count[0] += len(out[0])
         new = out[0]
@@ -412,7 +413,7 @@ def _check_against_log(level0: np.ndarray, scalars: np.ndarray) -> None:
     if not len(level0):
         return
     b0 = bucket_rows(0)
-    steps = np.asarray(scalars["step"], np.float64)
+    steps = np.asarray(scalars[FieldName.STEP], np.float64)
     n = len(level0)
     idx = np.arange(n) * b0
     if not (np.array_equal(level0["first"], steps[idx]) and

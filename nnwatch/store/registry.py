@@ -60,7 +60,7 @@ from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log
 from nnwatch.store.runlog import RunLogError
 from nnwatch.store.safe_read import hole_tail
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 
 #: A run in another PID namespace (a container) cannot be checked by its pid; gc takes it as gone
 #: only after its ring heartbeat has been silent this long (ls calls it crashed much sooner).
@@ -209,31 +209,13 @@ def inspect(
             heartbeat_at, last_step_at, interval = _ring_times(state)
             last = reader.latest()
             if last is not None and reader.meta is not None:
-                step = _step_of(last["step"][0])
+                step = _step_of(last[FieldName.STEP][0])
             elif state.write_seq:
                 step = state.write_seq - 1
             if state.step_interval > 0 and health.state in ("running", "starting"):
                 rate = 1.0 / state.step_interval
     except (RingError, OSError, ValueError, KeyError, OverflowError):
-        step = None
-        end = read_end(run_dir)
-        alive = same_process(pid, start_time) if checkable else None
-        if end is not None:
-            state_name = "crashed" if end.get("status") == "crashed" else "finished"
-            health = Health(
-                state_name, end_message(end), None, None, None, ended_as(end.get("status"))
-            )
-        elif alive is False:
-            health = Health("crashed", gone_message(pid), None, None, None, "crashed")
-        elif alive is None:
-            where = "on another host" if host != this_host() else "in another PID namespace"
-            health = Health(
-                "hung", f"{where}, and its ring is unreadable from here", None, None, None
-            )
-        else:
-            health = Health("starting", "no ring yet (before the first step)", None, None, None)
-        if end is not None and isinstance(end.get("steps"), int):
-            step = int(end["steps"]) - 1
+        health, step = _judged_without_ring(host, pid, start_time, run_dir, checkable)
     started = float(entry.get("started") or start_time or now)
     ending = read_end(run_dir) or read_exit_note(run_dir)  # the note: when end.json never came
     alive = same_process(pid, start_time) if checkable else None
@@ -251,6 +233,33 @@ def inspect(
         ending=ending, alive=alive, seen_first_at=_seen_first(run_dir), ended_as=health.ended_as,
         pid_ns=pid_ns,
     )  # fmt: skip
+
+
+def _judged_without_ring(
+    host: str, pid: int, start_time: float, run_dir: Path, checkable: bool
+) -> tuple[Health, int | None]:
+    """A run whose ring cannot be read: ended (its end.json says how), gone, out of reach, or
+    not started yet; and its last step when the end says so."""
+    step: int | None = None
+    end = read_end(run_dir)
+    alive = same_process(pid, start_time) if checkable else None
+    if end is not None:
+        state_name = "crashed" if end.get("status") == "crashed" else "finished"
+        health = Health(
+            state_name, end_message(end), None, None, None, ended_as(end.get("status"))
+        )
+    elif alive is False:
+        health = Health("crashed", gone_message(pid), None, None, None, "crashed")
+    elif alive is None:
+        where = "on another host" if host != this_host() else "in another PID namespace"
+        health = Health(
+            "hung", f"{where}, and its ring is unreadable from here", None, None, None
+        )
+    else:
+        health = Health("starting", "no ring yet (before the first step)", None, None, None)
+    if end is not None and isinstance(end.get("steps"), int):
+        step = int(end["steps"]) - 1
+    return health, step
 
 
 FIRST_STOP_FILE = "first_stop.json"
@@ -515,22 +524,7 @@ def inspect_dir(
             heartbeat_at, last_step_at, interval = _ring_times(ring_state)
         state, message, how = health.state, health.message, health.ended_as
     except (RingError, OSError, ValueError):
-        how = ""
-        if end is not None:
-            state = "crashed" if end.get("status") == "crashed" else "finished"
-            message, how = end_message(end), ended_as(end.get("status"))
-            if copy is not None:
-                message = f"{message}; {describe_copy(copy)}"
-        elif copy is not None:
-            state, message, how = "finished", describe_copy(copy), "copied"
-        else:
-            alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
-            if alive_now is False:
-                state, message, how = "crashed", gone_message(meta.pid), "crashed"
-            elif alive_now is None:
-                state, message = "hung", "on another host, and its ring is unreadable from here"
-            else:
-                state, message = "running", "unregistered, and its ring is unreadable"
+        state, message, how = _dir_state_without_ring(meta, end, copy)
     if not isinstance(steps, int):
         try:  # rows in scalars.bin: 64-byte header, then fixed-size rows (a hole is none)
             size = hole_tail(run_dir / "scalars.bin")[1]
@@ -554,6 +548,30 @@ def inspect_dir(
         ending=end or read_exit_note(run_dir), alive=alive, seen_first_at=_seen_first(run_dir),
         ended_as=how,
     )  # fmt: skip
+
+
+def _dir_state_without_ring(
+    meta: RunMeta, end: dict[str, Any] | None, copy: dict[str, Any] | None
+) -> tuple[str, str, str]:
+    """(state, message, how it ended) of a run directory whose ring cannot be read: its
+    end.json, a copy's note, or whether its process is still there."""
+    how = ""
+    if end is not None:
+        state = "crashed" if end.get("status") == "crashed" else "finished"
+        message, how = end_message(end), ended_as(end.get("status"))
+        if copy is not None:
+            message = f"{message}; {describe_copy(copy)}"
+    elif copy is not None:
+        state, message, how = "finished", describe_copy(copy), "copied"
+    else:
+        alive_now = run_process_alive(meta.pid, meta.started) if _checkable(meta) else None
+        if alive_now is False:
+            state, message, how = "crashed", gone_message(meta.pid), "crashed"
+        elif alive_now is None:
+            state, message = "hung", "on another host, and its ring is unreadable from here"
+        else:
+            state, message = "running", "unregistered, and its ring is unreadable"
+    return state, message, how
 
 
 def _checkable(meta: RunMeta) -> bool:

@@ -165,22 +165,7 @@ class RingReader:
             )
         self.pid, self.start_time, self.created = int(pid), float(start_time), float(created)
         self.slots, self.slot_size, self.record_size = int(slots), int(slot_size), int(record_size)
-        try:
-            self.meta_json = bytes(self._mm[META_OFFSET : META_OFFSET + meta_len]).decode()
-            self.meta: RunMeta | None = (
-                RunMeta.from_json(self.meta_json) if self.meta_json else None
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise RingError(f"{self.path} holds a corrupt run description ({exc})") from exc
-        if self.meta is not None:
-            self.dtype = self.meta.schema.record_dtype()
-            if self.dtype.itemsize != record_size:
-                raise RingError(
-                    f"{self.path}: meta describes {self.dtype.itemsize}-byte records but the ring "
-                    f"holds {record_size}-byte ones"
-                )
-        else:
-            self.dtype = np.dtype((np.void, record_size))
+        self._read_meta(meta_len, record_size)
         slot_dtype = np.dtype(
             {
                 "names": ["seq", "crc", "len", "payload"],
@@ -203,6 +188,26 @@ class RingReader:
         self.dropped = 0
         self.torn = 0
         self.delivered = 0
+
+    def _read_meta(self, meta_len: int, record_size: int) -> None:
+        """The run's description the ring carries, and the record layout it gives (raw bytes
+        when there is none), checked against the header's record size."""
+        try:
+            self.meta_json = bytes(self._mm[META_OFFSET : META_OFFSET + meta_len]).decode()
+            self.meta: RunMeta | None = (
+                RunMeta.from_json(self.meta_json) if self.meta_json else None
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RingError(f"{self.path} holds a corrupt run description ({exc})") from exc
+        if self.meta is not None:
+            self.dtype = self.meta.schema.record_dtype()
+            if self.dtype.itemsize != record_size:
+                raise RingError(
+                    f"{self.path}: meta describes {self.dtype.itemsize}-byte records but the ring "
+                    f"holds {record_size}-byte ones"
+                )
+        else:
+            self.dtype = np.dtype((np.void, record_size))
 
     # -- header ----------------------------------------------------------------------------------
     def state(self) -> RingState:

@@ -40,7 +40,7 @@ from nnwatch.store.runlog import (
     split_records,
 )  # fmt: skip
 from nnwatch.store.safe_read import held_size, iter_lines, read_held
-from nnwatch.store.schema import PARAM_LAYER_FIELDS, RunMeta
+from nnwatch.store.schema import PARAM_LAYER_FIELDS, FieldName, RunMeta
 from nnwatch.store.summary import RunSummary, last_finite
 
 log = logging.getLogger("nnwatch")
@@ -80,8 +80,8 @@ class Run:
         ]
         return RunSummary(
             name=self.meta.name, status=self.status, steps=len(self),
-            loss=last_finite(self.scalars["loss"]) if len(self) else None,
-            grad_norm=last_finite(self.scalars["grad_norm"]) if len(self) else None,
+            loss=last_finite(self.scalars[FieldName.LOSS]) if len(self) else None,
+            grad_norm=last_finite(self.scalars[FieldName.GRAD_NORM]) if len(self) else None,
             run_dir=str(self.run_dir), findings=findings,
         )
 
@@ -91,7 +91,7 @@ class Run:
     def _repr_html_(self) -> str:
         return self.summary().html()
 
-    def plot(self, metrics: tuple[str, ...] = ("loss", "grad_norm"), ax: Any = None) -> Any:
+    def plot(self, metrics: tuple[str, ...] = (FieldName.LOSS, FieldName.GRAD_NORM), ax: Any = None) -> Any:
         """The run's series with matplotlib (installed separately), one panel per metric.
 
         Unmeasured steps (NaN) are gaps; the grad norm is on a log axis. Returns the figure.
@@ -112,7 +112,7 @@ class Run:
             values = values[:, 0] if values.ndim == 2 else values
             a.plot(self.steps, values, lw=0.8)
             a.set_ylabel(name)
-            if name.startswith("grad_norm"):
+            if name.startswith(FieldName.GRAD_NORM):
                 a.set_yscale("log")
         axes[-1].set_xlabel("step")
         fig.suptitle(f"{self.meta.name} ({self.status})")
@@ -120,7 +120,7 @@ class Run:
 
     @property
     def steps(self) -> np.ndarray:
-        return self.scalars["step"]
+        return self.scalars[FieldName.STEP]
 
     @property
     def layer_names(self) -> tuple[str, ...]:
@@ -135,13 +135,13 @@ class Run:
         if stat not in (self.layers.dtype.names or ()):
             raise KeyError(f"{stat!r} is not recorded in this run (schema {self.meta.schema.version})")
         i = names.index(layer)
-        return self.layers["step"], self.layers[stat][:, i]
+        return self.layers[FieldName.STEP], self.layers[stat][:, i]
 
     def update_ratio(self, layer: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, update norm / weight norm) of one parameter-owning layer, on measured updates:
         about 1e-3 is the classic healthy band (NaN where the layer was not updated)."""
-        steps, update = self.layer_stat("update_layer", layer)
-        _, weight = self.layer_stat("weight_layer", layer)
+        steps, update = self.layer_stat(FieldName.UPDATE_LAYER, layer)
+        _, weight = self.layer_stat(FieldName.WEIGHT_LAYER, layer)
         with np.errstate(divide="ignore", invalid="ignore"):
             return steps, update.astype(np.float64) / weight.astype(np.float64)
 
@@ -196,7 +196,7 @@ def _map_rows(
     if magic == MAGIC:
         bad = _failed_checksums(path, rows, warnings, ended=ended)
         if bad is not None:
-            steps = np.asarray(rows["step"][bad], dtype=np.float64)
+            steps = np.asarray(rows[FieldName.STEP][bad], dtype=np.float64)
             span = f"steps {steps.min():.0f}-{steps.max():.0f}" if np.isfinite(steps).all() else "rows"
             warnings.append(
                 f"{path.name}: {int(bad.sum())} row(s) ({span}) failed their checksum (the file "
@@ -467,12 +467,12 @@ def _merge_ring_tail(
         )
     if reader.dtype != meta.schema.record_dtype() or not len(records):
         return scalars, layers
-    finite = np.isfinite(records["step"])
+    finite = np.isfinite(records[FieldName.STEP])
     if not finite.all():
         warnings.append(f"skipped {int((~finite).sum())} ring record(s) without a step number")
         records = records[finite]
-    last = float(scalars["step"][-1]) if len(scalars) and np.isfinite(scalars["step"][-1]) else -1.0
-    tail = records[records["step"] > last]
+    last = float(scalars[FieldName.STEP][-1]) if len(scalars) and np.isfinite(scalars[FieldName.STEP][-1]) else -1.0
+    tail = records[records[FieldName.STEP] > last]
     if not len(tail):
         return scalars, layers
     more_s, more_l = split_records(np.ascontiguousarray(tail), meta.schema)
@@ -498,8 +498,8 @@ def fold_ring_into_log(run_dir: str | os.PathLike[str]) -> tuple[int, str]:
     extra = run.scalars[on_disk:] if len(run.scalars) > on_disk else run.scalars[:0]
     extra_l = np.zeros(0, run.layers.dtype)
     if len(extra):
-        first = extra["step"][0]
-        extra_l = run.layers[np.asarray(run.layers["step"]) >= first]
+        first = extra[FieldName.STEP][0]
+        extra_l = run.layers[np.asarray(run.layers[FieldName.STEP]) >= first]
         try:
             appenders = [
                 RowAppender(run_dir / SCALARS_FILE, run.meta.schema.scalar_size, KIND_SCALARS),

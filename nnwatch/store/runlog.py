@@ -55,7 +55,7 @@ from nnwatch.store.paths import (
     write_private_file,
 )
 from nnwatch.store.safe_read import held_size
-from nnwatch.store.schema import RunMeta, RunSchema, sums_measured
+from nnwatch.store.schema import FieldName, RunMeta, RunSchema, sums_measured
 
 #: Weight of one drain in the writer's recent CPU per record.
 _RECENT = 0.3
@@ -204,14 +204,14 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
     scalars = np.empty(n, dtype=scalar_dtype)
     scalars.view(np.uint8).reshape(n, -1)[:] = raw[:, : schema.scalar_size]
     keep = (
-        (rows["layer_stats"] == 1.0)
-        | (rows["nonfinite_grads"] == 1.0)
-        | (~np.isfinite(rows["act_sum"]).all(axis=1) & sums_measured(rows))
+        (rows[FieldName.LAYER_STATS] == 1.0)
+        | (rows[FieldName.NONFINITE_GRADS] == 1.0)
+        | (~np.isfinite(rows[FieldName.ACT_SUM]).all(axis=1) & sums_measured(rows))
     )
     layers = np.empty(int(keep.sum()), dtype=row_dtype)
     if len(layers):
         layers.view(np.uint8).reshape(len(layers), -1)[:, 8:] = raw[keep, schema.scalar_size :]
-        layers["step"] = rows["step"][keep].astype(np.int64)
+        layers[FieldName.STEP] = rows[FieldName.STEP][keep].astype(np.int64)
     return scalars, layers
 
 

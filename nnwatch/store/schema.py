@@ -18,7 +18,7 @@ import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -28,67 +28,117 @@ SCHEMA_VERSION = 4
 # 2 added "layer_sums"; 3 added "grads_kept" and "act_dead"; 4 made the device scalars float64 and
 # added what each update did (the update fields below) and the batch's label entropy
 
+class FieldName:
+    """Every field of the step record, named once: code elsewhere writes ``FieldName.GRAD_NORM``,
+    never the bare string, so that a field is found, renamed or removed in one place
+    (``tests/unit/test_field_names.py`` holds the package to it). What each field holds is said
+    where the layout lists it, below."""
+
+    STEP: Final = "step"
+    TIME: Final = "time"
+    STEP_TIME: Final = "step_time"
+    SAMPLES_PER_SEC: Final = "samples_per_sec"
+    CLIP_THRESHOLD: Final = "clip_threshold"
+    LAYER_STATS: Final = "layer_stats"
+    CUDA_ALLOCATED: Final = "cuda_allocated"
+    CUDA_RESERVED: Final = "cuda_reserved"
+    CUDA_PEAK: Final = "cuda_peak"
+    CPU_PERCENT: Final = "cpu_percent"
+    RSS: Final = "rss"
+    LAYER_SUMS: Final = "layer_sums"
+    GRADS_KEPT: Final = "grads_kept"
+    PARAMS_NO_GRAD: Final = "params_no_grad"
+    PARAMS_UNOPTIMIZED: Final = "params_unoptimized"
+    LOSS: Final = "loss"
+    GRAD_NORM: Final = "grad_norm"
+    GRAD_NORM_CLIPPED: Final = "grad_norm_clipped"
+    CLIPPED: Final = "clipped"
+    AMP_SCALE: Final = "amp_scale"
+    AMP_SKIPPED: Final = "amp_skipped"
+    NONFINITE_GRADS: Final = "nonfinite_grads"
+    UPDATE_FROZEN: Final = "update_frozen"
+    LABEL_ENTROPY: Final = "label_entropy"
+    LABEL_MEAN: Final = "label_mean"
+    LABEL_VAR: Final = "label_var"
+    WEIGHT_DRIFT: Final = "weight_drift"
+    ACT_MEAN: Final = "act_mean"
+    ACT_STD: Final = "act_std"
+    ACT_ZERO: Final = "act_zero"
+    ACT_NONFINITE: Final = "act_nonfinite"
+    ACT_MAXABS: Final = "act_maxabs"
+    ACT_DEAD: Final = "act_dead"
+    ACT_ROWS: Final = "act_rows"
+    ACT_SUM: Final = "act_sum"
+    GRAD_LAYER: Final = "grad_layer"
+    WEIGHT_LAYER: Final = "weight_layer"
+    UPDATE_LAYER: Final = "update_layer"
+    FROZEN_LAYER: Final = "frozen_layer"
+    LR: Final = "lr"
+
+
+_F = FieldName  # the short name, in this module only
+
 HOST_FIELDS: tuple[str, ...] = (
-    "step",  # 0-based index of the optimizer step this record describes
-    "time",  # wall-clock time (time.time()) when w.step() was called
-    "step_time",  # seconds since the previous w.step()
-    "samples_per_sec",  # batch size / step_time, when the batch size is known
-    "clip_threshold",  # max_norm of the last clip, NaN when the step was not clipped
-    "layer_stats",  # 1.0 when per-layer activation stats were sampled on this step
-    "cuda_allocated",  # torch.cuda.memory_allocated() in bytes (read at most every 0.2 s)
-    "cuda_reserved",  # torch.cuda.memory_reserved() in bytes (likewise)
-    "cuda_peak",  # torch.cuda.max_memory_allocated() in bytes (likewise)
-    "cpu_percent",  # process CPU use in percent of one core, sampled at ~1 Hz
-    "rss",  # process resident memory in bytes, sampled at ~1 Hz
-    "layer_sums",  # 1.0 when layer output sums and gradient norms were measured, 0.0 when the
+    _F.STEP,  # 0-based index of the optimizer step this record describes
+    _F.TIME,  # wall-clock time (time.time()) when w.step() was called
+    _F.STEP_TIME,  # seconds since the previous w.step()
+    _F.SAMPLES_PER_SEC,  # batch size / step_time, when the batch size is known
+    _F.CLIP_THRESHOLD,  # max_norm of the last clip, NaN when the step was not clipped
+    _F.LAYER_STATS,  # 1.0 when per-layer activation stats were sampled on this step
+    _F.CUDA_ALLOCATED,  # torch.cuda.memory_allocated() in bytes (read at most every 0.2 s)
+    _F.CUDA_RESERVED,  # torch.cuda.memory_reserved() in bytes (likewise)
+    _F.CUDA_PEAK,  # torch.cuda.max_memory_allocated() in bytes (likewise)
+    _F.CPU_PERCENT,  # process CPU use in percent of one core, sampled at ~1 Hz
+    _F.RSS,  # process resident memory in bytes, sampled at ~1 Hz
+    _F.LAYER_SUMS,  # 1.0 when layer output sums and gradient norms were measured, 0.0 when the
     # step was left out to keep nnwatch within its cost budget (NaN in older runs: measured)
-    "grads_kept",  # 1.0 when this step's first backward found the previous update's gradients
+    _F.GRADS_KEPT,  # 1.0 when this step's first backward found the previous update's gradients
     # still there, untouched (no zero_grad() between two updates), 0.0 when they were cleared,
     # NaN when not observed (the first step, a closure optimizer)
-    "params_no_grad",  # measured updates: the share of the optimizer's trainable elements that
+    _F.PARAMS_NO_GRAD,  # measured updates: the share of the optimizer's trainable elements that
     # have had no gradient at any measured update so far (the optimizer holds them, backward
     # never reaches them)
-    "params_unoptimized",  # measured updates: the share of the model's elements that got a
+    _F.PARAMS_UNOPTIMIZED,  # measured updates: the share of the model's elements that got a
     # gradient but are in no parameter group of the optimizer (nothing ever updates them)
 )
 DEV_FIELDS: tuple[str, ...] = (
-    "loss",  # the loss passed to w.step()
-    "grad_norm",  # global L2 norm of the gradients before clipping
-    "grad_norm_clipped",  # global norm after clipping (NaN if no clip was called)
-    "clipped",  # 1.0 when clipping scaled the gradients down, 0.0 when not, NaN if no clip
-    "amp_scale",  # GradScaler scale after this step's update
-    "amp_skipped",  # 1.0 when the scaler skipped optimizer.step() (its scale went down)
-    "nonfinite_grads",  # 1.0 when any gradient held NaN or Inf
-    "update_frozen",  # measured updates: the share of the optimizer's sampled elements with a
+    _F.LOSS,  # the loss passed to w.step()
+    _F.GRAD_NORM,  # global L2 norm of the gradients before clipping
+    _F.GRAD_NORM_CLIPPED,  # global norm after clipping (NaN if no clip was called)
+    _F.CLIPPED,  # 1.0 when clipping scaled the gradients down, 0.0 when not, NaN if no clip
+    _F.AMP_SCALE,  # GradScaler scale after this step's update
+    _F.AMP_SKIPPED,  # 1.0 when the scaler skipped optimizer.step() (its scale went down)
+    _F.NONFINITE_GRADS,  # 1.0 when any gradient held NaN or Inf
+    _F.UPDATE_FROZEN,  # measured updates: the share of the optimizer's sampled elements with a
     # non-zero gradient that the update left bit for bit unchanged (updates that round away)
-    "label_entropy",  # measured steps of a classifier: the entropy (nats) of the batch's labels
-    "label_mean",  # ... the mean and the variance of the batch's class indices: over many batches,
-    "label_var",  # the share of the labels' variance between batches shows a data order
-    "weight_drift",  # measured updates: how far the weights are from where the first measured
+    _F.LABEL_ENTROPY,  # measured steps of a classifier: the entropy (nats) of the batch's labels
+    _F.LABEL_MEAN,  # ... the mean and the variance of the batch's class indices: over many batches,
+    _F.LABEL_VAR,  # the share of the labels' variance between batches shows a data order
+    _F.WEIGHT_DRIFT,  # measured updates: how far the weights are from where the first measured
     # update found them, ||w - w_start|| (from the same samples as the update norms)
 )
 LAYER_FIELDS_ACT: tuple[str, ...] = (
-    "act_mean",
-    "act_std",
-    "act_zero",  # fraction of outputs exactly zero (dead-ReLU sparsity)
-    "act_nonfinite",  # count of NaN/Inf outputs
-    "act_maxabs",
-    "act_dead",  # rectifier layers: fraction of units that are zero for every input of the batch
+    _F.ACT_MEAN,
+    _F.ACT_STD,
+    _F.ACT_ZERO,  # fraction of outputs exactly zero (dead-ReLU sparsity)
+    _F.ACT_NONFINITE,  # count of NaN/Inf outputs
+    _F.ACT_MAXABS,
+    _F.ACT_DEAD,  # rectifier layers: fraction of units that are zero for every input of the batch
 )
 #: On measured steps (schema 4): how many rows (the leading dimension) each layer's outputs had
 #: over the step's forward; 0 for a layer that did not run (an expert no token was routed to, a
 #: branch not taken), NaN on steps not measured.
-ACT_ROWS_FIELD = "act_rows"
+ACT_ROWS_FIELD = _F.ACT_ROWS
 #: The per-step series the charts draw, kept whole-run as min/max buckets by every monitor (the
 #: TUI's history) and every live stream (the server's live aggregate): one list, one owner.
 CHART_FIELDS: tuple[str, ...] = (
-    "step",
-    "loss",
-    "grad_norm",
-    "grad_norm_clipped",
-    "clip_threshold",
-    "amp_scale",
-    "amp_skipped",
+    _F.STEP,
+    _F.LOSS,
+    _F.GRAD_NORM,
+    _F.GRAD_NORM_CLIPPED,
+    _F.CLIP_THRESHOLD,
+    _F.AMP_SCALE,
+    _F.AMP_SKIPPED,
 )
 #: Per parameter-owning layer, on measured updates (schema 4): what the optimizer did to the
 #: weights, beside ``grad_layer``. ``weight_layer`` is the L2 norm of the layer's parameters
@@ -96,12 +146,12 @@ CHART_FIELDS: tuple[str, ...] = (
 #: large parameter scaled to its size; ``frozen_layer`` the share of those sampled elements with a
 #: non-zero gradient that the update left bit for bit unchanged. NaN where the layer was not updated (no optimizer step, a
 #: skipped AMP step, a step not measured).
-LAYER_FIELDS_UPDATE: tuple[str, ...] = ("weight_layer", "update_layer", "frozen_layer")
+LAYER_FIELDS_UPDATE: tuple[str, ...] = (_F.WEIGHT_LAYER, _F.UPDATE_LAYER, _F.FROZEN_LAYER)
 #: Fields that a schema version added, so that older runs keep their own layout.
 _ADDED_IN = {
-    "layer_sums": 2, "grads_kept": 3, "act_dead": 3, "params_no_grad": 4,
-    "params_unoptimized": 4, "update_frozen": 4, "label_entropy": 4, "label_mean": 4, "label_var": 4, "weight_drift": 4, "weight_layer": 4,
-    "update_layer": 4, "frozen_layer": 4, ACT_ROWS_FIELD: 4,
+    _F.LAYER_SUMS: 2, _F.GRADS_KEPT: 3, _F.ACT_DEAD: 3, _F.PARAMS_NO_GRAD: 4,
+    _F.PARAMS_UNOPTIMIZED: 4, _F.UPDATE_FROZEN: 4, _F.LABEL_ENTROPY: 4, _F.LABEL_MEAN: 4, _F.LABEL_VAR: 4, _F.WEIGHT_DRIFT: 4, _F.WEIGHT_LAYER: 4,
+    _F.UPDATE_LAYER: 4, _F.FROZEN_LAYER: 4, ACT_ROWS_FIELD: 4,
 }  # fmt: skip
 #: The first schema whose device scalars are float64.
 WIDE_SCALARS = 4
@@ -114,11 +164,11 @@ def fields_of(fields: tuple[str, ...], version: int) -> tuple[str, ...]:
 #: On measured steps (``layer_sums`` is not 0): the float32 sum of each layer's output. A
 #: non-finite sum means the output held a NaN or Inf, which is how the first bad layer is found on
 #: steps whose full stats were not sampled. NaN on steps that were not measured.
-ACT_SUM_FIELD = "act_sum"
+ACT_SUM_FIELD = _F.ACT_SUM
 #: On measured steps: the gradient norm of each parameter-owning layer. NaN means the layer had no
 #: gradient (or the step was not measured); +Inf means its gradient held NaN or Inf (so the two
 #: never look alike).
-GRAD_LAYER_FIELD = "grad_layer"
+GRAD_LAYER_FIELD = _F.GRAD_LAYER
 #: The per-layer fields indexed by parameter-owning layer (``param_layer_names``), not by watched
 #: layer (``layer_names``).
 PARAM_LAYER_FIELDS: tuple[str, ...] = (GRAD_LAYER_FIELD, *LAYER_FIELDS_UPDATE)
@@ -145,7 +195,7 @@ class RunSchema:
     def host_dtype(self) -> np.dtype:
         names = fields_of(HOST_FIELDS, self.version)
         fields: list[tuple[Any, ...]] = [(n, "<f8") for n in names]
-        fields.append(("lr", "<f8", (self.num_lr,)))
+        fields.append((_F.LR, "<f8", (self.num_lr,)))
         return np.dtype(fields)
 
     def dev_scalar_dtype(self) -> np.dtype:
@@ -172,7 +222,7 @@ class RunSchema:
 
     def layer_row_dtype(self) -> np.dtype:
         """One row of ``layers.bin``: the step index, then the per-layer block."""
-        return _concat(np.dtype([("step", "<i8")]), self.layer_dtype())
+        return _concat(np.dtype([(_F.STEP, "<i8")]), self.layer_dtype())
 
     @functools.cached_property
     def host_size(self) -> int:
@@ -243,9 +293,9 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 
 def sums_measured(rows: np.ndarray) -> np.ndarray:
     """Per row: were the layer output sums measured? (Runs from before ``layer_sums``: always.)"""
-    if "layer_sums" not in (rows.dtype.names or ()):
+    if _F.LAYER_SUMS not in (rows.dtype.names or ()):
         return np.ones(len(rows), dtype=bool)
-    return cast("np.ndarray", np.asarray(rows["layer_sums"]) != 0.0)
+    return cast("np.ndarray", np.asarray(rows[_F.LAYER_SUMS]) != 0.0)
 
 
 def _concat(a: np.dtype, b: np.dtype) -> np.dtype:

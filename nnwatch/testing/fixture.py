@@ -21,7 +21,7 @@ from nnwatch.sources.base import RunSource, SourceError, SourceStatus, SourceUpd
 from nnwatch.store.events import Event
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
-from nnwatch.store.schema import SCHEMA_VERSION, RunMeta, RunSchema, sums_measured
+from nnwatch.store.schema import SCHEMA_VERSION, FieldName, RunMeta, RunSchema, sums_measured
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
 FIXED_START = 1_700_000_000.0
@@ -222,43 +222,43 @@ class FixtureSource(RunSource):
         gnorm = np.where(s == self.spike_step, 38.0, gnorm)
         period = 1.0 / (self.rate or 20.0)
         tz = self._noise(start, stop, 3)
-        out["step"] = s
-        out["time"] = self._t0 + s * period + 0.1 * period * tz
-        out["step_time"] = period * (1.0 + 0.05 * np.abs(tz))
-        out["samples_per_sec"] = 64.0 / out["step_time"]
-        out["clip_threshold"] = self.clip
-        out["layer_stats"] = (s.astype(np.int64) % self.layer_every == 0).astype(np.float64)
+        out[FieldName.STEP] = s
+        out[FieldName.TIME] = self._t0 + s * period + 0.1 * period * tz
+        out[FieldName.STEP_TIME] = period * (1.0 + 0.05 * np.abs(tz))
+        out[FieldName.SAMPLES_PER_SEC] = 64.0 / out[FieldName.STEP_TIME]
+        out[FieldName.CLIP_THRESHOLD] = self.clip
+        out[FieldName.LAYER_STATS] = (s.astype(np.int64) % self.layer_every == 0).astype(np.float64)
         measured = self._grad_measured(s)
-        out["layer_sums"] = measured.astype(np.float64)  # 0.0: sums not measured at this step
+        out[FieldName.LAYER_SUMS] = measured.astype(np.float64)  # 0.0: sums not measured at this step
         if self.cuda:
-            out["cuda_allocated"] = 3.1e9 + 0.2e9 * (np.sin(s / 7.0) > 0)
-            out["cuda_reserved"] = 4.0e9
-            out["cuda_peak"] = 3.6e9
+            out[FieldName.CUDA_ALLOCATED] = 3.1e9 + 0.2e9 * (np.sin(s / 7.0) > 0)
+            out[FieldName.CUDA_RESERVED] = 4.0e9
+            out[FieldName.CUDA_PEAK] = 3.6e9
         else:
-            out["cuda_allocated"] = out["cuda_reserved"] = out["cuda_peak"] = np.nan
-        out["cpu_percent"] = 97.0 + 2.0 * np.sin(s / 50.0)
-        out["rss"] = 2.1e9 + 1e6 * frac
+            out[FieldName.CUDA_ALLOCATED] = out[FieldName.CUDA_RESERVED] = out[FieldName.CUDA_PEAK] = np.nan
+        out[FieldName.CPU_PERCENT] = 97.0 + 2.0 * np.sin(s / 50.0)
+        out[FieldName.RSS] = 2.1e9 + 1e6 * frac
         lr = lr_schedule(s, self.horizon)
         for group in range(self.meta.schema.num_lr):  # none for a run without an optimizer
-            out["lr"][:, group] = lr * (0.1**group)
-        out["loss"] = loss
-        out["grad_norm"] = gnorm
-        out["grad_norm_clipped"] = np.minimum(gnorm, self.clip)
-        out["clipped"] = (gnorm > self.clip).astype(np.float32)
+            out[FieldName.LR][:, group] = lr * (0.1**group)
+        out[FieldName.LOSS] = loss
+        out[FieldName.GRAD_NORM] = gnorm
+        out[FieldName.GRAD_NORM_CLIPPED] = np.minimum(gnorm, self.clip)
+        out[FieldName.CLIPPED] = (gnorm > self.clip).astype(np.float32)
         if self.amp:
             skipped = np.isin(s, self.halving_steps)
-            out["amp_scale"] = self._amp_scale(s)
-            out["amp_skipped"] = skipped.astype(np.float32)
-            out["nonfinite_grads"] = skipped.astype(np.float32)
-            out["grad_norm"] = np.where(skipped & (s != self.spike_step), np.inf, out["grad_norm"])
+            out[FieldName.AMP_SCALE] = self._amp_scale(s)
+            out[FieldName.AMP_SKIPPED] = skipped.astype(np.float32)
+            out[FieldName.NONFINITE_GRADS] = skipped.astype(np.float32)
+            out[FieldName.GRAD_NORM] = np.where(skipped & (s != self.spike_step), np.inf, out[FieldName.GRAD_NORM])
         else:
-            out["amp_scale"] = np.nan
-            out["amp_skipped"] = np.nan
-            out["nonfinite_grads"] = 0.0
+            out[FieldName.AMP_SCALE] = np.nan
+            out[FieldName.AMP_SKIPPED] = np.nan
+            out[FieldName.NONFINITE_GRADS] = 0.0
         if self.grad_every > 1:  # the cost budget skipped these steps: not measured, not zero
-            for name in ("grad_norm", "grad_norm_clipped", "clipped"):
+            for name in (FieldName.GRAD_NORM, FieldName.GRAD_NORM_CLIPPED, FieldName.CLIPPED):
                 out[name] = np.where(measured, out[name], np.nan)
-        if "update_frozen" in (dt.names or ()):
+        if FieldName.UPDATE_FROZEN in (dt.names or ()):
             update_scalars(out, self._updated(s), frac, self.updates == "rounded")
         return out
 
@@ -277,14 +277,14 @@ class FixtureSource(RunSource):
         block = self.layer_block(start, stop)
         scal = self.scalar_rows(start, stop)
         keep = (
-            (scal["layer_stats"] == 1.0)
-            | (scal["nonfinite_grads"] == 1.0)
-            | (~np.isfinite(block["act_sum"]).all(axis=1) & sums_measured(scal))
+            (scal[FieldName.LAYER_STATS] == 1.0)
+            | (scal[FieldName.NONFINITE_GRADS] == 1.0)
+            | (~np.isfinite(block[FieldName.ACT_SUM]).all(axis=1) & sums_measured(scal))
         )
         out = np.zeros(int(keep.sum()), dtype=self.meta.schema.layer_row_dtype())
         for name in block.dtype.names or ():
             out[name] = block[name][keep]
-        out["step"] = scal["step"][keep].astype(np.int64)
+        out[FieldName.STEP] = scal[FieldName.STEP][keep].astype(np.int64)
         return out
 
     def records(self, start: int, stop: int) -> np.ndarray:
@@ -319,18 +319,18 @@ class FixtureSource(RunSource):
         maxabs = std * (4.0 + 0.2 * z) * np.where(spike, 40.0, 1.0)
         mean = 0.05 * z * np.ones((1, L))
         nan = np.float32(np.nan)
-        out["act_zero"] = np.where(sampled, zero, nan)
-        out["act_std"] = np.where(sampled, std, nan)
-        out["act_mean"] = np.where(sampled, mean, nan)
-        out["act_maxabs"] = np.where(sampled, maxabs, nan)
-        out["act_nonfinite"] = np.where(sampled, np.where(spike & (depth > 0.85), 17.0, 0.0), nan)
-        out["act_sum"] = np.where(spike & (depth > 0.85), np.inf, mean * 4096.0)
+        out[FieldName.ACT_ZERO] = np.where(sampled, zero, nan)
+        out[FieldName.ACT_STD] = np.where(sampled, std, nan)
+        out[FieldName.ACT_MEAN] = np.where(sampled, mean, nan)
+        out[FieldName.ACT_MAXABS] = np.where(sampled, maxabs, nan)
+        out[FieldName.ACT_NONFINITE] = np.where(sampled, np.where(spike & (depth > 0.85), 17.0, 0.0), nan)
+        out[FieldName.ACT_SUM] = np.where(spike & (depth > 0.85), np.inf, mean * 4096.0)
         gdepth = np.linspace(0.0, 1.0, P)[None, :]
         g = 0.05 * (1.0 + gdepth) * (1.0 + 0.1 * z) * np.where(spike, 60.0, 1.0)
         measured = self._grad_measured(s)[:, None]
-        out["grad_layer"] = np.where(measured, g, nan)
-        out["act_sum"] = np.where(measured, out["act_sum"], nan)
-        if "update_layer" in (out.dtype.names or ()):
+        out[FieldName.GRAD_LAYER] = np.where(measured, g, nan)
+        out[FieldName.ACT_SUM] = np.where(measured, out[FieldName.ACT_SUM], nan)
+        if FieldName.UPDATE_LAYER in (out.dtype.names or ()):
             f = s.astype(np.float64)
             lr = lr_schedule(f, self.horizon)[:, None] / LR_PEAK
             update_layers(out, self._updated(f)[:, None], frac, z, gdepth, lr, self.updates == "rounded")
@@ -358,7 +358,7 @@ class FixtureSource(RunSource):
                 "severity": "warning",
                 "step": sp,
                 "layer": "head",
-                "evidence": {"loss": 6.5, "grad_norm": 38.0},
+                "evidence": {"loss": 6.5, FieldName.GRAD_NORM: 38.0},
                 "remedy": "lower the LR or tighten grad clipping",
                 "message": "loss jumped 6.5x above its EMA; grad norm 38 (69x median)",
             }
@@ -407,10 +407,10 @@ def lr_schedule(s: np.ndarray, horizon: int) -> np.ndarray:
 def update_scalars(out: np.ndarray, updated: np.ndarray, frac: np.ndarray, rounded: bool) -> None:
     """The run-level update fields of scalar rows: NaN where no update was measured."""
     run_level: dict[str, float | np.ndarray] = {
-        "update_frozen": 0.62 if rounded else 0.0,
-        "params_no_grad": 0.0,
-        "params_unoptimized": 0.0,
-        "weight_drift": (0.02 if rounded else 1.5) * np.sqrt(frac),
+        FieldName.UPDATE_FROZEN: 0.62 if rounded else 0.0,
+        FieldName.PARAMS_NO_GRAD: 0.0,
+        FieldName.PARAMS_UNOPTIMIZED: 0.0,
+        FieldName.WEIGHT_DRIFT: (0.02 if rounded else 1.5) * np.sqrt(frac),
     }
     for name, value in run_level.items():
         out[name] = np.where(updated, value, np.nan)
@@ -438,9 +438,9 @@ def update_layers(
         ratio = np.where(depth >= 1.0, 0.0, ratio)  # the last layer: every update rounds away
         frozen = np.where(depth >= 1.0, 1.0, frozen)
     nan = np.float32(np.nan)
-    out["weight_layer"] = np.where(updated, weight, nan)
-    out["update_layer"] = np.where(updated, ratio * weight, nan)
-    out["frozen_layer"] = np.where(updated, frozen, nan)
+    out[FieldName.WEIGHT_LAYER] = np.where(updated, weight, nan)
+    out[FieldName.UPDATE_LAYER] = np.where(updated, ratio * weight, nan)
+    out[FieldName.FROZEN_LAYER] = np.where(updated, frozen, nan)
 
 
 def write_run(

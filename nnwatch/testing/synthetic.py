@@ -27,7 +27,7 @@ from nnwatch.channel.commands import PAUSE, RESUME, SET_CLIP, SET_LAYER_INTERVAL
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.channel.server import PendingCommand
 from nnwatch.store.paths import default_root, ensure_private_dir
-from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 
 
 def make_meta(name: str, layers: int, *, num_lr: int = 1) -> RunMeta:
@@ -123,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.work_ms:
                 _busy(args.work_ms / 1000.0)
             now = time.time()
-            record["step"] = step
-            record["time"] = now
-            record["loss"] = 1.0 / (1 + step) + 0.01 * rng.random()
-            record["clip_threshold"] = clip
-            record["layer_stats"] = 1.0 if step % layer_interval == 0 else 0.0
-            record["layer_sums"] = 1.0
-            record["act_sum"] = step
+            record[FieldName.STEP] = step
+            record[FieldName.TIME] = now
+            record[FieldName.LOSS] = 1.0 / (1 + step) + 0.01 * rng.random()
+            record[FieldName.CLIP_THRESHOLD] = clip
+            record[FieldName.LAYER_STATS] = 1.0 if step % layer_interval == 0 else 0.0
+            record[FieldName.LAYER_SUMS] = 1.0
+            record[FieldName.ACT_SUM] = step
             end.publish(view)
             if log is not None:
                 log.put(bytes(view))

@@ -30,6 +30,7 @@ import numpy as np
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.store.paths import default_root, ensure_private_dir
 from nnwatch.store.runlog import RunLogWriter
+from nnwatch.store.schema import FieldName
 from nnwatch.testing.synthetic import make_meta
 
 
@@ -99,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                 loss = 2.0 / (1 + 0.01 * step) + 0.02 * rng.random()
                 if r == args.loss_rank:
                     loss *= args.loss_factor
-                record["step"], record["time"] = step, time.time()
-                record["step_time"] = now - last[r] if step else np.nan
-                record["loss"], record["grad_norm"] = loss, 1.0 + 0.05 * rng.random()
-                record["rss"] = 2.0e8
-                record["layer_stats"], record["layer_sums"] = 0.0, 1.0
+                record[FieldName.STEP], record[FieldName.TIME] = step, time.time()
+                record[FieldName.STEP_TIME] = now - last[r] if step else np.nan
+                record[FieldName.LOSS], record[FieldName.GRAD_NORM] = loss, 1.0 + 0.05 * rng.random()
+                record[FieldName.RSS] = 2.0e8
+                record[FieldName.LAYER_STATS], record[FieldName.LAYER_SUMS] = 0.0, 1.0
                 view = record.view(np.uint8).data
                 end.publish(view)
                 log.put(bytes(view))
@@ -197,8 +198,8 @@ def _one_rank(args: argparse.Namespace) -> int:
         while True:
             if 0 <= args.stuck_after < time.monotonic() - t0:
                 wait_in_a_collective(3600.0)
-            record["step"], record["time"] = step, time.time()
-            record["loss"], record["grad_norm"], record["step_time"] = 1.0, 1.0, 1.0 / args.rate
+            record[FieldName.STEP], record[FieldName.TIME] = step, time.time()
+            record[FieldName.LOSS], record[FieldName.GRAD_NORM], record[FieldName.STEP_TIME] = 1.0, 1.0, 1.0 / args.rate
             view = record.view(np.uint8).data
             end.publish(view)
             log.put(bytes(view))

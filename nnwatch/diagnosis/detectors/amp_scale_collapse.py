@@ -94,12 +94,11 @@ class AmpScaleCollapseDetector(Detector):
             "(torch.autocast(..., enabled=False) around softmax/exp/norms/the loss), lower the LR"
             f"{lr_now(row)}, clip gradients after scaler.unscale_(optimizer), or train in bf16"
         )
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            evidence=evidence,
+        return self.report(
+            row,
+            "error",
+            summary,
+            remedy,
+            evidence,
             onset_step=self.first_skip_step if self.first_skip_step >= 0 else row.step,
         )

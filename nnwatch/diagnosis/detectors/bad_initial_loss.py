@@ -99,7 +99,6 @@ class BadInitialLossDetector(Detector):
         return 0.5 * spread * spread
 
     def _finding(self, row: Row, k: int, lnk: float, loss: float, high: bool) -> Finding:
-        ctx = self.ctx
         std = self.first_std
         input_std = logit_std = math.nan
         if std is not None and std.size:
@@ -116,6 +115,26 @@ class BadInitialLossDetector(Detector):
             "last_layer_output_std": logit_std,
             "batch_size": bs,
         }
+        causes, layer = self._causes(k, ratio, bs, input_std, logit_std, high)
+        summary = (
+            f"the first loss is {fmt(loss)}, but a fresh {k}-class classifier should start near "
+            f"ln({k}) = {fmt(lnk)} ({fmt(ratio)}x)."
+        )
+        return self.report(
+            row,
+            "warning",
+            summary,
+            "; ".join(causes),
+            evidence,
+            layer=layer,
+            onset_step=row.step,
+        )
+
+    def _causes(
+        self, k: int, ratio: float, bs: float, input_std: float, logit_std: float, high: bool
+    ) -> tuple[list[str], str | None]:
+        """Why the first loss is off, most specific first, and the layer to blame if one is."""
+        ctx = self.ctx
         causes: list[str] = []
         layer = None
         if high and math.isfinite(bs) and bs > 1 and abs(ratio / bs - 1) < 0.25:
@@ -151,17 +170,4 @@ class BadInitialLossDetector(Detector):
                 f"and that num_classes={k} is right (a model loaded from trained weights starts "
                 "below chance by design: leave num_classes out when watching one)"
             )
-        summary = (
-            f"the first loss is {fmt(loss)}, but a fresh {k}-class classifier should start near "
-            f"ln({k}) = {fmt(lnk)} ({fmt(ratio)}x)."
-        )
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=row.step,
-            summary=summary,
-            remedy="; ".join(causes),
-            layer=layer,
-            evidence=evidence,
-            onset_step=row.step,
-        )
+        return causes, layer

@@ -11,7 +11,9 @@ import math
 from typing import ClassVar
 
 from nnwatch.diagnosis.context import RunContext
+from nnwatch.diagnosis.differential import causes_evidence
 from nnwatch.diagnosis.history import RunHistory
+from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
 
@@ -27,6 +29,33 @@ class Detector:
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         """Look at one step. ``hist`` holds the steps before it."""
         raise NotImplementedError
+
+    def report(
+        self,
+        row: Row,
+        severity: str,
+        summary: str,
+        remedy: str,
+        evidence: dict[str, float],
+        *,
+        layer: str | None = None,
+        onset_step: int | None = None,
+        obs: Observations | None = None,
+    ) -> Finding:
+        """The end every finding shares: this detector's kind, at this row's step. With ``obs``,
+        each set-up cause the records show joins the evidence, after the detector's own numbers."""
+        if obs is not None:
+            evidence.update(causes_evidence(obs))
+        return Finding(
+            kind=self.kind,
+            severity=severity,
+            step=row.step,
+            summary=summary,
+            remedy=remedy,
+            layer=layer,
+            evidence=evidence,
+            onset_step=onset_step,
+        )
 
 
 def lr_now(row: Row) -> str:

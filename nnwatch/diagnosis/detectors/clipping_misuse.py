@@ -29,6 +29,7 @@ from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 ZERO_STEPS = 3
 EARLY_STEPS = 5
@@ -104,22 +105,21 @@ class ClippingMisuseDetector(Detector):
         if why is not None:
             return None  # the clip is what holds a diverging run together: not the fault
         usual = factor * t
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=row.step,
-            summary=(
+        return self.report(
+            row,
+            "warning",
+            (
                 f"your clip at max_norm={fmt(t)} fired on {fmt(100 * fired)}% of the last {window} "
                 f"steps and divided the gradient by {fmt(factor)}x (median; the norm is usually "
                 f"{fmt(usual)}): every update has the same length whatever the gradient says, so the "
                 "LR you set is not the step you get."
             ),
-            remedy=(
+            (
                 f"raise max_norm to about {fmt(2 * usual)} (2x the usual norm) so that it only "
                 f"catches spikes; if you wanted smaller steps, lower the LR{lr_now(row)} instead"
             ),
-            evidence={
-                "clip_threshold": t,
+            {
+                FieldName.CLIP_THRESHOLD: t,
                 "fired_fraction": fired,
                 "median_norm_over_threshold": factor,
                 "usual_grad_norm": usual,
@@ -138,20 +138,19 @@ class ClippingMisuseDetector(Detector):
 
     def _zero(self, row: Row) -> Finding:
         g = row.grad_norm
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=(
+        return self.report(
+            row,
+            "error",
+            (
                 f"you clip gradients at max_norm=0 for {ZERO_STEPS} steps: clip_grad_norm_ scales "
                 f"every gradient to zero (the true norm is {fmt(g)}), so no weight moves."
             ),
-            remedy=(
+            (
                 "set max_norm to a positive value, about 1.0 or 2x the usual gradient norm"
                 + (f" ({fmt(2 * g)})" if math.isfinite(g) and g > 0 else "")
                 + "; check where the threshold comes from (a config value read as 0, an int "
                 "division)"
             ),
-            evidence={"clip_threshold": 0.0, "grad_norm": g, "lr": row.lr0},
+            {FieldName.CLIP_THRESHOLD: 0.0, FieldName.GRAD_NORM: g, "lr": row.lr0},
             onset_step=self.zero.first_hit,
         )

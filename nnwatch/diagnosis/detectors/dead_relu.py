@@ -25,12 +25,13 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RECTIFIER_KINDS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector
-from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
+from nnwatch.diagnosis.differential import causes_sentence, remedy_text
 from nnwatch.diagnosis.episode import EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 DEAD_FRACTION = 0.70  # DeepDiagnosis
 SURELY_DEAD = 0.90
@@ -127,51 +128,13 @@ class DeadReluDetector(Detector):
     def _finding(
         self, row: Row, layers: np.ndarray, new_grad: np.ndarray | None, obs: Observations
     ) -> Finding:
-        ctx = self.ctx
         dead_now = self.sampled_ep.active | self.sum_ep.active
         evidence: dict[str, float] = {"dead_layers": int(dead_now.sum())}
         if layers.size:
-            i = int(layers[0])
-            zero = float(self.last_zero[i])
-            fully = bool(self.sum_ep.active[i]) or (math.isfinite(zero) and zero >= 0.99)
-            evidence.update(
-                {
-                    "layer_index": i,
-                    "dead_unit_fraction": 1.0 if fully and not math.isfinite(zero) else zero,
-                    "dead_unit_fraction_at_start": float(self.start_zero[i]),
-                    "threshold": DEAD_FRACTION,
-                    "all_outputs_zero": 1.0 if fully else 0.0,
-                }
-            )
-            layer = ctx.layer_names[i]
-            if fully:
-                what = f"every output of {ctx.layer_label(i)} is exactly zero"
-            else:
-                what = (
-                    f"{fmt(100 * zero)}% of the units of {ctx.layer_label(i)} are dead (zero for "
-                    f"every input of the batch; {fmt(100 * float(self.start_zero[i]))}% at the start)"
-                )
-            others = [ctx.layer_names[int(k)] for k in layers[1:4]]
-            summary = what + (f"; also dead: {', '.join(others)}" if others else "") + "."
+            fully, layer, summary = self._dead_units(layers, evidence)
         else:
             assert new_grad is not None
-            j = int(next(k for k in ctx.param_order if new_grad[k]))
-            fully = True
-            i = int(self.feeds[j])
-            layer = ctx.layer_names[i]
-            evidence.update(
-                {
-                    "param_layer_index": j,
-                    "layer_index": i,
-                    "grad_norm_of_layer": 0.0,
-                    "grad_norm": row.grad_norm,
-                }
-            )
-            summary = (
-                f"{ctx.layer_label(i)} passes no gradient: {ctx.param_label(j)}, which feeds it, has "
-                f"received exactly zero gradient for {ZERO_GRAD_STEPS} steps while other layers "
-                "still learn, so every unit of the ReLU is inactive."
-            )
+            fully, layer, summary = self._no_gradient(row, new_grad, evidence)
         summary += " Dead units pass no gradient, so they never recover on their own."
         summary += causes_sentence(obs)
         remedy = remedy_text(obs, [
@@ -180,16 +143,66 @@ class DeadReluDetector(Detector):
             ("lower_lr", "lower the LR (one large update can push every pre-activation negative)"),
             ("", "check the bias init (negative biases start units dead)"),
         ], numbered=False)  # fmt: skip
-        evidence.update(causes_evidence(obs))
-        return Finding(
-            kind=self.kind,
-            severity="error" if fully else "warning",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "error" if fully else "warning",
+            summary,
+            remedy,
+            evidence,
             layer=layer,
-            evidence=evidence,
+            obs=obs,
         )
+
+    def _dead_units(self, layers: np.ndarray, evidence: dict[str, float]) -> tuple[bool, str, str]:
+        """Units seen dead in the sampled outputs (or all outputs zero): (fully, layer, summary)."""
+        ctx = self.ctx
+        i = int(layers[0])
+        zero = float(self.last_zero[i])
+        fully = bool(self.sum_ep.active[i]) or (math.isfinite(zero) and zero >= 0.99)
+        evidence.update(
+            {
+                "layer_index": i,
+                "dead_unit_fraction": 1.0 if fully and not math.isfinite(zero) else zero,
+                "dead_unit_fraction_at_start": float(self.start_zero[i]),
+                "threshold": DEAD_FRACTION,
+                "all_outputs_zero": 1.0 if fully else 0.0,
+            }
+        )
+        layer = ctx.layer_names[i]
+        if fully:
+            what = f"every output of {ctx.layer_label(i)} is exactly zero"
+        else:
+            what = (
+                f"{fmt(100 * zero)}% of the units of {ctx.layer_label(i)} are dead (zero for "
+                f"every input of the batch; {fmt(100 * float(self.start_zero[i]))}% at the start)"
+            )
+        others = [ctx.layer_names[int(k)] for k in layers[1:4]]
+        summary = what + (f"; also dead: {', '.join(others)}" if others else "") + "."
+        return fully, layer, summary
+
+    def _no_gradient(
+        self, row: Row, new_grad: np.ndarray, evidence: dict[str, float]
+    ) -> tuple[bool, str, str]:
+        """A ReLU whose feeding layer gets exactly zero gradient: every unit inactive."""
+        ctx = self.ctx
+        j = int(next(k for k in ctx.param_order if new_grad[k]))
+        fully = True
+        i = int(self.feeds[j])
+        layer = ctx.layer_names[i]
+        evidence.update(
+            {
+                "param_layer_index": j,
+                "layer_index": i,
+                "grad_norm_of_layer": 0.0,
+                FieldName.GRAD_NORM: row.grad_norm,
+            }
+        )
+        summary = (
+            f"{ctx.layer_label(i)} passes no gradient: {ctx.param_label(j)}, which feeds it, has "
+            f"received exactly zero gradient for {ZERO_GRAD_STEPS} steps while other layers "
+            "still learn, so every unit of the ReLU is inactive."
+        )
+        return fully, layer, summary
 
 
 def _union(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.differential import causes_evidence, causes_sentence, remedy_text
+from nnwatch.diagnosis.differential import causes_sentence, remedy_text
 from nnwatch.diagnosis.history import (
     MAD_TO_SIGMA,
     Ring,
@@ -47,6 +47,7 @@ from nnwatch.diagnosis.history import (
 from nnwatch.diagnosis.observed import Observations
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 MIN_HISTORY = 10  # finite norms needed before any verdict
 BASELINE = 128  # norms in the rolling baseline
@@ -277,32 +278,19 @@ class ExplodingGradientsDetector(Detector):
     def _finding(
         self, row: Row, ref: float, rise: float, finite: bool, obs: Observations
     ) -> Finding:
-        ctx = self.ctx
         usual = 10**ref
-        layer = None
-        layer_growth = math.nan
-        gl = row.grad_layer
-        if gl.size:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                growth = np.log10(gl.astype(np.float64)) - self.layer_ema
-            growth[~np.isfinite(growth)] = -np.inf
-            if np.isfinite(growth).any():
-                j = int(np.argmax(growth))
-                layer = ctx.param_layer_names[j]
-                layer_growth = 10 ** float(growth[j])
-        ratio = first_last_ratio(ctx, gl)
+        layer, layer_growth = self._fastest_layer(row.grad_layer)
         clip = float(f"{2 * usual:.2g}")
-        clipped = math.isfinite(row.clip_threshold)
         evidence = {
-            "grad_norm": row.grad_norm,
+            FieldName.GRAD_NORM: row.grad_norm,
             "usual_grad_norm": usual,
             "times_usual": 10**rise if math.isfinite(rise) else math.inf,
             "loss": row.loss,
             "lr": row.lr0,
             "layer_growth": layer_growth,
-            "first_to_last_layer_ratio": ratio,
+            "first_to_last_layer_ratio": first_last_ratio(self.ctx, row.grad_layer),
             "above_textbook_100": 1.0 if row.grad_norm > TEXTBOOK_LIMIT else 0.0,
-            "clip_threshold": row.clip_threshold,
+            FieldName.CLIP_THRESHOLD: row.clip_threshold,
         }
         start = 10 ** median(self.start) if self.start else math.nan
         if not finite:
@@ -315,6 +303,33 @@ class ExplodingGradientsDetector(Detector):
         grew = (
             f" ({layer} grew most, {fmt(layer_growth)}x)" if layer and math.isfinite(layer_growth) else ""
         )
+        summary = f"gradient norm {fmt(row.grad_norm)} is {times}{grew}{self._loss_part(row, usual, start)}."
+        summary += causes_sentence(obs)
+        return self.report(
+            row,
+            ("info" if self.note else "warning" if self.far else "error") if finite else "critical",
+            summary,
+            remedy_text(obs, _remedies(row, clip, obs.clip_rate), numbered=False),
+            evidence,
+            layer=layer,
+            onset_step=min([s for h, s in self.recent_hits if h] + self.far_steps + [row.step]),
+            obs=obs,
+        )
+
+    def _fastest_layer(self, gl: np.ndarray) -> tuple[str | None, float]:
+        """The layer whose gradient grew most against its own average, and by how much."""
+        if not gl.size:
+            return None, math.nan
+        with np.errstate(divide="ignore", invalid="ignore"):
+            growth = np.log10(gl.astype(np.float64)) - self.layer_ema
+        growth[~np.isfinite(growth)] = -np.inf
+        if not np.isfinite(growth).any():
+            return None, math.nan
+        j = int(np.argmax(growth))
+        return self.ctx.param_layer_names[j], 10 ** float(growth[j])
+
+    def _loss_part(self, row: Row, usual: float, start: float) -> str:
+        """What the loss did meanwhile: got worse, or (far from the start) still improves."""
         if self.far:
             loss_part = (
                 f"; the usual norm itself has grown {fmt(usual / start)}x. The loss still improves "
@@ -330,46 +345,35 @@ class ExplodingGradientsDetector(Detector):
                 "what new data does (a curriculum stage, another data source, a loss term "
                 "switched on); a note, made an error if the updates grow"
             )
-        summary = f"gradient norm {fmt(row.grad_norm)} is {times}{grew}{loss_part}."
-        summary += causes_sentence(obs)
-        clip_rate = obs.clip_rate
-        candidates: list[tuple[str, str]] = []
-        if clipped:
-            if math.isfinite(clip_rate) and clip_rate > 0:
-                candidates.append((
-                    "clip_bounds",
-                    f"clipping at {fmt(row.clip_threshold)} (it fired on {fmt(100 * clip_rate)}% of "
-                    f"recent steps) bounds each update, but the gradients keep growing: lower the "
-                    f"LR{lr_now(row)} by 3-10x",
-                ))  # fmt: skip
-            else:
-                candidates.append((
-                    "lower_lr",
-                    f"your clip at {fmt(row.clip_threshold)} never fired (the norm stayed below it), "
-                    f"so it bounds nothing: lower max_norm to about {fmt(clip)}, and lower the "
-                    f"LR{lr_now(row)} by 3-10x",
-                ))  # fmt: skip
+        return loss_part
+
+
+def _remedies(row: Row, clip: float, clip_rate: float) -> list[tuple[str, str]]:
+    """(remedy id, text), most likely first: by whether the run clips, and whether its clip fires."""
+    candidates: list[tuple[str, str]] = []
+    if math.isfinite(row.clip_threshold):
+        if math.isfinite(clip_rate) and clip_rate > 0:
+            candidates.append((
+                "clip_bounds",
+                f"clipping at {fmt(row.clip_threshold)} (it fired on {fmt(100 * clip_rate)}% of "
+                f"recent steps) bounds each update, but the gradients keep growing: lower the "
+                f"LR{lr_now(row)} by 3-10x",
+            ))  # fmt: skip
         else:
             candidates.append((
-                "add_clip",
-                f"clip gradients at {fmt(clip)} (about 2x this run's usual norm: "
-                f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)}))",
+                "lower_lr",
+                f"your clip at {fmt(row.clip_threshold)} never fired (the norm stayed below it), "
+                f"so it bounds nothing: lower max_norm to about {fmt(clip)}, and lower the "
+                f"LR{lr_now(row)} by 3-10x",
             ))  # fmt: skip
-            candidates.append(("lower_lr", f"lower the LR{lr_now(row)} by 3-10x"))
-        remedy = remedy_text(obs, candidates, numbered=False)
-        evidence.update(causes_evidence(obs))
-        return Finding(
-            kind=self.kind,
-            severity=(
-                ("info" if self.note else "warning" if self.far else "error") if finite else "critical"
-            ),
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            layer=layer,
-            evidence=evidence,
-            onset_step=min([s for h, s in self.recent_hits if h] + self.far_steps + [row.step]),
-        )
+    else:
+        candidates.append((
+            "add_clip",
+            f"clip gradients at {fmt(clip)} (about 2x this run's usual norm: "
+            f"torch.nn.utils.clip_grad_norm_(model.parameters(), {fmt(clip)}))",
+        ))  # fmt: skip
+        candidates.append(("lower_lr", f"lower the LR{lr_now(row)} by 3-10x"))
+    return candidates
 
 
 def first_to_last(ctx: RunContext, grad_layer: np.ndarray) -> tuple[int, int, float, float] | None:

@@ -39,20 +39,19 @@ class GameBalanceDetector(Detector):
         won = math.isfinite(start) and start > 0 and 0 <= level < min(SHARE * start, ABSOLUTE)
         if not self.episode.update(won, row.step):
             return None
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=row.step,
-            summary=(
+        return self.report(
+            row,
+            "warning",
+            (
                 f"this side of the game has won: its loss sits at {fmt(level)} (it began at "
                 f"{fmt(start)}). If this is the discriminator, it tells real from fake perfectly and "
                 "the generator's gradient vanishes; if it is the generator, the discriminator has "
                 "stopped learning."
             ),
-            remedy=(
+            (
                 "rebalance the two sides: lower the winning side's LR (or train it less often), use "
                 "label smoothing or instance noise for the discriminator, or the non-saturating "
                 "generator loss; check both sides' gradient norms in the monitor"
             ),
-            evidence={"loss_now": level, "loss_at_start": start},
+            {"loss_now": level, "loss_at_start": start},
         )

@@ -50,7 +50,6 @@ from collections import deque
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.differential import (
-    causes_evidence,
     causes_sentence,
     observed_causes,
     remedy_text,
@@ -66,6 +65,7 @@ from nnwatch.diagnosis.history import (
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 WINDOW = 16  # the newest losses, judged against the stretch before them
 REF = 48  # losses in the base stretch
@@ -194,42 +194,27 @@ class LossDivergingDetector(Detector):
         if not self.unbounded.update(hit, row.step):
             return None
         level = median(list(itertools.islice(reversed(self.losses), LAST)))
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=(
+        return self.report(
+            row,
+            "error",
+            (
                 f"the loss falls without bound below zero: from {fmt(self.start)} at the start to "
                 f"{fmt(level)}, and still falling. A loss with a floor (cross-entropy, a squared "
                 "error, a KL divergence) stops at it; one that can fall forever has a term that "
                 "rewards growing outputs, and its gradients grow with it."
             ),
-            remedy=(
+            (
                 "check the sign of each term of the loss: a KL divergence or a log-likelihood "
                 "added where it should be subtracted (KL >= 0 is added to a loss), a reward "
                 "maximised by gradient descent without a minus; a learned variance that can "
                 "shrink to zero needs a floor"
             ),
-            evidence={"loss_now": level, "loss_at_start": self.start, "lr": row.lr0},
+            {"loss_now": level, "loss_at_start": self.start, "lr": row.lr0},
             onset_step=self.unbounded.first_hit,
         )
 
     def _rise(self, row: Row, hist: RunHistory, loss: float) -> Finding | None:
-        self.seen += 1
-        if len(self.first) < LAST:
-            self.first.append(loss)
-            self.start = median(self.first)
-        if len(self.losses) >= WINDOW:
-            self.ref.push(self.losses[-WINDOW])
-        self.losses.append(loss)
-        self.steps.append(row.step)
-        self.newest.push(loss)
-        if len(self.losses) >= WINDOW:
-            m = self.newest.median()
-            if m < self.best:  # the lowest median of WINDOW consecutive losses so far
-                self.best = m
-                self._best_window = self.newest.values()
-                self._best_noise = None
+        self._keep(row.step, loss)
         if self.seen < 4:
             return None
         level = median(list(itertools.islice(reversed(self.losses), LAST)))
@@ -256,15 +241,9 @@ class LossDivergingDetector(Detector):
             tau = kendall_tau(v[-TREND_N:])
             hit = sustained and ((level - base) / unit >= FAR or tau >= TREND_TAU)
         if not hit and self.seen >= EARLY_N and math.isfinite(self.best):
-            # a slow climb, which the stretch just before follows up: against the best level
-            slow = self.newest.median()
-            lower = rise_unit(self.best, 0.0, self.start, SLOW_NOISE_UNITS)
-            if slow - self.best >= lower and level - self.best >= lower:
-                b_unit = rise_unit(self.best, self.best_noise, self.start, SLOW_NOISE_UNITS)
-                if slow - self.best >= b_unit and level - self.best >= b_unit:
-                    t = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
-                    if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
-                        hit, base, unit, tau = True, self.best, b_unit, t
+            climb = self._slow_climb(level)
+            if climb is not None:
+                hit, (base, unit, tau) = True, climb
         was = self.episode.active
         opened = self.episode.update(hit, row.step)
         if self.episode.active and not was:
@@ -285,6 +264,37 @@ class LossDivergingDetector(Detector):
         if math.isnan(tau):
             tau = kendall_tau(list(self.losses)[-TREND_N:])
         return self._finding(row, hist, base, unit, level, tau)
+
+    def _keep(self, step: int, loss: float) -> None:
+        """This loss into the windows: the first losses, the reference, the newest, the best."""
+        self.seen += 1
+        if len(self.first) < LAST:
+            self.first.append(loss)
+            self.start = median(self.first)
+        if len(self.losses) >= WINDOW:
+            self.ref.push(self.losses[-WINDOW])
+        self.losses.append(loss)
+        self.steps.append(step)
+        self.newest.push(loss)
+        if len(self.losses) >= WINDOW:
+            m = self.newest.median()
+            if m < self.best:  # the lowest median of WINDOW consecutive losses so far
+                self.best = m
+                self._best_window = self.newest.values()
+                self._best_noise = None
+
+    def _slow_climb(self, level: float) -> tuple[float, float, float] | None:
+        """A slow climb, which the stretch just before follows up: against the best level.
+        (base, unit, trend tau) when the loss has climbed far enough above it, else None."""
+        slow = self.newest.median()
+        lower = rise_unit(self.best, 0.0, self.start, SLOW_NOISE_UNITS)
+        if slow - self.best >= lower and level - self.best >= lower:
+            b_unit = rise_unit(self.best, self.best_noise, self.start, SLOW_NOISE_UNITS)
+            if slow - self.best >= b_unit and level - self.best >= b_unit:
+                t = kendall_tau(list(self.losses)[-SLOW_TREND_N:])
+                if t >= SLOW_TREND_TAU or slow - self.best >= FAR * b_unit:
+                    return self.best, b_unit, t
+        return None
 
     def _mechanism(self, row: Row, hist: RunHistory, base: float, unit: float) -> Mechanism | None:
         """What backs the rise: the set-up, another detector's open episode, the updates."""
@@ -337,20 +347,12 @@ class LossDivergingDetector(Detector):
             "best_loss": hist.best_loss,
             "loss_at_start": hist.start_loss,
             "lr": row.lr0,
-            "grad_norm": row.grad_norm,
-            "clip_threshold": row.clip_threshold,
+            FieldName.GRAD_NORM: row.grad_norm,
+            FieldName.CLIP_THRESHOLD: row.clip_threshold,
         }
         how = f"{fmt(times)}x" if math.isfinite(times) and times > 0 else f"+{fmt(level - base)}"
         shape = "and keeps climbing" if tau >= SLOW_TREND_TAU else "and stays up there"
-        if base == self.best and base < self.start:
-            ref = f"its best level {fmt(base)}"
-        elif self.seen <= EARLY_N:
-            ref = f"its first loss ({fmt(base)})"
-        elif base == self.start:
-            ref = f"the level of its first steps (median {fmt(base)})"
-        else:
-            ref = f"the level it held before ({fmt(base)})"
-        summary = f"the loss rose from {ref} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
+        summary = f"the loss rose from {self._reference(base)} to {fmt(level)} ({how}), climbing since step {onset}, {shape}"
         k = self.ctx.num_classes
         if k and k > 1 and level > math.log(k) * 1.2:
             summary += f"; it is worse than chance (ln({k}) = {fmt(math.log(k))})"
@@ -360,20 +362,50 @@ class LossDivergingDetector(Detector):
         if mech is not None and mech.text:
             summary += f" Behind it: {mech.text}."
             evidence.update(mech.evidence)
+        summary += self._unexplained(row.step, onset)
+        remedy = remedy_text(hist.obs, self._remedies(row, onset))
+        return self.report(
+            row,
+            self.severity,
+            summary,
+            remedy,
+            evidence,
+            onset_step=onset,
+            obs=hist.obs,
+        )
+
+    def _reference(self, base: float) -> str:
+        """The level the loss rose from, named as the run reached it."""
+        if base == self.best and base < self.start:
+            return f"its best level {fmt(base)}"
+        if self.seen <= EARLY_N:
+            return f"its first loss ({fmt(base)})"
+        if base == self.start:
+            return f"the level of its first steps (median {fmt(base)})"
+        return f"the level it held before ({fmt(base)})"
+
+    def _unexplained(self, step: int, onset: int) -> str:
+        """A note or a warning says that nothing in the updates explains the rise."""
         if self.severity == "info":
-            summary += (
+            return (
                 " Nothing in the updates explains it (the LR, the size of the updates and the "
                 "weights' norm are as they were while the run was stable): a change in the data "
                 "or the objective (a curriculum stage, a loss term switched on, the other side "
                 "of a game) raises a loss this way too. A note for now: it becomes a warning if "
                 "the loss stays up, an error if a cause appears in the updates."
             )
-        elif self.severity == "warning":
-            summary += (
-                f" It has stayed up for {row.step - onset} steps without falling back, though "
+        if self.severity == "warning":
+            return (
+                f" It has stayed up for {step - onset} steps without falling back, though "
                 "nothing in the updates explains it: look at what changed in the data or the loss "
                 f"around step {onset}."
             )
+        return ""
+
+    def _remedies(self, row: Row, onset: int) -> list[tuple[str, str]]:
+        """(remedy id, text): the mechanism's fix, the LR, the clip, the data (first when no
+        update explains the rise)."""
+        mech = self.mechanism
         candidates: list[tuple[str, str]] = []
         if mech is not None and mech.remedy:
             candidates.append(("", mech.remedy))
@@ -391,17 +423,7 @@ class LossDivergingDetector(Detector):
         ))  # fmt: skip
         if self.severity != "error":
             candidates = candidates[-1:] + candidates[:-1]  # the data first: no update explains it
-        remedy = remedy_text(hist.obs, candidates)
-        evidence.update(causes_evidence(hist.obs))
-        return Finding(
-            kind=self.kind,
-            severity=self.severity,
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            evidence=evidence,
-            onset_step=onset,
-        )
+        return candidates
 
 
 def falls_without_bound(losses: list[float], start: float) -> bool:

@@ -29,6 +29,7 @@ from nnwatch.diagnosis.detectors.loss_diverging import noise_sigma, rise_unit
 from nnwatch.diagnosis.history import Ring, RunHistory, SortedWindow, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 REF = 32
 MIN_REF = 16
@@ -108,7 +109,7 @@ class LossSpikeDetector(Detector):
             "recovered_after_steps": RECOVER,
             "spikes_so_far": self.count,
             "lr": row.lr0,
-            "clip_threshold": row.clip_threshold,
+            FieldName.CLIP_THRESHOLD: row.clip_threshold,
         }
         summary = (
             f"the loss jumped from {fmt(base)} to {fmt(peak)}{how} at step {step} and came back "

@@ -52,12 +52,13 @@ import numpy as np
 
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, RunContext
 from nnwatch.diagnosis.detectors.base import Detector, lr_now
-from nnwatch.diagnosis.differential import causes_evidence, remedy_text
+from nnwatch.diagnosis.differential import remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
 from nnwatch.diagnosis.row import Row
 from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 NO_GRAD_STEPS = 5
 ZERO_LR_STEPS = 5
@@ -284,16 +285,48 @@ class LossStalledDetector(Detector):
     def _finding(
         self, row: Row, hist: RunHistory, cause: str, prog: float, severity: str, support: str = ""
     ) -> Finding:
+        evidence, chance = self._evidence(row, hist, prog)
+        texts = self._no_update_text(row, hist, cause, chance) or self._small_update_text(
+            row, hist, cause, chance
+        )
+        if texts is None and cause == "mechanism" and self.mechanism is not None:
+            m = self.mechanism
+            texts = f"the loss has stopped falling at {fmt(hist.recent_loss(10))}{chance}, and {m.text}.", m.remedy
+            evidence.update(m.evidence)
+        summary, remedy = texts or self._plateau_text(row, hist, prog, severity, support, chance)
+        if row.clip_threshold == 0.0:
+            # the evidence says why before any other cause: the user's clip zeroes every gradient
+            evidence[FieldName.CLIP_THRESHOLD] = 0.0
+            remedy = (
+                "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
+                "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
+            )
+        evidence["cause_code"] = CAUSES.index(cause)
+        return self.report(
+            row,
+            severity,
+            summary,
+            remedy,
+            evidence,
+            onset_step=(
+                max(hist.first_loss_step, 0)
+                if cause == "flat" or (cause == "mechanism" and not hist.learned(LEARNED))
+                else self.episode.first_hit
+            ),
+            obs=hist.obs,
+        )
+
+    def _evidence(self, row: Row, hist: RunHistory, prog: float) -> tuple[dict[str, float], str]:
+        """The numbers every stall cites, and `` (chance level ...)`` when the loss sits there."""
         ctx = self.ctx
-        start, now = hist.start_loss, hist.recent_loss(10)
-        steps = len(hist.loss)
+        now = hist.recent_loss(10)
         evidence: dict[str, float] = {
-            "loss_at_start": start,
+            "loss_at_start": hist.start_loss,
             "loss_now": now,
             "progress_since_start": prog,
-            "steps_observed": steps,
+            "steps_observed": len(hist.loss),
             "lr": row.lr0,
-            "grad_norm": row.grad_norm,
+            FieldName.GRAD_NORM: row.grad_norm,
             "update_to_weight_ratio": self.update_ratio,
         }
         chance = ""
@@ -302,89 +335,87 @@ class LossStalledDetector(Detector):
             evidence["ln_num_classes"] = lnk
             if math.isfinite(now) and abs(now - lnk) <= 0.1 * lnk:
                 chance = f" (chance level ln({ctx.num_classes}) = {fmt(lnk)})"
+        return evidence, chance
+
+    def _no_update_text(self, row: Row, hist: RunHistory, cause: str, chance: str) -> tuple[str, str] | None:
+        """(summary, remedy) of a stall whose weights get no update at all, or None."""
+        now = hist.recent_loss(10)
         if cause == "no_grad":
-            summary = f"no parameter has received a gradient for {self.no_grad} steps; the loss sits at {fmt(now)}{chance}."
-            remedy = (
+            return (
+                f"no parameter has received a gradient for {self.no_grad} steps; the loss sits at {fmt(now)}{chance}.",
                 "make sure loss.backward() runs on the loss tensor itself: no .item(), .detach() or "
-                "torch.no_grad() on the way, and the parameters have requires_grad=True"
+                "torch.no_grad() on the way, and the parameters have requires_grad=True",
             )
-        elif cause == "grads_wiped":
-            summary = (
+        if cause == "grads_wiped":
+            return (
                 f"on the last {self.wiped} updates the optimizer found no gradient: backward() made "
                 f"them (norm {fmt(row.grad_norm)}), and they were gone by optimizer.step(). The "
-                f"weights never move; the loss sits at {fmt(now)}{chance}."
-            )
-            remedy = (
+                f"weights never move; the loss sits at {fmt(now)}{chance}.",
                 "call optimizer.zero_grad() before loss.backward() (or after optimizer.step()), "
-                "never between backward() and step()"
+                "never between backward() and step()",
             )
-        elif cause == "zero_lr":
-            summary = f"the LR has been exactly 0 for {self.zero_lr} steps; the loss sits at {fmt(now)}{chance}."
-            remedy = "check the LR scheduler or warmup: it sets the LR to 0 (print scheduler.get_last_lr())"
-        elif cause == "optimizer_copy":
-            summary = (
+        if cause == "zero_lr":
+            return (
+                f"the LR has been exactly 0 for {self.zero_lr} steps; the loss sits at {fmt(now)}{chance}.",
+                "check the LR scheduler or warmup: it sets the LR to 0 (print scheduler.get_last_lr())",
+            )
+        if cause == "optimizer_copy":
+            return (
                 "the optimizer you passed holds a copy of the model's parameters, not the model's "
-                f"own: its updates never reach the model, and the loss sits at {fmt(now)}{chance}."
-            )
-            remedy = (
+                f"own: its updates never reach the model, and the loss sits at {fmt(now)}{chance}.",
                 "build the optimizer on the model you train, after any copy or wrapping: "
                 "optimizer = torch.optim.SGD(model.parameters(), ...) (a deepcopy or a model "
-                "re-created after the optimizer leaves it holding stale tensors)"
+                "re-created after the optimizer leaves it holding stale tensors)",
             )
-        elif cause == "tiny_update":
-            summary = (
+        return None
+
+    def _small_update_text(self, row: Row, hist: RunHistory, cause: str, chance: str) -> tuple[str, str] | None:
+        """(summary, remedy) of a stall whose updates cannot move the loss, or None."""
+        now, obs = hist.recent_loss(10), hist.obs
+        if cause == "tiny_update":
+            return (
                 f"each update changes the weights by about {fmt(self.update_ratio)} of their norm "
-                f"(healthy is around 1e-3) and the loss has not moved from {fmt(start)}{chance}."
+                f"(healthy is around 1e-3) and the loss has not moved from {fmt(hist.start_loss)}{chance}.",
+                f"raise the LR{lr_now(row)} by 100x or more, or run an LR range test",
             )
-            remedy = f"raise the LR{lr_now(row)} by 100x or more, or run an LR range test"
-        elif cause == "loss_independent":
-            obs = hist.obs
+        if cause == "loss_independent":
             what = (
                 "every gradient has been exactly 0" if obs.zero_grad >= obs.constant_loss
                 else "the loss has been exactly 0"
             )
-            summary = (
+            return (
                 f"the loss does not depend on the parameters: {what} for "
-                f"{max(obs.zero_grad, obs.constant_loss)} steps (loss {fmt(now)}), so no update can move it."
-            )
-            remedy = (
+                f"{max(obs.zero_grad, obs.constant_loss)} steps (loss {fmt(now)}), so no update can move it.",
                 "check how the loss is computed: from outputs detached from the model (.detach(), "
                 ".item(), .data, torch.no_grad()), from a constant, or from a single logit "
                 "(cross_entropy over one class is always 0; use binary_cross_entropy_with_logits "
-                "for one output)"
+                "for one output)",
             )
-        elif cause == "mechanism" and self.mechanism is not None:
-            m = self.mechanism
-            summary = f"the loss has stopped falling at {fmt(now)}{chance}, and {m.text}."
-            remedy = m.remedy
-            evidence.update(m.evidence)
-        elif cause == "lr_collapsed":
-            obs = hist.obs
-            summary = (
+        if cause == "lr_collapsed":
+            return (
                 f"the loss has stopped moving ({fmt(now)}) since the LR fell from {fmt(obs.lr_peak)} "
                 f"(step {obs.lr_peak_step}) to {fmt(obs.lr)}, {fmt(1 / obs.lr_collapse)}x lower: "
-                "the updates are too small to learn."
-            )
-            remedy = (
+                "the updates are too small to learn.",
                 "check how often the scheduler steps: a per-epoch schedule (StepLR, MultiStepLR, "
                 "ExponentialLR) stepped every batch decays far too fast; step it once per epoch or "
-                "give it a step_size in batches"
+                "give it a step_size in batches",
             )
-        elif severity == "info":
-            summary = (
+        return None
+
+    def _plateau_text(
+        self, row: Row, hist: RunHistory, prog: float, severity: str, support: str, chance: str
+    ) -> tuple[str, str]:
+        """(summary, remedy) of a loss flat without a mechanism: a note, or at chance level."""
+        start, now, steps = hist.start_loss, hist.recent_loss(10), len(hist.loss)
+        if severity == "info":
+            return (
                 f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
                 f"{fmt(100 * prog)}% progress). This is a note, not yet a warning: a plateau before "
-                "a drop (small initial weights, a saddle) and an adversarial loss look the same."
-            )
-            remedy = (
+                "a drop (small initial weights, a saddle) and an adversarial loss look the same.",
                 "wait a little longer; if the loss stays here, check that the optimizer was given "
-                "model.parameters() and that inputs and labels line up, and try to overfit one batch"
+                "model.parameters() and that inputs and labels line up, and try to overfit one batch",
             )
-        elif support:
-            summary = (
-                f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
-                f"{fmt(100 * prog)}% progress from {fmt(start)}), and {support}."
-            )
+        if support:
             remedy = (
                 "fix that first (the finding about it says how); then try to overfit one batch to "
                 "check that the model can learn at all"
@@ -394,38 +425,19 @@ class LossStalledDetector(Detector):
                     "remove the Softmax layer at the end of the model and pass the raw logits to "
                     "cross_entropy (or use LogSoftmax with nll_loss)"
                 )
-        else:
-            summary = (
+            return (
                 f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
-                f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing."
+                f"{fmt(100 * prog)}% progress from {fmt(start)}), and {support}.",
+                remedy,
             )
-            remedy = remedy_text(hist.obs, [
+        return (
+            f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
+            f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing.",
+            remedy_text(hist.obs, [
                 ("raise_lr", f"raise the LR{lr_now(row)}"),
                 ("", "check that the optimizer was given model.parameters(), that inputs and labels "
                      "line up and that the inputs are normalized; try to overfit one batch"),
-            ])  # fmt: skip
-        if row.clip_threshold == 0.0:
-            # the evidence says why before any other cause: the user's clip zeroes every gradient
-            evidence["clip_threshold"] = 0.0
-            remedy = (
-                "your clip_grad_norm_ has max_norm=0, which scales every gradient to zero: set it "
-                "to a positive value (about 1.0) first; if the loss still does not move, " + remedy
-            )
-        evidence["cause_code"] = CAUSES.index(cause)
-        evidence.update(causes_evidence(hist.obs))
-        return Finding(
-            kind=self.kind,
-            severity=severity,
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            layer=None,
-            evidence=evidence,
-            onset_step=(
-                max(hist.first_loss_step, 0)
-                if cause == "flat" or (cause == "mechanism" and not hist.learned(LEARNED))
-                else self.episode.first_hit
-            ),
+            ]),  # fmt: skip
         )
 
 

@@ -20,6 +20,8 @@ float64 value is never called non-finite.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, finite_median
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 #: Clean steps after which a new NaN counts as a new episode.
 RELEASE_STEPS = 50
@@ -114,7 +117,7 @@ class NanOrInfDetector(Detector):
                 "schedule, unnormalized inputs or targets)"
             ),
             layer=ctx.param_layer_names[j] if j >= 0 else None,
-            evidence={"grad_norm": grad_norm, "largest_grad_element": grad_max,
+            evidence={FieldName.GRAD_NORM: grad_norm, "largest_grad_element": grad_max,
                       "largest_layer_norm": float(gl[j]) if j >= 0 else math.nan},
             onset_step=step,
         )
@@ -131,6 +134,50 @@ class NanOrInfDetector(Detector):
         source: str,
     ) -> Finding:
         ctx = self.ctx
+        fwd, bwd, n_bad_grad = self._first_bad(act_sum, grad_layer)
+        b = _Before.of(hist)
+        evidence: dict[str, float] = {
+            FieldName.GRAD_NORM: grad_norm,
+            "forward_layer_index": -1 if fwd is None else fwd,
+            "backward_layer_index": -1 if bwd is None else bwd,
+            "nonfinite_grad_layers": n_bad_grad,
+            "grad_norm_growth_before": b.growth,
+            "from_guard": 1.0 if source == "guard" else 0.0,
+            **({} if source == "guard" else {"loss": loss}),  # the guard runs before w.step() has it
+            "loss_at_start": b.start,
+            "last_finite_loss": b.before,
+        }
+        suspects = (ctx.unwatched_before or {}).get(fwd, ()) if fwd is not None else ()
+        where = self._where(fwd, bwd, n_bad_grad, suspects, loss)
+        layer = (
+            ctx.layer_names[fwd]
+            if fwd is not None
+            else (ctx.param_layer_names[bwd] if bwd is not None else None)
+        )
+        remedy = self._remedy(fwd, act_sum, suspects, b)
+        remedy += "; run `nnwatch replay SNAPSHOT --anomaly` for the exact op and line"
+        what = "the loss" if math.isnan(loss) or math.isinf(loss) else "the gradients"
+        if source == "guard":
+            what = (
+                "the gradients (caught by the guard before optimizer.step(), weights still clean)"
+            )
+        summary = f"NaN/Inf in {what}; " + "; ".join(where) + "."
+        return Finding(
+            kind=self.kind,
+            severity="critical",
+            step=step,
+            summary=summary,
+            remedy=remedy,
+            layer=layer,
+            evidence=evidence,
+            onset_step=step,
+        )
+
+    def _first_bad(
+        self, act_sum: np.ndarray | None, grad_layer: np.ndarray | None
+    ) -> tuple[int | None, int | None, int]:
+        """The first layer whose output is non-finite (forward), the first parameter layer from
+        the output side whose gradient is (backward), and how many gradients are."""
         fwd = None
         if act_sum is not None and act_sum.size:
             bad = np.flatnonzero(~np.isfinite(act_sum))
@@ -140,33 +187,18 @@ class NanOrInfDetector(Detector):
         if grad_layer is not None and grad_layer.size:
             bad_g = grad_layer == np.inf
             n_bad_grad = int(bad_g.sum())
-            for j in ctx.param_order[::-1]:  # output side first: where backward starts
+            for j in self.ctx.param_order[::-1]:  # output side first: where backward starts
                 if bad_g[j]:
                     bwd = int(j)
                     break
-        usual = finite_median(hist.log_grad.values(100))
-        last = hist.log_grad.last()
-        growth = 10 ** (last - usual) if math.isfinite(last) and math.isfinite(usual) else math.nan
-        exploded = math.isfinite(growth) and growth >= EXPLOSION_FACTOR
-        start, before = hist.start_loss, hist.loss.last()
-        diverged = (
-            math.isfinite(start)
-            and math.isfinite(before)
-            and before - start > DIVERGED_FACTOR * max(abs(start), 1e-12)
-        )
-        evidence: dict[str, float] = {
-            "grad_norm": grad_norm,
-            "forward_layer_index": -1 if fwd is None else fwd,
-            "backward_layer_index": -1 if bwd is None else bwd,
-            "nonfinite_grad_layers": n_bad_grad,
-            "grad_norm_growth_before": growth,
-            "from_guard": 1.0 if source == "guard" else 0.0,
-            **({} if source == "guard" else {"loss": loss}),  # the guard runs before w.step() has it
-            "loss_at_start": start,
-            "last_finite_loss": before,
-        }
+        return fwd, bwd, n_bad_grad
+
+    def _where(
+        self, fwd: int | None, bwd: int | None, n_bad_grad: int, suspects: Sequence[str], loss: float
+    ) -> list[str]:
+        """Where the NaN/Inf appeared, in the forward pass and in the backward."""
+        ctx = self.ctx
         where: list[str] = []
-        suspects = (ctx.unwatched_before or {}).get(fwd, ()) if fwd is not None else ()
         if fwd is not None:
             where.append(
                 f"forward: first non-finite output in {ctx.layer_label(fwd)}"
@@ -185,64 +217,71 @@ class NanOrInfDetector(Detector):
                 f"backward: first non-finite gradient in {ctx.param_label(bwd)}"
                 + (f" ({n_bad_grad} of {ctx.num_param_layers} layers)" if n_bad_grad > 1 else "")
             )
-        layer = (
-            ctx.layer_names[fwd]
-            if fwd is not None
-            else (ctx.param_layer_names[bwd] if bwd is not None else None)
-        )
-        if diverged:
-            remedy = (
-                f"the loss had already climbed from {fmt(start)} to {fmt(before)} before the "
+        return where
+
+    def _remedy(
+        self, fwd: int | None, act_sum: np.ndarray | None, suspects: Sequence[str], b: _Before
+    ) -> str:
+        """The fix, by what the steps before show (a divergence, a growing norm) or else by where."""
+        ctx = self.ctx
+        if b.diverged:
+            return (
+                f"the loss had already climbed from {fmt(b.start)} to {fmt(b.before)} before the "
                 "NaN/Inf: the run diverged and the values overflowed; lower the LR by 10x and clip "
                 "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))"
             )
-        elif exploded:
-            remedy = (
-                f"the gradient norm was {fmt(growth)}x its usual value just before: clip gradients at "
-                f"{fmt(2 * 10**usual)} (about 2x the usual norm) and lower the LR"
+        if b.exploded:
+            return (
+                f"the gradient norm was {fmt(b.growth)}x its usual value just before: clip gradients at "
+                f"{fmt(2 * 10**b.usual)} (about 2x the usual norm) and lower the LR"
             )
-        elif fwd is None and act_sum is not None:
-            remedy = (
+        if fwd is None and act_sum is not None:
+            return (
                 "outputs were finite but the loss or its gradient was not: add an epsilon to the log "
                 "(torch.log(p + 1e-8)), use log_softmax / F.cross_entropy on logits instead of "
                 "log(softmax), and guard divisions and sqrt"
             )
-        elif suspects and fwd is not None:
-            remedy = (
+        if suspects and fwd is not None:
+            return (
                 f"{suspects[0]} or {ctx.layer_names[fwd]} turned finite inputs into NaN/Inf: look for log, "
                 "sqrt, exp, division or pow there and add an epsilon or a clamp"
             )
-        elif fwd == 0:
-            remedy = (
+        if fwd == 0:
+            return (
                 "the first layer's output was already non-finite: check the input batch for NaN/Inf "
                 "(the snapshot keeps it) and normalize the inputs"
             )
-        elif fwd is not None:
-            remedy = (
+        if fwd is not None:
+            return (
                 f"{ctx.layer_names[fwd]} turned finite inputs into NaN/Inf: look for log, sqrt, exp, "
                 "division or pow in it and add an epsilon or a clamp; lower the LR if its weights grew"
             )
-        else:
-            remedy = (
-                "add an epsilon to logs and divisions in the loss, lower the LR, and clip gradients"
-            )
-        remedy += "; run `nnwatch replay SNAPSHOT --anomaly` for the exact op and line"
-        what = "the loss" if math.isnan(loss) or math.isinf(loss) else "the gradients"
-        if source == "guard":
-            what = (
-                "the gradients (caught by the guard before optimizer.step(), weights still clean)"
-            )
-        summary = f"NaN/Inf in {what}; " + "; ".join(where) + "."
-        return Finding(
-            kind=self.kind,
-            severity="critical",
-            step=step,
-            summary=summary,
-            remedy=remedy,
-            layer=layer,
-            evidence=evidence,
-            onset_step=step,
+        return "add an epsilon to logs and divisions in the loss, lower the LR, and clip gradients"
+
+
+class _Before(NamedTuple):
+    """What the steps before the NaN/Inf show: a gradient norm that grew, a loss that climbed."""
+
+    usual: float
+    growth: float
+    exploded: bool
+    start: float
+    before: float
+    diverged: bool
+
+    @classmethod
+    def of(cls, hist: RunHistory) -> _Before:
+        usual = finite_median(hist.log_grad.values(100))
+        last = hist.log_grad.last()
+        growth = 10 ** (last - usual) if math.isfinite(last) and math.isfinite(usual) else math.nan
+        exploded = math.isfinite(growth) and growth >= EXPLOSION_FACTOR
+        start, before = hist.start_loss, hist.loss.last()
+        diverged = (
+            math.isfinite(start)
+            and math.isfinite(before)
+            and before - start > DIVERGED_FACTOR * max(abs(start), 1e-12)
         )
+        return cls(usual, growth, exploded, start, before, diverged)
 
 
 def _overflow_only(act_sum: np.ndarray | None, grad_layer: np.ndarray | None, loss: float) -> bool:

@@ -206,13 +206,12 @@ class OscillatingLossDetector(Detector):
             summary += f" Behind it: {mech.text}."
             remedy = mech.remedy
             evidence.update(mech.evidence)
-        return Finding(
-            kind=self.kind,
-            severity="warning",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
-            evidence=evidence,
+        return self.report(
+            row,
+            "warning",
+            summary,
+            remedy,
+            evidence,
             onset_step=max(self.episode.first_hit - WINDOW + 1, 0),
         )
 

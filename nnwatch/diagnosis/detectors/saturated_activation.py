@@ -37,6 +37,7 @@ from nnwatch.diagnosis.episode import EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 SATURATING_KINDS = {"Tanh": "tanh", "Sigmoid": "sigmoid"}
 SATURATED = 0.08  # mean derivative, as a fraction of the activation's largest derivative
@@ -105,8 +106,8 @@ class SaturatedActivationDetector(Detector):
             "derivative_fraction": frac,
             "derivative_fraction_at_start": float(self.start[i]),
             "threshold": SATURATED,
-            "act_mean": mean,
-            "act_std": std,
+            FieldName.ACT_MEAN: mean,
+            FieldName.ACT_STD: std,
             "act_rms": rms,
             "saturated_layers": int(self.episodes.active.sum()),
         }

@@ -14,6 +14,7 @@ from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.observed import KEPT_STEPS
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 
 class SetupFaultDetector(Detector):
@@ -41,7 +42,7 @@ class SetupFaultDetector(Detector):
                     "gradient norm grows step after step and the updates overshoot."
                 ),
                 remedy="call optimizer.zero_grad() (or model.zero_grad()) once per update, before backward()",
-                evidence={"updates_not_cleared": float(kept), "grad_norm": row.grad_norm},
+                evidence={"updates_not_cleared": float(kept), FieldName.GRAD_NORM: row.grad_norm},
                 onset_step=row.step - kept + 1,
             )
         lr = row.lr

@@ -27,6 +27,7 @@ from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding, fmt
+from nnwatch.store.schema import FieldName
 
 TEXTBOOK_NORM = 1e-6
 RATIO_LIMIT = 1e-4
@@ -94,7 +95,7 @@ class VanishingGradientsDetector(Detector):
         ctx = self.ctx
         collapsed = self._collapsed_layers()
         evidence: dict[str, float] = {
-            "grad_norm": g,
+            FieldName.GRAD_NORM: g,
             "textbook_limit": TEXTBOOK_NORM,
             "first_to_last_layer_ratio": ratio,
             "ratio_limit": RATIO_LIMIT,
@@ -137,13 +138,12 @@ class VanishingGradientsDetector(Detector):
         )
         if tiny and not collapsed and fl is None:
             remedy += "; if the loss itself is scaled down, scale it back up or raise the LR"
-        return Finding(
-            kind=self.kind,
-            severity="error",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "error",
+            summary,
+            remedy,
+            evidence,
             layer=layer,
-            evidence=evidence,
             onset_step=self.episode.first_hit,
         )

@@ -37,6 +37,7 @@ from nnwatch.diagnosis.episode import EpisodeArray
 from nnwatch.diagnosis.history import RunHistory
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import Finding
+from nnwatch.store.schema import FieldName
 
 ZERO_STEPS = 3
 ABSENT_STEPS = 5
@@ -131,7 +132,7 @@ class ZeroGradientLayerDetector(Detector):
             "param_layer_index": j,
             "grad_norm_of_layer": math.nan if absent else 0.0,
             "layers_with_gradient": learning,
-            "grad_norm": row.grad_norm,
+            FieldName.GRAD_NORM: row.grad_norm,
             "steps": ABSENT_STEPS if absent else ZERO_STEPS,
         }
         if absent:
@@ -171,13 +172,12 @@ class ZeroGradientLayerDetector(Detector):
             )
         elif lasted:
             summary += f" It has lasted {OUTPUT_PATIENCE} steps or more."
-        return Finding(
-            kind=self.kind,
-            severity="info" if note else "warning",
-            step=row.step,
-            summary=summary,
-            remedy=remedy,
+        return self.report(
+            row,
+            "info" if note else "warning",
+            summary,
+            remedy,
+            evidence,
             layer=ctx.param_layer_names[j],
-            evidence=evidence,
             onset_step=int(self.absent_ep.first_hit[j] if absent else self.zero_ep.first_hit[j]),
         )
