@@ -39,7 +39,9 @@ def clean_environ() -> object:
         if not key.startswith(("PYTEST_", "TEXTUAL_SNAPSHOT_")):
             del os.environ[key]
     for key, value in _SESSION_ENV.items():
-        if os.environ.get(key) != value:
+        # a pytest started by a test inherits its parent's snapshot folder: restoring that name
+        # would make the child's session end delete the parent's folder
+        if os.environ.get(key) != value and not key.startswith("TEXTUAL_SNAPSHOT_"):
             os.environ[key] = value
 
 

@@ -9,6 +9,7 @@ subreaper, so that anything a test leaves is found (and killed) at the end, fail
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -82,6 +83,7 @@ def test_the_session_check_names_and_kills_what_a_test_left(tmp_path: Path) -> N
         [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
          "--rootdir", str(tmp_path), str(tmp_path / "test_leaky.py")],
         cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TEXTUAL_SNAPSHOT_")},
     )  # fmt: skip
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
     assert "the tests left processes running" in done.stderr, done.stderr
