@@ -104,7 +104,9 @@ def _story_is_right(view: Any) -> Any:
         return None
     if roles.get(0) not in ("victim", "stopped_by_launcher") or roles.get(1) not in ("victim", "stopped_by_launcher"):
         return None
-    if "killed by SIGKILL" not in stops.summary or not stops.summary.startswith("rank 2 died at"):
+    # "(killed by SIGKILL)" when rank 3 read the zombie's status before torchrun reaped it, else
+    # "(killed)": a race a loaded machine can lose either way
+    if "(killed" not in stops.summary or not stops.summary.startswith("rank 2 died at"):
         return None
     return view
 
@@ -229,7 +231,7 @@ def test_a_stuck_rank_shows_its_stack_and_a_killed_rank_is_named_first_in_every_
     words = " ".join(f"'{w}'" for w in _ssh_words(cfg))
     term = Terminal(f"{sys.executable} -m nnwatch open job --hosts node0,node1 {words} --no-nvml", env0)
     try:
-        screen = term.wait_for(lambda s: "rank 2 died at" in s and "(killed by SIGKILL" in s,
+        screen = term.wait_for(lambda s: "rank 2 died at" in s and "(killed" in s,
                                "the story in the ranks pane", timeout=120)  # fmt: skip
         assert "rank 3 stopped after it" in screen and "4/4 ranks via ssh" in screen, screen
         assert "stopped first (killed" in screen, screen  # rank 2's row
