@@ -9,18 +9,13 @@ other findings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from nnwatch.store.finding import Finding
+from nnwatch.store.job_health import join_words as join
 
 KIND_DIVERGENCE = "rank_divergence"
 KIND_NONFINITE = "rank_nonfinite"
-
-
-def join(items: Iterable[object]) -> str:
-    """``1``, ``1 and 2``, ``1, 2 and 3``."""
-    words = [str(i) for i in items]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def divergence_finding(

@@ -184,13 +184,14 @@ def clock(t: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def _join(items: Iterable[Any]) -> str:
+def join_words(items: Iterable[Any]) -> str:
+    """``1``, ``1 and 2``, ``1, 2 and 3``."""
     items = [str(i) for i in items]
     return str(items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1])
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {_join(ranks)}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {join_words(ranks)}"
 
 
 def _short(text: str) -> str:
@@ -391,7 +392,7 @@ def _story_of_stops(
     )
     for s in after:
         role = "victim" if s.cause == "peer" else "stopped_by_launcher"
-        words = _after_words(s, _join(first)) if first else _unexplained_words(s)
+        words = _after_words(s, join_words(first)) if first else _unexplained_words(s)
         out[s.rank] = RankStop(s.rank, role, s.how, _finite(s.lo), words, s.detail)
     launcher = [s.rank for s in after if s.cause != "peer"]
     victims = [s for s in after if s.cause == "peer"]
