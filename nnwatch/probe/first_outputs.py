@@ -22,10 +22,9 @@ from torch import nn
 from torch.utils import _pytree
 
 from nnwatch.probe.hook_hiding import ProbeHook
+from nnwatch.tensors.loss_graph import bce_inputs
 
 MAX_NODES = 64  # outputs kept: a step that calls the model more often is a loop of its own
-_UNDOES_SIGMOID = "BinaryCrossEntropyBackward0"
-_WALK = 256  # loss-graph nodes looked at, at most: the BCE sits near the loss's root
 
 
 class FirstOutputs:
@@ -71,7 +70,7 @@ class FirstOutputs:
         """The nodes seen so far; the hooks come off (they are needed for the first step only).
         Given the first ``loss``, which sigmoid layers it reads with BCE (``output_layers``)."""
         nodes, self.nodes = self.nodes, []
-        ids = _bce_inputs(getattr(loss, "grad_fn", None)) if self._squash_nodes else set()
+        ids = bce_inputs(getattr(loss, "grad_fn", None)) if self._squash_nodes else set()
         self.output_layers = [
             name for name, seen in self._squash_nodes.items() if any(id(n) in ids for n in seen)
         ]
@@ -84,22 +83,3 @@ class FirstOutputs:
             self._handle = None
         return nodes
 
-
-def _bce_inputs(root: Any) -> set[int]:
-    """The ids of the nodes a binary cross-entropy in the graph under ``root`` reads."""
-    found: set[int] = set()
-    todo: list[Any] = [root]
-    seen: set[int] = set()
-    while todo and len(seen) < _WALK:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        try:
-            nexts = [n for n, _ in node.next_functions if n is not None]
-            if node.name() == _UNDOES_SIGMOID:
-                found.update(id(n) for n in nexts)
-        except (AttributeError, RuntimeError, TypeError):
-            continue
-        todo.extend(nexts)
-    return found

@@ -21,6 +21,7 @@ after ``backward()`` has freed its tensors (node types and saved sizes stay):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,21 +101,35 @@ def _outside(root: Any, own: set[int] | frozenset[int]) -> int:
     the logits) is no other network."""
     from torch.nn import Parameter
 
+    total = 0
+    for node in walk(root):
+        var = getattr(node, "variable", None)  # an AccumulateGrad: a leaf that gets a .grad
+        if isinstance(var, Parameter) and id(var) not in own and var.requires_grad:
+            total += int(var.numel())
+    return total
+
+
+def walk(root: Any) -> Iterator[Any]:
+    """Each node of the autograd graph under ``root`` once, at most ``_MAX_NODES`` of them."""
     stack: list[Any] = [root]
     seen: set[int] = set()
-    total = 0
     while stack and len(seen) < _MAX_NODES:
         node = stack.pop()
-        if id(node) in seen:
+        if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        var = getattr(node, "variable", None)  # an AccumulateGrad: a leaf that gets a .grad
-        if var is not None:
-            if isinstance(var, Parameter) and id(var) not in own and var.requires_grad:
-                total += int(var.numel())
-            continue
+        yield node
         stack.extend(_children(node))
-    return total
+
+
+def bce_inputs(root: Any) -> set[int]:
+    """The ids of the nodes a binary cross-entropy under ``root`` reads (a sigmoid whose
+    derivative the BCE undoes). Never raises."""
+    try:
+        return {id(n) for node in walk(root) if _name(node) == "BinaryCrossEntropyBackward0"
+                for n in _children(node)}  # fmt: skip
+    except (AttributeError, RuntimeError, TypeError):
+        return set()
 
 
 def _reaches(root: Any, targets: set[int]) -> bool | None:
