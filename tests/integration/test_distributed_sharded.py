@@ -9,7 +9,7 @@ the clip the clipped gradients', and each layer's gradient and weight norms thos
 parameters (a ``Replicate`` piece counted once, a ``Partial`` one summed first: the tensor-parallel
 LayerNorm's). A NaN in one rank's loss is caught before the update and that rank is named.
 With ``watch()`` on one rank only, the job runs to its end and the norms read "not measured".
-The jobs run at the same time, to keep the wall time down on a small machine.
+Four jobs run at a time, to keep the wall time down on a small machine.
 """
 
 from __future__ import annotations
@@ -29,10 +29,15 @@ from nnwatch.sources.job_monitor import summarize_runs
 from nnwatch.store.jobs import group_jobs, run_info_from_dir
 from tests.conftest import REPO
 
-# ten torchrun jobs at once: minutes on a loaded 2-core machine (no timing is asserted)
+# ten torchrun jobs, four at a time: minutes on a loaded 2-core machine (no timing is asserted)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RTOL = 1e-5
+#: Jobs running at once. All ten at once (22 processes on two cores) once ended in a native
+#: crash of one rank (glibc: "double free") that twelve reruns here, loaded and not, never showed
+#: again; with fewer at once the load is lower, and PYTHONFAULTHANDLER prints every thread's
+#: Python stack should a rank die of a signal again.
+AT_ONCE = 4
 JOBS = {
     "fsdp": (2, ["--layout", "fsdp", "--every-step", "--steps", "6"]),
     "fsdp-noclip": (2, ["--layout", "fsdp", "--every-step", "--steps", "6", "--clip", "0"]),
@@ -55,11 +60,14 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path]
     root = tmp_path_factory.mktemp("sharded")
     env = dict(os.environ)
     env.update(
-        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )  # fmt: skip
-    procs = {}
-    for name, (ranks, args) in JOBS.items():
+    procs: dict[str, tuple[Path, subprocess.Popen[str]]] = {}
+    found = {}
+
+    def start(name: str) -> None:
+        ranks, args = JOBS[name]
         out = root / name
         out.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
@@ -68,16 +76,25 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[Path]
             cmd, cwd=REPO, env={**env, "NNWATCH_RUN_DIR": str(out / "runs")},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         ))  # fmt: skip
-    found = {}
+
+    def finish(name: str) -> None:
+        out, proc = procs[name]
+        text, _ = proc.communicate(timeout=800)
+        (out / "output.txt").write_text(text)
+        assert proc.returncode == 0, text
+        assert "internal error" not in text and "training continues without it" not in text, text
+        dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
+        assert len(dirs) == (1 if "--watch-rank" in JOBS[name][1] else JOBS[name][0]), text
+        found[name] = (dirs, out)
+
+    names = list(JOBS)
     try:
-        for name, (out, proc) in procs.items():
-            text, _ = proc.communicate(timeout=800)
-            assert proc.returncode == 0, text
-            assert "internal error" not in text and "training continues without it" not in text, text
-            dirs = sorted(Path(p) for p in re.findall(r"rank \d run_dir (\S+)", text))
-            assert len(dirs) == (1 if "--watch-rank" in JOBS[name][1] else JOBS[name][0]), text
-            found[name] = (dirs, out)
-            (out / "output.txt").write_text(text)
+        for k, name in enumerate(names):
+            if k >= AT_ONCE:
+                finish(names[k - AT_ONCE])
+            start(name)
+        for name in names[max(0, len(names) - AT_ONCE) :]:
+            finish(name)
     finally:
         for _, proc in procs.values():
             if proc.poll() is None:
