@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
                         opt.step()
                         w.step(loss)
                         times.append(time.perf_counter() - t)
-                    check = internals(w).consistency
+                    check = internals(w).parts.consistency
                     checks = check.checks if check is not None else 0
                 r = results.setdefault(
                     (hidden, every),

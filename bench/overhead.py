@@ -268,8 +268,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
                 setattr(cls, n, f)
             hooks_cls.make = make_layer_hook  # type: ignore[method-assign]
         # queued at the end of each backward through the instance: time it there too
-        internals(w).cycle.on_backward_end = timer.wrap(internals(w).cycle.on_backward_end)  # type: ignore[method-assign]
-        updates, upd_timer = internals(w).cycle.updates, DirectTimer()
+        internals(w).parts.cycle.on_backward_end = timer.wrap(internals(w).parts.cycle.on_backward_end)  # type: ignore[method-assign]
+        updates, upd_timer = internals(w).parts.cycle.updates, DirectTimer()
         updates.before = upd_timer.wrap(updates.before)  # type: ignore[method-assign]
         updates.after = upd_timer.wrap(updates.after)  # type: ignore[method-assign]
         v.update_timer = upd_timer
@@ -322,8 +322,8 @@ def run_model(name: str, rounds: int, steps: int, warmup: int, device: str = "cp
             if before[0] and after[0]:
                 v.judge[0] += after[0] - before[0]
                 v.judge[1] += after[1] - before[1]
-            v.intervals.append(internals(w).budget.interval)
-            v.layer_intervals.append(internals(w).layer_interval)
+            v.intervals.append(internals(w).parts.schedule.budget.interval)
+            v.layer_intervals.append(internals(w).parts.schedule.budget.layer_interval)
 
         watches.append(w)
         return block

@@ -66,7 +66,7 @@ def main() -> int:
         watched = loop(args.steps, w)
         prof.disable()
         print(f"bare {bare * 1e3:.3f} ms/step, watched {watched * 1e3:.3f} ms/step "
-              f"(x{watched / bare:.3f}), budget k={internals(w).budget.interval}, stats every {internals(w).layer_interval}")
+              f"(x{watched / bare:.3f}), budget k={internals(w).parts.schedule.budget.interval}, stats every {internals(w).parts.schedule.budget.layer_interval}")
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     if args.only:

@@ -87,7 +87,7 @@ def _worker(rank: int, world: int, port: int, args: Any, queue: Any) -> None:
         opt_b = torch.optim.SGD(bare.parameters(), lr=0.01)
         opt_w = torch.optim.SGD(watched.parameters(), lr=0.01)
         with nnwatch.watch(watched, opt_w, name=f"bench-fsdp-{hidden}") as w:
-            budget = internals(w).budget
+            budget = internals(w).parts.schedule.budget
             warm = max(args.steps, WARMUP_STEPS + 2 * UPDATE_EVERY)  # past the probe's warm-up
             _block(bare, opt_b, None, args.steps, args.clip, gen)
             _block(watched, opt_w, w, warm, args.clip, gen)

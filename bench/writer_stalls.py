@@ -78,7 +78,7 @@ def main() -> None:
     ) as w:
         _window(watched, opt_w, x, y, 300, w)  # past the probe's warm-up
         _window(bare, opt_b, x, y, 300, None)
-        diag = internals(w).diagnosis
+        diag = internals(w).files.diagnosis
         for rnd in range(args.rounds):
             order = modes if rnd % 2 == 0 else modes[::-1]
             for mode in order:

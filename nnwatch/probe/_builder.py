@@ -9,7 +9,9 @@ buffers and hooks it reads, the commands the recorder and budget they steer. The
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -38,21 +40,18 @@ from nnwatch.tensors.grad_norms import LayerReducer
 from nnwatch.tensors.layers import LayerPlan, plan_layers, sequence_first
 
 
-class PartsOwner(
-    CycleOwner, HookOwner, GuardOwner, SnapshotOwner, CommandOwner, CheckOwner, Protocol
-):
+class PartsOwner(CycleOwner, HookOwner, GuardOwner, CommandOwner, CheckOwner, Protocol):
     """The run the parts report to (:class:`~nnwatch.probe.watched_run.WatchedRun`): each part
-    sees only its own ``*Owner`` slice of it; the builder also wires these two."""
+    sees only its own ``*Owner`` slice of it; the builder also wires the run files."""
 
     @property
     def files(self) -> RunFiles: ...
 
-    def on_scaled_norm(self) -> None:
-        """torch's clip ran on gradients still multiplied by the AMP loss scale."""
 
-
-class Parts(NamedTuple):
-    """What :func:`build` makes: the run's parts, wired to each other."""
+@dataclass(slots=True)
+class Parts:
+    """What :func:`build` makes: the run's parts, wired to each other (and the cross-rank check,
+    made once the others are in place)."""
 
     plan: LayerPlan
     schedule: Schedule
@@ -68,12 +67,16 @@ class Parts(NamedTuple):
     sysmon: SystemSampler
     record: StepRecord
     cycle: StepCycle
+    consistency: ConsistencyCheck | None = None
 
 
 def build(
-    run: PartsOwner, model: nn.Module, optimizer: OptimizerTarget, scaler: Any, options: WatchOptions
+    run: PartsOwner, model: nn.Module, optimizer: OptimizerTarget, scaler: Any, options: WatchOptions,
+    *, snapshot_owner: SnapshotOwner, on_scaled_norm: Callable[[], None],
 ) -> Parts:
-    """The parts of ``run``: the layer plan, the buffers, the hooks, the step cycle and the rest."""
+    """The parts of ``run``: the layer plan, the buffers, the hooks, the step cycle and the rest.
+    The snapshots report through ``snapshot_owner`` (the run as the snapshot writer reads it);
+    ``on_scaled_norm`` hears of a clip on still-scaled AMP gradients."""
     source = optimizer.source
     #: the first step's number: 0, or where a resumed run left off (``start_step``, else the
     #: step count of an optimizer that already holds state), so that the step numbers go on
@@ -86,7 +89,7 @@ def build(
     schema = RunSchema(plan.stat_names, plan.stat_kinds, plan.param_layer_names, num_lr)
     buffers = StepBuffers(schema, device)
     layers = LayerHooks(model, plan, schedule, run, buffers.dev.device, int(options.stat_cap))
-    snapshots = SnapshotTaker(model, source, scaler, run)
+    snapshots = SnapshotTaker(model, source, scaler, snapshot_owner)
     guard = Guard(model, plan, buffers, schedule, layers, snapshots, run, options.skip_nonfinite)
     reducer = LayerReducer(plan.param_layer_index, len(plan.param_layer_names))
     on_nonfinite = guard.hit if optimizer.hook is None and guard_on else None
@@ -99,7 +102,7 @@ def build(
         )
     else:
         grads = GradientRecorder(plan, buffers, reducer, scaler, on_nonfinite=on_nonfinite)
-    grads.on_scaled_norm = run.on_scaled_norm
+    grads.on_scaled_norm = on_scaled_norm
     commands = CommandHandler(run, grads, schedule.budget, snapshots)
     attachment = Attachment(layers, grads)
     attachment.on_materialized = guard.choose_sentinels

@@ -13,10 +13,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.channel.server import CommandServer, PendingCommand
+from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import RunMeta
 
@@ -24,10 +25,7 @@ log = logging.getLogger("nnwatch")
 
 
 class ChannelOwner(Protocol):
-    """What the channel needs of the run: the sampler that beats, and the state commands steer."""
-
-    @property
-    def sysmon(self) -> SystemSampler: ...
+    """What the channel needs of the run itself: its step, and whether it has ended."""
 
     @property
     def step_index(self) -> int: ...
@@ -35,24 +33,19 @@ class ChannelOwner(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    @property
-    def paused(self) -> bool: ...
-
-    @property
-    def should_stop(self) -> bool: ...
-
-    def apply_command(self, name: str, args: dict[str, Any]) -> tuple[bool, str, int]: ...
-
-    def reply_data(self, name: str) -> dict[str, Any]:
-        """What the reply to ``name`` carries (the setting it changed, as it now stands)."""
-
 
 class ChannelLink:
     """The probe's use of the one trainer-side endpoint (:class:`RunEndpoint`): beats from the
     system sampler's thread, commands applied by the training thread, a pause held here."""
 
-    def __init__(self, w: ChannelOwner, meta: RunMeta, run_dir: Path) -> None:
+    def __init__(
+        self, w: ChannelOwner, commands: CommandHandler, sysmon: SystemSampler, meta: RunMeta,
+        run_dir: Path,
+    ) -> None:  # fmt: skip
         self.owner = w
+        #: what applies the commands and holds the pause state they steer
+        self.commands = commands
+        self.sysmon = sysmon
         self.endpoint = RunEndpoint(meta, run_dir, heartbeat=None)
         #: one record into the ring (the ring's own method, bound once: the hot path)
         self.publish: Callable[[bytes], None] = self.endpoint.ring.publish
@@ -62,7 +55,7 @@ class ChannelLink:
         self.ring_path: Path = self.endpoint.ring_path
         self.set_log_error: Callable[[str], None] = self.endpoint.set_log_error
         self._beat = self.endpoint.beat
-        w.sysmon.beats.append(self._beat)
+        sysmon.beats.append(self._beat)
 
     @property
     def server(self) -> CommandServer | None:
@@ -77,21 +70,21 @@ class ChannelLink:
         server = self.endpoint.server
         if server is None or not server.pending:
             return  # the usual step: no command came (checked here, on every step, for less)
-        w = self.owner
+        w, commands = self.owner, self.commands
         self.endpoint.at_step_boundary(
-            self._apply, lambda: w.paused and not w.should_stop and not w.closed
+            self._apply, lambda: commands.paused and not commands.should_stop and not w.closed
         )
 
     def _apply(self, commands: list[PendingCommand]) -> None:
-        w = self.owner
+        handler = self.commands
         for cmd in commands:
             try:
-                ok, error, at = w.apply_command(cmd.name, dict(cmd.args))
+                ok, error, at = handler.apply(cmd.name, dict(cmd.args))
             except (KeyError, TypeError, ValueError) as exc:
-                ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", w.step_index
-            cmd.reply(at, ok, error, **w.reply_data(cmd.name))
+                ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", self.owner.step_index
+            cmd.reply(at, ok, error, **handler.reply_data(cmd.name))
 
     def close(self, status: str, *, remove_ring: bool = False) -> None:
         with contextlib.suppress(ValueError):
-            self.owner.sysmon.beats.remove(self._beat)
+            self.sysmon.beats.remove(self._beat)
         self.endpoint.close(status, remove_ring=remove_ring)

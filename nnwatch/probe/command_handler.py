@@ -27,13 +27,21 @@ from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.store.events import CommandApplied, Event
 
 
+class EventSink(Protocol):
+    """Where the run's events go (the run files' ``event``)."""
+
+    def event(self, event: Event) -> None: ...
+
+
 class CommandOwner(Protocol):
     """What the commands need of the watch: the step, and where events go."""
 
     @property
     def step_index(self) -> int: ...
 
-    def log_event(self, event: Event) -> None: ...
+    @property
+    def files(self) -> EventSink:
+        """Where events go (``files.event``)."""
 
 
 class CommandHandler:
@@ -69,7 +77,7 @@ class CommandHandler:
         error = handler(self, args)
         if error:
             return False, error, at
-        self.owner.log_event(CommandApplied(command=name, args=args, step=at))
+        self.owner.files.event(CommandApplied(command=name, args=args, step=at))
         return True, "", at
 
     def reply_data(self, name: str) -> dict[str, Any]:

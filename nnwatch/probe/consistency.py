@@ -363,7 +363,7 @@ class ConsistencyCheck:
         Reads the records published since the last check from the probe's in-memory window of
         recent steps (the last 500), on the training thread, so the count is exact at launch.
         """
-        rows = self.w.recent_records()
+        rows = self.w.files.recent_records(self.w.schema)
         if not len(rows):
             return
         rows = rows[rows["step"] > self._scanned]

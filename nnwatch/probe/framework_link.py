@@ -41,11 +41,12 @@ class FrameworkLink:
         opt = run.optimizer.hook
         if opt is None or getattr(opt, "_optimizer_step_pre_hooks", None) is None:
             return False
-        return run.attachment.detach_step_pre_hook()
+        return run.parts.attachment.detach_step_pre_hook()
 
     def before_optimizer_step(self) -> None:
         """The probe's own pre-step work (non-finite guard, snapshot of the pre-update weights)."""
-        self._run.before_update()
+        run = self._run
+        run.parts.cycle.before_optimizer_step(run.optimizer.hook, (), {})
 
     def record_clip_after(self, max_norm: float | None) -> None:
         """Someone else just clipped the gradients this run measured before: record the result.
@@ -54,17 +55,19 @@ class FrameworkLink:
         then "clipped" means the norm went down.
         """
         run = self._run
-        if run.disabled or not run.plan.params:
+        parts = run.parts
+        if run.disabled or not parts.plan.params:
             return
+        grads = parts.grads
         try:
-            b = run.buffers
-            post = gradmath.global_norm(list(run.plan.params)).to(b.dev.device, torch.float64)
+            b = parts.buffers
+            post = gradmath.global_norm(list(parts.plan.params)).to(b.dev.device, torch.float64)
             pre = b.slot(FieldName.GRAD_NORM)
             b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(post)
-            limits = [x for x in (max_norm, run.clip_override) if x is not None and math.isfinite(x)]
+            limits = [x for x in (max_norm, grads.override) if x is not None and math.isfinite(x)]
             if limits:
-                run.grads.threshold = float(min(limits))
-                b.slot(FieldName.CLIPPED).copy_(pre > run.grads.threshold)
+                grads.threshold = float(min(limits))
+                b.slot(FieldName.CLIPPED).copy_(pre > grads.threshold)
             else:
                 b.slot(FieldName.CLIPPED).copy_(post < pre)
         except Exception as exc:  # noqa: BLE001
@@ -77,8 +80,9 @@ class FrameworkLink:
         run = self._run
         if run.disabled or not isinstance(pre_total, torch.Tensor):
             return
+        grads = run.parts.grads
         try:
-            b = run.buffers
+            b = run.parts.buffers
             pre = pre_total.detach().reshape(()).to(b.dev.device, torch.float64)
             measured = b.slot(FieldName.GRAD_NORM).clone()
             scale = torch.where(measured > 0, pre / measured, torch.ones_like(pre))
@@ -86,12 +90,12 @@ class FrameworkLink:
             b.slot(FieldName.GRAD_NORM).copy_(pre)
             b.slot(FieldName.NONFINITE_GRADS).copy_(~torch.isfinite(pre))
             if max_norm is not None and math.isfinite(max_norm):
-                if run.clip_override is None:
+                if grads.override is None:
                     b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(measured)
-                    run.grads.threshold = float(max_norm)
+                    grads.threshold = float(max_norm)
                 else:
-                    run.grads.threshold = float(min(max_norm, run.clip_override))
-                b.slot(FieldName.CLIPPED).copy_(pre > run.grads.threshold)
+                    grads.threshold = float(min(max_norm, grads.override))
+                b.slot(FieldName.CLIPPED).copy_(pre > grads.threshold)
         except Exception as exc:  # noqa: BLE001
             run.warn_once("integration-preclip", f"could not record the pre-clip norm: {exc!r}")
 
@@ -121,7 +125,7 @@ class FrameworkLink:
     def training_error(self, exception: BaseException) -> None:
         """The framework saw the training step raise: the run's events say so, at this step."""
         run = self._run
-        run.log_event(TrainingError(step=run.step_index, error=repr(exception)))
+        run.files.event(TrainingError(step=run.step_index, error=repr(exception)))
 
 
 def loss_of(output: Any) -> torch.Tensor | None:

@@ -18,9 +18,10 @@ from torch import nn
 
 from nnwatch.probe.buffers import StepBuffers
 from nnwatch.probe.layer_hooks import LayerHooks
+from nnwatch.probe.run_files import RunFiles
 from nnwatch.probe.schedule import Schedule
 from nnwatch.probe.snapshot_taker import SnapshotTaker
-from nnwatch.store.events import Event, StepSkipped
+from nnwatch.store.events import StepSkipped
 from nnwatch.tensors.grad_norms import largest_finite, sentinel_params, sentinels_finite
 from nnwatch.tensors.layers import LayerPlan
 
@@ -32,9 +33,9 @@ class GuardOwner(Protocol):
     def step_index(self) -> int: ...
 
     @property
-    def diagnosis(self) -> Any: ...
-
-    def log_event(self, event: Event) -> None: ...
+    def files(self) -> RunFiles:
+        """Where the detectors are (``files.diagnosis``, from the first step on) and where events
+        go (``files.event``)."""
 
     def warn_once(self, key: str, message: str) -> None: ...
 
@@ -102,13 +103,13 @@ class Guard:
         if not self.tripped:
             self.tripped = True
             self.snapshots.for_nonfinite()
-        diagnosis = owner.diagnosis
+        diagnosis = owner.files.diagnosis
         if diagnosis is not None:
             diagnosis.on_nonfinite_grads(step)
         if self.skip:
             for p in self.params:
                 p.grad = None  # optimizers skip parameters without a gradient
-            owner.log_event(StepSkipped(step=step, reason="nonfinite"))
+            owner.files.event(StepSkipped(step=step, reason="nonfinite"))
 
     def rerun_forward(self) -> None:
         """Run a bad unmeasured step's forward again with the layer hooks on, to find its origin.

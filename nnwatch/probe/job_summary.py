@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import torch
 
+from nnwatch.probe.run_files import RunFiles
 from nnwatch.store.jobs import JOB_SUMMARY_FIELDS, JOB_SUMMARY_FILE
 from nnwatch.store.paths import write_private_file
 
@@ -62,10 +63,8 @@ class SummaryOwner(Protocol):
     def run_dir(self) -> Path | None: ...
 
     @property
-    def recent(self) -> deque[bytes] | None:
-        """The last records, raw (``RunFiles.recent``)."""
-
-    def recent_records(self) -> np.ndarray: ...
+    def files(self) -> RunFiles:
+        """Where the last records are kept (``recent``, raw, and ``recent_records``)."""
 
 
 log = logging.getLogger("nnwatch")
@@ -208,7 +207,7 @@ class JobSummary:
 
     def _tail(self, n: int = TAIL) -> np.ndarray:
         """The last ``n`` step records (not the probe's whole 500-step window: a tenth the cost)."""
-        recent = self.w.recent
+        recent = self.w.files.recent
         if not recent:
             return np.zeros(0)
         raw = b"".join(reversed(list(itertools.islice(reversed(recent.copy()), n))))

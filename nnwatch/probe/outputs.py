@@ -2,7 +2,8 @@
 and the TensorBoard export.
 
 Each is optional, and each is handed only what it reads: the channel its
-:class:`~nnwatch.probe.channel_link.ChannelOwner` slice of the run, the detectors a
+:class:`~nnwatch.probe.channel_link.ChannelOwner` slice of the run with the command handler and
+sampler it drives, the detectors a
 :class:`~nnwatch.diagnosis.context.RunContext` and the :class:`~nnwatch.diagnosis.live.DiagnosedRun`
 they report to, the export the run's metadata, directory and log. None of them may stop training:
 a part that cannot start is switched off with one warning.
@@ -11,7 +12,7 @@ a part that cannot start is switched off with one warning.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from torch import nn
 
@@ -22,16 +23,17 @@ from nnwatch.probe.mate_watch import start_mate_watch
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles
-from nnwatch.probe.snapshot_taker import SnapshotTaker
 from nnwatch.store.paths import default_root
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta
-from nnwatch.tensors.layers import LayerPlan
+
+if TYPE_CHECKING:
+    from nnwatch.probe._builder import Parts
 
 
-class OutputsOwner(ChannelOwner, DiagnosedRun, Protocol):
-    """What starting the outputs reads of the run: its files and options, and what the detectors'
-    context is made of; the channel and the detectors then see only their own slices."""
+class OutputsOwner(ChannelOwner, Protocol):
+    """What starting the outputs reads of the run itself: its files, options and metadata, its
+    model and optimizer; the channel and the detectors then see only their own slices."""
 
     @property
     def files(self) -> RunFiles: ...
@@ -49,38 +51,31 @@ class OutputsOwner(ChannelOwner, DiagnosedRun, Protocol):
     def model(self) -> nn.Module: ...
 
     @property
-    def plan(self) -> LayerPlan: ...
-
-    @property
     def optimizer(self) -> OptimizerTarget: ...
-
-    @property
-    def num_classes(self) -> int | None: ...
-
-    @property
-    def resumed(self) -> bool: ...
-
-    @property
-    def snapshots(self) -> SnapshotTaker: ...
-
-    @property
-    def clip_before_unscale(self) -> bool: ...
 
     def warn_once(self, key: str, message: str) -> None: ...
 
 
-def start_outputs(run: OutputsOwner) -> None:
+def start_outputs(
+    run: OutputsOwner, parts: Parts, diagnosed: DiagnosedRun, *, resumed: bool,
+    clip_before_unscale: bool,
+) -> None:  # fmt: skip
     """After the log: the channel first, so that a step-0 finding reaches monitors, then the
-    detectors and the TensorBoard export; then the events that came before the log."""
+    detectors and the TensorBoard export; then the events that came before the log.
+
+    The channel is given the command handler and the system sampler it drives, the detectors the
+    view of the run they report to (``diagnosed``) and the facts their context holds."""
     files, opts, meta = run.files, run.options, run.meta
     run_log = files.log
     assert run_log is not None and meta is not None
     if opts.channel:
-        files.add_channel(_make_channel(run))
+        files.add_channel(_make_channel(run, parts))
     if files.channel is not None:  # its registry entry is how this node's other ranks find it
         files.mates = start_mate_watch(meta, default_root())
     if opts.detectors:
-        files.diagnosis = _make_diagnosis(run, run_log)
+        files.diagnosis = _make_diagnosis(
+            run, parts, diagnosed, run_log, resumed=resumed, clip_before_unscale=clip_before_unscale
+        )
         if files.diagnosis is not None and files.channel is not None:
             # the ring holds every record: what the detectors read if they move to a process
             files.diagnosis.attach_ring(files.channel.ring_path)
@@ -91,27 +86,32 @@ def start_outputs(run: OutputsOwner) -> None:
     files.flush_early()
 
 
-def _make_channel(run: OutputsOwner) -> ChannelLink | None:
+def _make_channel(run: OutputsOwner, parts: Parts) -> ChannelLink | None:
     try:
         assert run.meta is not None and run.run_dir is not None
-        return ChannelLink(run, run.meta, run.run_dir)
+        return ChannelLink(run, parts.commands, parts.sysmon, run.meta, run.run_dir)
     except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
         run.warn_once("channel", f"live monitoring is off: {exc!r}")
         return None
 
 
-def _make_diagnosis(run: OutputsOwner, run_log: RunLogWriter) -> Diagnosis | None:
+def _make_diagnosis(
+    run: OutputsOwner, parts: Parts, diagnosed: DiagnosedRun, run_log: RunLogWriter, *,
+    resumed: bool, clip_before_unscale: bool,
+) -> Diagnosis | None:  # fmt: skip
     try:
         assert run.meta is not None
+        plan = parts.plan
         context = RunContext.from_live(
-            run.meta, run.model, run.plan.params, run.plan.param_layer_index,
-            optimizer=run.optimizer.hook or run.optimizer.source, num_classes=run.num_classes,
-            resumed=run.resumed, clip_before_unscale=run.clip_before_unscale,
+            run.meta, run.model, plan.params, plan.param_layer_index,
+            optimizer=run.optimizer.hook or run.optimizer.source,
+            num_classes=run.options.num_classes, resumed=resumed,
+            clip_before_unscale=clip_before_unscale,
         )
-        diag = Diagnosis(context, run)
+        diag = Diagnosis(context, diagnosed)
     except Exception as exc:  # noqa: BLE001
         run.warn_once("diagnosis", f"detectors are off: {exc!r}")
         return None
-    run.snapshots.register_with(diag)
+    parts.snapshots.register_with(diag)
     run_log.observers.append(diag.observe)
     return diag

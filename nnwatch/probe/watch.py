@@ -91,11 +91,11 @@ class Watch:
         """
         run = self._run
         if not run.disabled and not run.closed:
-            run.cycle.step(loss, batch, batch_size)
+            run.parts.cycle.step(loss, batch, batch_size)
             if len(_LIVE) > 1:  # another net watched in this process: a GAN's pair?
                 game.note_step(self, list(_LIVE.values()), _judge_as_game)
-        elif not run.closed and getattr(run, "cycle", None) is not None:
-            run.cycle.keep_pace()  # a sharded job's other ranks still count on this one
+        elif not run.closed:
+            run.parts.cycle.keep_pace()  # a sharded job's other ranks still count on this one
 
     def clip_grad_norm_(
         self,
@@ -111,8 +111,8 @@ class Watch:
         With ``max_norm=None`` gradients are only measured, unless the monitor set a threshold.
         """
         run = self._run
-        params = list(run.plan.params if parameters is None else parameters)
-        return run.grads.clip(
+        params = list(run.parts.plan.params if parameters is None else parameters)
+        return run.parts.grads.clip(
             params, max_norm, norm_type, error_if_nonfinite, foreach,
             per_layer=parameters is None, record=not run.disabled, warn=run.warn_once,
         )
@@ -153,11 +153,11 @@ class Watch:
     @property
     def should_stop(self) -> bool:
         """A monitor asked the training loop to stop (check it in the loop)."""
-        return self._run.commands.should_stop
+        return self._run.parts.commands.should_stop
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self._run.commands.should_stop = bool(value)
+        self._run.parts.commands.should_stop = bool(value)
 
     @property
     def framework(self) -> FrameworkLink:
@@ -168,7 +168,7 @@ class Watch:
 
     def request_snapshot(self, reason: str = "requested") -> None:
         """Snapshot the next step: its batch, RNG, and the weights from before its update."""
-        self._run.snapshots.request(reason)
+        self._run.parts.snapshots.request(reason)
 
     # ------------------------------------------------------------------------------------------
     def close(self, status: str | Ending = "finished") -> None:
@@ -186,7 +186,7 @@ class Watch:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         ending = from_exception(exc_type, exc)
         if ending.status == "crashed" and exc_type is not None and not issubclass(exc_type, SystemExit):
-            self._run.log_event(TrainingError(step=self._run.step_index, error=repr(exc)))
+            self._run.files.event(TrainingError(step=self._run.step_index, error=repr(exc)))
         self.close(ending)
 
     def _close_at_exit(self) -> None:
@@ -235,7 +235,7 @@ _BY_NAME: dict[tuple[str, int], weakref.ref[Watch]] = {}
 
 
 def _judge_as_game(w: Watch) -> None:
-    diagnosis = w._run.diagnosis
+    diagnosis = w._run.files.diagnosis
     if diagnosis is not None:
         diagnosis.judge_as_game()
 

@@ -73,13 +73,13 @@ def test_a_snapshot_on_a_full_disk_says_so_and_files_are_private(tmpfs: Path) ->
             opt.step()
             w.step(loss, batch=(x, y))
         state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-        path = write_snapshot(internals(w), reason="test", state=state, rng={}, batch=(x, y))
+        path = write_snapshot(internals(w).parts.snapshots.owner, reason="test", state=state, rng={}, batch=(x, y))
         modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
         assert modes and set(modes.values()) == {0o600}, modes
         fill(tmpfs / "filler")
-        assert "disk is full" in (preflight(internals(w)) or "")
+        assert "disk is full" in (preflight(internals(w).parts.snapshots.owner) or "")
         with pytest.raises(SnapshotError, match="disk is full"):
-            write_snapshot(internals(w), reason="test", state=state, rng={}, batch=(x, y))
+            write_snapshot(internals(w).parts.snapshots.owner, reason="test", state=state, rng={}, batch=(x, y))
         snaps = [p.name for p in (tmpfs / "run" / "snapshots").iterdir()]
         assert snaps == [path.name]  # the half-written one was removed
         assert any("disk is full" in str(getattr(f, "summary", f)) for f in w.findings)

@@ -215,7 +215,7 @@ def test_amp_norms_are_unscaled_whether_or_not_the_scaler_was_passed(
                 scaler.step(opt)
                 scaler.update()
                 w.step(loss)
-            assert internals(w).scaler is scaler
+            assert internals(w).parts.grads.scaler is scaler
         assert not scaler_discovery.installed()  # GradScaler.scale is torch's own again
     run = nnwatch.load_run(w.run_dir)
     np.testing.assert_allclose(run["grad_norm"], true, rtol=1e-5)
@@ -237,7 +237,7 @@ def test_a_disabled_scaler_is_not_taken_up(caplog: pytest.LogCaptureFixture) -> 
             scaler.step(opt)
             scaler.update()
             w.step()
-        assert internals(w).scaler is None and scaler_discovery.installed()  # still waiting for a real one
+        assert internals(w).parts.grads.scaler is None and scaler_discovery.installed()  # still waiting for a real one
     assert "GradScaler" not in caplog.text and not scaler_discovery.installed()
 
 

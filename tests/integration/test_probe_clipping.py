@@ -88,7 +88,7 @@ def test_a_monitor_threshold_replaces_the_scripts_own_in_torchs_clip() -> None:
     with nnwatch.watch(model, opt, name="override") as w:
         for step in range(30):
             if step == 10:
-                ok, err, at = internals(w).apply_command("set_clip", {"max_norm": 0.01})
+                ok, err, at = internals(w).parts.commands.apply("set_clip", {"max_norm": 0.01})
                 assert ok, err
             x, y = _batch(g)
             opt.zero_grad()

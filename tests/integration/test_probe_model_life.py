@@ -97,7 +97,7 @@ def test_watched_model_saves_copies_and_pickles_without_nnwatch_in_it(tmp_path: 
         steps = w.step_index
         x = torch.randint(0, 30, (12, 5))
         twin(x)[0].sum().backward()  # an EMA/eval copy's forward and backward report nothing
-        assert w.step_index == steps and not internals(w).cycle.step_open
+        assert w.step_index == steps and not internals(w).parts.cycle.step_open
         state = model.state_dict()
         assert all(isinstance(v, torch.Tensor) for v in state.values())
     assert not _all_hooks(model)  # close() leaves no hook behind
@@ -237,7 +237,7 @@ def test_lazy_modules_are_watched_once_their_first_forward_sized_them(tmp_path: 
             returned.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
             opt.step()
             w.step(loss)
-        assert internals(w).guard.sentinels and internals(w).guard.sentinels[0] is model[0].bias
+        assert internals(w).parts.guard.sentinels and internals(w).parts.guard.sentinels[0] is model[0].bias
     run = nnwatch.load_run(w.run_dir)
     np.testing.assert_array_equal(run["grad_norm"], torch.stack(returned).numpy())
     assert run.meta.schema.param_layer_names == ("0", "2")

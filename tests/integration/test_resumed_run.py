@@ -49,12 +49,12 @@ def test_a_resumed_run_is_not_told_its_first_loss_is_below_chance() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, K))
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     first = _train(model, opt, 60)
-    assert not internals(first).resumed and _initial_loss_findings(first) == []
+    assert not internals(first).meta.extra["resumed"] and _initial_loss_findings(first) == []
     assert nnwatch.load_run(first.run_dir)["loss"][-1] < 0.2  # far below ln 4 = 1.39
 
     # the same loop goes on under a second watch: the optimizer has state, the model has trained
     second = _train(model, opt, 10)
-    assert internals(second).resumed
+    assert internals(second).meta.extra["resumed"]
     assert _initial_loss_findings(second) == []
     meta = json.loads((second.run_dir / "meta.json").read_text())
     assert meta["extra"]["resumed"] is True
@@ -62,7 +62,7 @@ def test_a_resumed_run_is_not_told_its_first_loss_is_below_chance() -> None:
 
     # trained weights under a fresh optimizer look like a fresh run: the finding comes, and says why
     fresh = _train(model, torch.optim.Adam(model.parameters(), lr=0.05), 10)
-    assert not internals(fresh).resumed
+    assert not internals(fresh).meta.extra["resumed"]
     (f,) = _initial_loss_findings(fresh)
     assert f.evidence["initial_loss"] < 0.2 and "trained weights" in f.remedy
 

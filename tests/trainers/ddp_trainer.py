@@ -99,7 +99,7 @@ def main() -> int:
             if args.sleep:
                 time.sleep(args.sleep)
     check = (
-        internals(w).consistency if w is not None else None
+        internals(w).parts.consistency if w is not None else None
     )  # closed with the run: its last check is read by now
     if args.save is not None and rank == 0:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, args.save)

@@ -81,7 +81,7 @@ def main() -> int:
             if args.sleep:
                 time.sleep(args.sleep)
             step += 1
-    check = internals(w).consistency if w is not None else None
+    check = internals(w).parts.consistency if w is not None else None
     launched = check.summary.launched if check is not None and check.summary is not None else 0
     print(f"rank {rank} done summaries {launched}", flush=True)
     dist.destroy_process_group()

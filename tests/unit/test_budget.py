@@ -72,7 +72,7 @@ def test_a_real_run_hands_its_writers_cpu_to_the_budget(tmp_path) -> None:
             loss.backward()
             opt.step()
             w.step(loss)
-        budget, log = internals(w).budget, internals(w).files.log
+        budget, log = internals(w).parts.schedule.budget, internals(w).files.log
         assert log is not None and budget.background == log.recent_cpu
     assert log.cpu_records == 5 and log.cpu_seconds > 0  # close() drained the last ones
     assert 0 < log.cpu_per_record() < 0.1 and 0 < log.recent_cpu() < 0.1
@@ -217,7 +217,7 @@ def test_layer_hooks_are_attached_only_for_measured_steps() -> None:
         g = torch.Generator().manual_seed(1)
         for _ in range(60):
             x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
-            hooked.append((len(model[0]._forward_hooks), internals(w).schedule.measure))
+            hooked.append((len(model[0]._forward_hooks), internals(w).parts.schedule.measure))
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
@@ -337,7 +337,7 @@ def test_guard_catches_nan_on_an_unmeasured_step_before_the_update() -> None:
     ) as w:
         g = torch.Generator().manual_seed(1)
         _train(model, opt, 45, g, w)
-        while internals(w).schedule.measure:  # on to a step the budget leaves unmeasured
+        while internals(w).parts.schedule.measure:  # on to a step the budget leaves unmeasured
             _train(model, opt, 1, g, w)
         poison = w.step_index
         _train(model, opt, 1, g, w, poison=True)
@@ -385,7 +385,7 @@ def test_guard_sentinel_sees_a_nan_born_inside_backward() -> None:
     with nnwatch.watch(model, opt, name="guard-bwd", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
         g = torch.Generator().manual_seed(1)
         _train(model, opt, 50, g, w)
-        while internals(w).schedule.measure:  # move on to a light step
+        while internals(w).parts.schedule.measure:  # move on to a light step
             _train(model, opt, 1, g, w)
         at = w.step_index
         middle.poison = True
@@ -438,7 +438,7 @@ def test_nan_origin_on_an_unmeasured_step_comes_from_a_rerun_that_leaves_no_trac
     g = torch.Generator().manual_seed(3)
     with nnwatch.watch(model, opt, name="rerun", budget=1e-9, max_interval=4, skip_nonfinite=True) as w:
         _train(model, opt, 45, g, w)
-        while internals(w).schedule.measure:
+        while internals(w).parts.schedule.measure:
             _train(model, opt, 1, g, w)
         at = w.step_index
         poison.poison = True
