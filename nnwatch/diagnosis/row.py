@@ -162,16 +162,7 @@ class Row:
             known = (act_known is None or bool(act_known[i])) and r.measured
             r.act_sum = per_layer[FieldName.ACT_SUM][i] if known and FieldName.ACT_SUM in per_layer else None
             r.act_rows = rows_seen[i] if known and rows_seen is not None else None
-            if r.sampled and FieldName.ACT_ZERO in per_layer:
-                r.act_mean = per_layer[FieldName.ACT_MEAN][i] if FieldName.ACT_MEAN in per_layer else None
-                r.act_std = per_layer[FieldName.ACT_STD][i]
-                r.act_zero = per_layer[FieldName.ACT_ZERO][i]
-                r.act_maxabs = per_layer[FieldName.ACT_MAXABS][i]
-                r.act_nonfinite = per_layer[FieldName.ACT_NONFINITE][i]
-                r.act_dead = per_layer[FieldName.ACT_DEAD][i] if FieldName.ACT_DEAD in per_layer else None
-            else:
-                r.act_mean = r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
-                r.act_dead = None
+            _fill_activations(r, per_layer, i)
             r.grad_layer = grad[i]
             r.grads_kept = cols.get(FieldName.GRADS_KEPT, nan)[i]
             r.params_no_grad = cols.get(FieldName.PARAMS_NO_GRAD, nan)[i]
@@ -181,12 +172,7 @@ class Row:
             r.label_mean = cols.get(FieldName.LABEL_MEAN, nan)[i]
             r.label_var = cols.get(FieldName.LABEL_VAR, nan)[i]
             r.weight_drift = cols.get(FieldName.WEIGHT_DRIFT, nan)[i]
-            if updated[i]:
-                r.weight_layer = upd[FieldName.WEIGHT_LAYER][i]
-                r.update_layer = upd[FieldName.UPDATE_LAYER][i]
-                r.frozen_layer = upd[FieldName.FROZEN_LAYER][i]
-            else:
-                r.weight_layer = r.update_layer = r.frozen_layer = None
+            _fill_update(r, upd, i, bool(updated[i]))
             out.append(r)
         return out
 
@@ -194,3 +180,29 @@ class Row:
     def lr0(self) -> float:
         """The first parameter group's LR (NaN when unknown)."""
         return float(self.lr[0]) if self.lr.size else math.nan
+
+
+def _fill_activations(r: Row, per_layer: dict[str, np.ndarray], i: int) -> None:
+    """Row ``i``'s activation statistics: only a sampled step recorded them, so any other row
+    gets None rather than the block's placeholder values."""
+    if r.sampled and FieldName.ACT_ZERO in per_layer:
+        r.act_mean = per_layer[FieldName.ACT_MEAN][i] if FieldName.ACT_MEAN in per_layer else None
+        r.act_std = per_layer[FieldName.ACT_STD][i]
+        r.act_zero = per_layer[FieldName.ACT_ZERO][i]
+        r.act_maxabs = per_layer[FieldName.ACT_MAXABS][i]
+        r.act_nonfinite = per_layer[FieldName.ACT_NONFINITE][i]
+        r.act_dead = per_layer[FieldName.ACT_DEAD][i] if FieldName.ACT_DEAD in per_layer else None
+    else:
+        r.act_mean = r.act_std = r.act_zero = r.act_maxabs = r.act_nonfinite = None
+        r.act_dead = None
+
+
+def _fill_update(r: Row, upd: dict[str, np.ndarray], i: int, updated: bool) -> None:
+    """Row ``i``'s per-layer update block: None on a row without a measured update, so that
+    detectors never read the empty block's NaNs as an update."""
+    if updated:
+        r.weight_layer = upd[FieldName.WEIGHT_LAYER][i]
+        r.update_layer = upd[FieldName.UPDATE_LAYER][i]
+        r.frozen_layer = upd[FieldName.FROZEN_LAYER][i]
+    else:
+        r.weight_layer = r.update_layer = r.frozen_layer = None

@@ -48,10 +48,6 @@ FUNCTIONS_NOT_YET = ("nnwatch/tui/", "nnwatch/cli/", "nnwatch/probe/", "nnwatch/
 TOO_LONG_STILL: dict[str, int] = {
     "nnwatch/channel/client.py:Subscription.__init__": 73,
     "nnwatch/channel/stream.py:_serve": 96,
-    "nnwatch/diagnosis/detectors/exploding_gradients.py:ExplodingGradientsDetector.update": 89,
-    "nnwatch/diagnosis/detectors/loss_stalled.py:LossStalledDetector.update": 82,
-    "nnwatch/diagnosis/detectors/oscillating_loss.py:OscillatingLossDetector.update": 90,
-    "nnwatch/diagnosis/row.py:Row.batch": 64,
     "nnwatch/sources/job_fanout.py:JobFanout.poll": 80,
     "nnwatch/store/bundle.py:receive_bundle": 86,
     "nnwatch/store/paths.py:open_dir_nofollow": 83,

@@ -129,60 +129,93 @@ class ExplodingGradientsDetector(Detector):
         rise = x - ref
         sig = math.nan
         if finite:
-            from_start = x - median(self.start)
-            # every rule needs the norm at least 3x above a reference: most steps stop here
-            hit = max(rise, from_start) >= DIVERGE_DECADES
-            if hit:
-                sig = self._spread(ref) if rise >= HIT_DECADES else math.nan
-                need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
-                if hist.obs.adversarial:
-                    # one side of a game: its loss getting worse is the other side learning, so
-                    # it is no evidence; only a norm 100x its usual level counts
-                    hit = rise >= MAX_HIT_DECADES
-                else:
-                    hit = (
-                        (rise >= need and self._loss_worse(row, hist))
-                        or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
-                        or self._loss_blew_up(row, hist)
-                    )
-                if (
-                    not hit
-                    and not hist.obs.adversarial
-                    and not self.active
-                    and from_start >= FAR_DECADES
-                    and not math.isfinite(row.clip_threshold)
-                    and ref - median(self.start) >= FAR_USUAL_DECADES
-                    and x - median(list(self.recent)) >= FAR_SPIKE_DECADES
-                ):
-                    self.far_steps = [s for s in self.far_steps if row.step - s < FAR_WITHIN]
-                    self.far_steps.append(row.step)
-                    if len(self.far_steps) >= FAR_HITS:
-                        self.active, self.calm, self.far = True, 0, True
-                        self.frozen = (ref, self._spread(ref))
-                        return self._finding(row, ref, rise, finite, hist.obs)
+            hit, sig, far = self._hit(row, hist, ref, x, rise)
+            if far:
+                self.active, self.calm, self.far = True, 0, True
+                self.frozen = (ref, self._spread(ref))
+                return self._finding(row, ref, rise, finite, hist.obs)
         else:  # overflow right after a jump is the end of an explosion; from nowhere it is not
             hit = any(h for h, _ in self.recent_hits)
         if self.active:
-            if self.note and finite:
-                if math.isfinite(row.loss):
-                    self.peak_loss = max(self.peak_loss, row.loss)
-                if self._backed(row, hist, self.onset) or self._not_recovering(row, hist):
-                    self.note = False  # the updates grew, or the loss stays up: an explosion
-                    return self._finding(row, ref, rise, finite, hist.obs)
-                if self._recovered(row, hist):
-                    self._close()  # new data the run has learned: its norm's new level is usual
-                    self.base.clear()
-                    self.base_loss.clear()
-                    return None
-            if rise < RELEASE_DECADES:
-                self.calm += 1
-                if self.calm >= RELEASE:
-                    self.active = self.far = False
-                    self.frozen = None
-                    self.recent_hits.clear()
-            else:
-                self.calm = 0
-            return None
+            return self._follow_episode(row, hist, ref, rise, finite)
+        return self._open_episode(row, hist, ref, rise, finite, hit, x, sig)
+
+    def _hit(
+        self, row: Row, hist: RunHistory, ref: float, x: float, rise: float
+    ) -> tuple[bool, float, bool]:
+        """(hit, spread, far) for a finite norm: is it far enough above its usual level, or its
+        start, with a loss that got worse; and, when not, has the far rule seen enough spikes?"""
+        sig = math.nan
+        from_start = x - median(self.start)
+        # every rule needs the norm at least 3x above a reference: most steps stop here
+        hit = max(rise, from_start) >= DIVERGE_DECADES
+        if not hit:
+            return hit, sig, False
+        sig = self._spread(ref) if rise >= HIT_DECADES else math.nan
+        need = min(max(HIT_DECADES, 3.0 * sig), MAX_HIT_DECADES)
+        if hist.obs.adversarial:
+            # one side of a game: its loss getting worse is the other side learning, so
+            # it is no evidence; only a norm 100x its usual level counts
+            hit = rise >= MAX_HIT_DECADES
+        else:
+            hit = (
+                (rise >= need and self._loss_worse(row, hist))
+                or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
+                or self._loss_blew_up(row, hist)
+            )
+        far = not hit and self._far_spikes(row, hist, ref, x, from_start)
+        return hit, sig, far
+
+    def _far_spikes(
+        self, row: Row, hist: RunHistory, ref: float, x: float, from_start: float
+    ) -> bool:
+        """Counts this step if it is a spike far above the start while the usual norm itself
+        grew (no clip); True once FAR_HITS of them fall within FAR_WITHIN steps."""
+        if (
+            not hist.obs.adversarial
+            and not self.active
+            and from_start >= FAR_DECADES
+            and not math.isfinite(row.clip_threshold)
+            and ref - median(self.start) >= FAR_USUAL_DECADES
+            and x - median(list(self.recent)) >= FAR_SPIKE_DECADES
+        ):
+            self.far_steps = [s for s in self.far_steps if row.step - s < FAR_WITHIN]
+            self.far_steps.append(row.step)
+            return len(self.far_steps) >= FAR_HITS
+        return False
+
+    def _follow_episode(
+        self, row: Row, hist: RunHistory, ref: float, rise: float, finite: bool
+    ) -> Finding | None:
+        """An open episode: a note turns into an explosion or closes as new data, and the
+        episode ends after RELEASE calm steps."""
+        if self.note and finite:
+            if math.isfinite(row.loss):
+                self.peak_loss = max(self.peak_loss, row.loss)
+            if self._backed(row, hist, self.onset) or self._not_recovering(row, hist):
+                self.note = False  # the updates grew, or the loss stays up: an explosion
+                return self._finding(row, ref, rise, finite, hist.obs)
+            if self._recovered(row, hist):
+                self._close()  # new data the run has learned: its norm's new level is usual
+                self.base.clear()
+                self.base_loss.clear()
+                return None
+        if rise < RELEASE_DECADES:
+            self.calm += 1
+            if self.calm >= RELEASE:
+                self.active = self.far = False
+                self.frozen = None
+                self.recent_hits.clear()
+        else:
+            self.calm = 0
+        return None
+
+    def _open_episode(
+        self, row: Row, hist: RunHistory, ref: float, rise: float, finite: bool,
+        hit: bool, x: float, sig: float,
+    ) -> Finding | None:  # fmt: skip
+        """No episode open: enough recent hits open one (more while the loop clips); a step
+        that is no hit teaches the baseline."""
         self.recent_hits = (self.recent_hits + [(hit, row.step)])[-CLIPPED_OF:]
         clipping = math.isfinite(row.clip_threshold)
         need_hits, of = (CLIPPED_HITS, CLIPPED_OF) if clipping else (HITS, OF)

@@ -119,6 +119,41 @@ class LossStalledDetector(Detector):
     def update(self, row: Row, hist: RunHistory) -> Finding | None:
         if not math.isfinite(row.loss):
             return None
+        self._count(row)
+        obs = hist.obs
+        copy = self.ctx.optimizer_on_copy and self.steps >= COPY_STEPS
+        flat_possible = len(hist.loss) >= WINDOW and not hist.learned(LEARNED)
+        independent = obs.loss_independent and not hist.learned(LEARNED)
+        collapsed = _lr_collapsed(hist)
+        mech = self._mechanism(row, hist, flat_possible)
+        if not (
+            self.no_grad or self.wiped or self.zero_lr or copy or self.tiny or flat_possible
+            or independent or collapsed or mech
+        ):  # fmt: skip
+            # the usual step of a run that learns: no cause counting, nothing to compute
+            if self.episode.active:
+                self.episode.update(False, row.step)
+            return None
+        prog = hist.progress_since_start(min(10, max(3, len(hist.loss))))
+        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
+        cause = _cause(self, hist, copy, independent, mech, collapsed, flat_possible, prog, unmoved)
+        if cause == "mechanism":
+            self.mechanism = mech
+        opened = self.episode.update(cause is not None, row.step)
+        if opened:
+            self.warned = False
+        if cause is None or not self.episode.active:
+            return None
+        support = self._support(hist) if cause == "flat" else ""
+        severity = "warning" if cause != "flat" or support or self._long_at_chance(hist) else "info"
+        if opened or (severity == "warning" and not self.warned):
+            self.warned = severity == "warning"
+            return self._finding(row, hist, cause, prog, severity, support)
+        return None
+
+    def _count(self, row: Row) -> None:
+        """Advance the counters of the causes that need several steps in a row (LR 0, gradients
+        wiped or absent, tiny updates): one odd step proves nothing."""
         lr = row.lr
         zero_lr = row.lr0 == 0.0 and bool((lr == 0).all())  # NaN compares unequal
         self.zero_lr = self.zero_lr + 1 if zero_lr else 0
@@ -141,63 +176,6 @@ class LossStalledDetector(Detector):
                 self.tiny += 1
             else:
                 self.tiny = 0
-        cause = None
-        obs = hist.obs
-        copy = self.ctx.optimizer_on_copy and self.steps >= COPY_STEPS
-        flat_possible = len(hist.loss) >= WINDOW and not hist.learned(LEARNED)
-        independent = obs.loss_independent and not hist.learned(LEARNED)
-        # a schedule that ends near 0 after the run has learned (cosine to its end) is not a
-        # collapse: the LR fell 1000x while the loss is still above half of where it began
-        collapsed = (
-            math.isfinite(obs.lr_collapse)
-            and len(hist.loss) >= WINDOW
-            and hist.recent_loss(WINDOW) >= COLLAPSE_UNLEARNED * hist.start_loss
-        )
-        mech = self._mechanism(row, hist, flat_possible)
-        if not (
-            self.no_grad or self.wiped or self.zero_lr or copy or self.tiny or flat_possible
-            or independent or collapsed or mech
-        ):  # fmt: skip
-            # the usual step of a run that learns: no cause counting, nothing to compute
-            if self.episode.active:
-                self.episode.update(False, row.step)
-            return None
-        prog = hist.progress_since_start(min(10, max(3, len(hist.loss))))
-        unmoved = math.isfinite(prog) and -MAX_REGRESSION < prog < MIN_PROGRESS
-        if self.no_grad >= NO_GRAD_STEPS:
-            cause = "no_grad"
-        elif self.wiped >= WIPED_STEPS:
-            cause = "grads_wiped"
-        elif self.zero_lr >= ZERO_LR_STEPS:
-            cause = "zero_lr"
-        elif copy and unmoved:
-            cause = "optimizer_copy"
-        elif independent:
-            cause = "loss_independent"
-        elif mech is not None:
-            cause, self.mechanism = "mechanism", mech
-        elif self.tiny >= TINY_UPDATE_STEPS and unmoved and not hist.obs.update.ready:
-            cause = "tiny_update"  # estimated from the LR, where no update was measured
-        elif collapsed and self._flat(hist) and not self._converged(hist):
-            cause = "lr_collapsed"
-        elif (
-            flat_possible
-            and prog > -MAX_REGRESSION
-            and self._flat(hist)
-            and not self._converged(hist)
-        ):
-            cause = "flat"
-        opened = self.episode.update(cause is not None, row.step)
-        if opened:
-            self.warned = False
-        if cause is None or not self.episode.active:
-            return None
-        support = self._support(hist) if cause == "flat" else ""
-        severity = "warning" if cause != "flat" or support or self._long_at_chance(hist) else "info"
-        if opened or (severity == "warning" and not self.warned):
-            self.warned = severity == "warning"
-            return self._finding(row, hist, cause, prog, severity, support)
-        return None
 
     def _mechanism(self, row: Row, hist: RunHistory, flat_possible: bool) -> Mechanism | None:
         """What the updates show behind a loss that has stopped falling (see AFTER_LEARNING)."""
@@ -448,3 +426,48 @@ def _little_learned(hist: RunHistory) -> bool:
     if not first or min(first) <= 0 or len(hist.loss) < 10:
         return False
     return (min(first) - hist.recent_loss(10)) / min(first) < LITTLE_LEARNED
+
+
+def _lr_collapsed(hist: RunHistory) -> bool:
+    """The LR fell 1000x below the run's peak while the loss is still above half of where it
+    began: a schedule that ends near 0 after the run has learned (cosine to its end) is not a
+    collapse."""
+    obs = hist.obs
+    return (
+        math.isfinite(obs.lr_collapse)
+        and len(hist.loss) >= WINDOW
+        and hist.recent_loss(WINDOW) >= COLLAPSE_UNLEARNED * hist.start_loss
+    )
+
+
+def _cause(
+    det: LossStalledDetector, hist: RunHistory, copy: bool, independent: bool,
+    mech: Mechanism | None, collapsed: bool, flat_possible: bool, prog: float, unmoved: bool,
+) -> str | None:  # fmt: skip
+    """The most specific cause the records show (the first that holds, in the order of
+    CAUSES' docs: no update at all, then updates that cannot move the loss, then a flat loss
+    with nothing beside it), or None."""
+    if det.no_grad >= NO_GRAD_STEPS:
+        return "no_grad"
+    if det.wiped >= WIPED_STEPS:
+        return "grads_wiped"
+    if det.zero_lr >= ZERO_LR_STEPS:
+        return "zero_lr"
+    if copy and unmoved:
+        return "optimizer_copy"
+    if independent:
+        return "loss_independent"
+    if mech is not None:
+        return "mechanism"
+    if det.tiny >= TINY_UPDATE_STEPS and unmoved and not hist.obs.update.ready:
+        return "tiny_update"  # estimated from the LR, where no update was measured
+    if collapsed and det._flat(hist) and not det._converged(hist):
+        return "lr_collapsed"
+    if (
+        flat_possible
+        and prog > -MAX_REGRESSION
+        and det._flat(hist)
+        and not det._converged(hist)
+    ):
+        return "flat"
+    return None

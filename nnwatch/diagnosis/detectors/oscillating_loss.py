@@ -53,6 +53,7 @@ from nnwatch.diagnosis.history import (
     median,
 )
 from nnwatch.diagnosis.row import Row
+from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 24
@@ -143,6 +144,24 @@ class OscillatingLossDetector(Detector):
         # wobbles by 1e-6 (100% of its level, nothing in absolute terms) is not an oscillation.
         start = hist.start_loss
         rel = swing / max(level, LEVEL_FLOOR * abs(start) if math.isfinite(start) else 0.0)
+        hit, base, q90, r1 = self._swinging(n, hist, level, swing, rel, progress, newer)
+        hit, mech = self._mechanism(hist, level, rel, hit)
+        if not self._track_episode(hit, row.step, base, q90):
+            return None
+        return self._finding(row, level, swing, rel, progress, base, r1, mech)
+
+    def _swinging(
+        self,
+        n: int,
+        hist: RunHistory,
+        level: float,
+        swing: float,
+        rel: float,
+        progress: float,
+        newer: float,
+    ) -> tuple[bool, float | None, float | None, float]:
+        """(hit, usual change, its 90th percentile, lag-1 autocorrelation): the swings judged
+        against the run's own earlier changes, or, before there is any history, as a zig-zag."""
         r1 = math.nan
         base = q90 = None
         hit = False
@@ -164,20 +183,44 @@ class OscillatingLossDetector(Detector):
             elif rel >= NEW_RUN_SWING and self._back_and_forth(level):
                 r1 = lag1_autocorr(np.asarray(self.window))
                 hit = math.isfinite(r1) and r1 <= NEW_RUN_AUTOCORR
+        return hit, base, q90, r1
+
+    def _mechanism(
+        self, hist: RunHistory, level: float, rel: float, hit: bool
+    ) -> tuple[bool, Mechanism | None]:
+        """(hit, mechanism): a cause in the records (data in label order, a swinging LR) makes
+        the swings a finding by itself, so the rank test need not have passed."""
         upd = hist.obs.update
         mech = upd.label_mix(self.ctx.num_classes)
         if mech is not None and not self._converged(level, hist):
             hit = True
         elif rel >= MIN_SWING and (swings := upd.lr_swings()) is not None:
             mech, hit = swings, True  # the schedule swings the loss, converged or not
+        return hit, mech
+
+    def _track_episode(self, hit: bool, step: int, base: float | None, q90: float | None) -> bool:
+        """Feed the episode; True when it opens. The baseline is frozen while an episode lasts,
+        so that the swings being reported do not become the run's usual change."""
         was_active = self.episode.active
-        opened = self.episode.update(hit, row.step)
+        opened = self.episode.update(hit, step)
         if self.episode.active and not was_active:
             self.frozen_base = (base, q90) if base is not None and q90 is not None else None
         elif not self.episode.active:
             self.frozen_base = None
-        if not opened:
-            return None
+        return opened
+
+    def _finding(
+        self,
+        row: Row,
+        level: float,
+        swing: float,
+        rel: float,
+        progress: float,
+        base: float | None,
+        r1: float,
+        mech: Mechanism | None,
+    ) -> Finding:
+        """The finding of an episode just opened: how large the swings are, and against what."""
         win = list(self.window)
         times = swing / base if base else math.nan
         evidence = {
