@@ -45,7 +45,7 @@ import torch
 from nnwatch.diagnosis.rank_findings import divergence_finding, nonfinite_finding
 from nnwatch.probe.job_summary import JobSummary, SummaryOwner
 from nnwatch.probe.job_summary import every_from_env as summary_from_env
-from nnwatch.store.schema import sums_measured
+from nnwatch.store.schema import FieldName, sums_measured
 
 if TYPE_CHECKING:
     from torch import nn
@@ -375,8 +375,8 @@ class ConsistencyCheck:
         bad = np.isinf(loss)
         bad |= np.isnan(loss) & (np.maximum.accumulate(finite) | self._loss_seen)
         self._loss_seen = self._loss_seen or bool(finite.any())
-        if "act_sum" in (rows.dtype.names or ()):
-            act = rows["act_sum"].reshape(len(rows), -1)
+        if FieldName.ACT_SUM in (rows.dtype.names or ()):
+            act = rows[FieldName.ACT_SUM].reshape(len(rows), -1)
             if act.shape[1]:
                 # NaN is "not measured" on the steps the cost budget left out, never "non-finite"
                 bad |= ~np.isfinite(act).all(axis=1) & sums_measured(rows)

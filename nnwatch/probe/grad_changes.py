@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors.grad_norms import host_sum_of_squares
 from nnwatch.tensors.sharded import local_of
 
@@ -52,10 +53,10 @@ class GradChanges:
             return
         host = buf.dev_np
         if host is not None:
-            host[DEV_INDEX["grad_norm_clipped"]], host[DEV_INDEX["clipped"]] = 0.0, 1.0
+            host[DEV_INDEX[FieldName.GRAD_NORM_CLIPPED]], host[DEV_INDEX[FieldName.CLIPPED]] = 0.0, 1.0
         else:
-            buf.slot("grad_norm_clipped").fill_(0.0)
-            buf.slot("clipped").fill_(1.0)
+            buf.slot(FieldName.GRAD_NORM_CLIPPED).fill_(0.0)
+            buf.slot(FieldName.CLIPPED).fill_(1.0)
 
     def remember(self, params: Sequence[torch.Tensor]) -> None:
         """A cheap fingerprint of one gradient, to see later whether anything changed them.
@@ -116,8 +117,8 @@ class GradChanges:
             post = norm_of_now()
             if post is None:
                 return
-            buf.slot("grad_norm_clipped").fill_(float(post))
-            buf.slot("clipped").fill_(1.0)
+            buf.slot(FieldName.GRAD_NORM_CLIPPED).fill_(float(post))
+            buf.slot(FieldName.CLIPPED).fill_(1.0)
             return
         post = norm_of_now()
         if post is None:
@@ -125,6 +126,6 @@ class GradChanges:
         changed = _fingerprint(g) != before
         post_t = torch.as_tensor(post).to(buf.dev.device, torch.float64)
         nan = torch.full((), math.nan, device=buf.dev.device, dtype=torch.float64)
-        buf.slot("grad_norm_clipped").copy_(torch.where(changed, post_t, nan))
+        buf.slot(FieldName.GRAD_NORM_CLIPPED).copy_(torch.where(changed, post_t, nan))
         one = torch.ones((), device=buf.dev.device, dtype=torch.float64)
-        buf.slot("clipped").copy_(torch.where(changed, one, nan))
+        buf.slot(FieldName.CLIPPED).copy_(torch.where(changed, one, nan))

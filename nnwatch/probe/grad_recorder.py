@@ -47,6 +47,7 @@ from nnwatch.probe.clip_parts import (
     still_scaled,
 )
 from nnwatch.probe.grad_changes import GradChanges
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors import torch_clip as gradmath
 from nnwatch.tensors.grad_norms import (
     LayerReducer,
@@ -59,10 +60,10 @@ from nnwatch.tensors.grad_norms import (
 )
 from nnwatch.tensors.layers import LayerPlan
 
-_GRAD_NORM = DEV_INDEX["grad_norm"]
-_NONFINITE_GRADS = DEV_INDEX["nonfinite_grads"]
-_NORM_CLIPPED = DEV_INDEX["grad_norm_clipped"]
-_CLIPPED = DEV_INDEX["clipped"]
+_GRAD_NORM = DEV_INDEX[FieldName.GRAD_NORM]
+_NONFINITE_GRADS = DEV_INDEX[FieldName.NONFINITE_GRADS]
+_NORM_CLIPPED = DEV_INDEX[FieldName.GRAD_NORM_CLIPPED]
+_CLIPPED = DEV_INDEX[FieldName.CLIPPED]
 #: Steps without torch's clip before the recorder goes back to measuring at the end of backward.
 FORGET_CLIP = 3
 
@@ -312,8 +313,8 @@ class GradientRecorder:
         tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float64)
         coef_t = (max_norm / (tt + CLIP_EPS)).clamp(max=1.0)
         base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float64)
-        b.slot("grad_norm_clipped").copy_(base_t * coef_t)
-        b.slot("clipped").copy_(tt > max_norm)
+        b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(base_t * coef_t)
+        b.slot(FieldName.CLIPPED).copy_(tt > max_norm)
 
     def record_parts_clip(self, parts: ClipParts) -> None:
         """Every part of the model was clipped by torch: one clip record for the whole."""
@@ -325,8 +326,8 @@ class GradientRecorder:
             b.dev_np[_NORM_CLIPPED] = float(post)
             b.dev_np[_CLIPPED] = float(hit)
             return
-        b.slot("grad_norm_clipped").copy_(torch.as_tensor(post).to(b.dev.device, torch.float64))
-        b.slot("clipped").copy_(torch.as_tensor(hit).to(b.dev.device, torch.float64))
+        b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(torch.as_tensor(post).to(b.dev.device, torch.float64))
+        b.slot(FieldName.CLIPPED).copy_(torch.as_tensor(hit).to(b.dev.device, torch.float64))
 
     def clip(
         self,
@@ -360,8 +361,8 @@ class GradientRecorder:
         try:
             b = self.buf
             tot = total.to(device=b.dev.device)
-            b.slot("grad_norm").copy_(tot)
-            b.slot("nonfinite_grads").copy_(~torch.isfinite(tot))
+            b.slot(FieldName.GRAD_NORM).copy_(tot)
+            b.slot(FieldName.NONFINITE_GRADS).copy_(~torch.isfinite(tot))
             if per_layer and norms:
                 self.reducer.write(torch.stack([n.double() for n in norms]), present, b.grad_layer, norm_type)
             if limit is not None:
@@ -440,8 +441,8 @@ def _write_total(b: StepBuffers, total: torch.Tensor | float) -> None:
         _write_host_norm(host, float(total))  # a CPU tensor or a float: no sync
     else:
         t = torch.as_tensor(total).detach()
-        b.slot("nonfinite_grads").copy_(~torch.isfinite(t))
-        b.slot("grad_norm").copy_(t.to(b.dev.device))
+        b.slot(FieldName.NONFINITE_GRADS).copy_(~torch.isfinite(t))
+        b.slot(FieldName.GRAD_NORM).copy_(t.to(b.dev.device))
 
 
 def _write_host_norm(host: Any, value: float) -> None:

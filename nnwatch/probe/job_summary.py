@@ -43,6 +43,7 @@ import torch
 from nnwatch.probe.run_files import RunFiles
 from nnwatch.store.jobs import JOB_SUMMARY_FIELDS, JOB_SUMMARY_FILE
 from nnwatch.store.paths import write_private_file
+from nnwatch.store.schema import FieldName
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -190,15 +191,15 @@ class JobSummary:
         if len(rows):
             last = rows[-1]
             row[idx["loss"]] = float(last["loss"])
-            gn = rows["grad_norm"]
+            gn = rows[FieldName.GRAD_NORM]
             measured = np.flatnonzero(~np.isnan(gn))
             if len(measured):
-                row[idx["grad_norm"]] = float(gn[measured[-1]])
-            st = rows["step_time"]
+                row[idx[FieldName.GRAD_NORM]] = float(gn[measured[-1]])
+            st = rows[FieldName.STEP_TIME]
             st = st[np.isfinite(st) & (st > 0)]
             if len(st):
-                row[idx["step_time"]] = float(np.median(st))
-            for name in ("cuda_peak", "rss"):  # sampled now and then: the last reading
+                row[idx[FieldName.STEP_TIME]] = float(np.median(st))
+            for name in (FieldName.CUDA_PEAK, FieldName.RSS):  # sampled now and then: the last reading
                 got = rows[name][np.isfinite(rows[name]) & (rows[name] > 0)]
                 if len(got):
                     row[idx["memory"]] = float(got[-1])

@@ -15,12 +15,13 @@ from typing import Any
 import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.store.schema import FieldName
 
 MAX_CLASSES = 1024  # beyond this the labels are tokens of a language model: not a data order
 _TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 _INTEGER = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8)
-_SLOTS = (DEV_INDEX["label_entropy"], DEV_INDEX["label_mean"], DEV_INDEX["label_var"])
-_NAMES = ("label_entropy", "label_mean", "label_var")
+_NAMES = (FieldName.LABEL_ENTROPY, FieldName.LABEL_MEAN, FieldName.LABEL_VAR)
+_SLOTS = tuple(DEV_INDEX[name] for name in _NAMES)
 
 
 def batch_targets(batch: Any) -> torch.Tensor | None:

@@ -39,7 +39,7 @@ from nnwatch.store.paths import (
     unpin_dir,
 )
 from nnwatch.store.runlog import RunLogWriter
-from nnwatch.store.schema import RunMeta, RunSchema
+from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary, last_finite
 
 if TYPE_CHECKING:
@@ -325,7 +325,7 @@ class RunFiles:
         return RunSummary(
             name=name, status=status, steps=steps,
             loss=last_finite(rows["loss"]) if "loss" in names else None,
-            grad_norm=last_finite(rows["grad_norm"]) if "grad_norm" in names else None,
+            grad_norm=last_finite(rows[FieldName.GRAD_NORM]) if FieldName.GRAD_NORM in names else None,
             run_dir=str(self.dir),
             findings=[f.to_dict() for f in findings],
         )

@@ -27,6 +27,7 @@ from nnwatch.probe.buffers import DEV_INDEX
 from nnwatch.probe.clip_parts import coverage, loss_scale
 from nnwatch.probe.grad_recorder import FORGET_CLIP, GradientRecorder
 from nnwatch.probe.sharded_reduce import ShardedReduce
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors import torch_clip as gradmath
 from nnwatch.tensors.sharded import is_dtensor
 
@@ -67,8 +68,8 @@ class ShardedGradientRecorder(GradientRecorder):
             self.total = sq.sqrt()  # a GPU's: read only by the guard, where it syncs anyway
         host = self.buf.dev_np
         if host is not None and isinstance(self.total, float):
-            host[DEV_INDEX["grad_norm"]] = self.total
-            host[DEV_INDEX["nonfinite_grads"]] = 0.0 if math.isfinite(self.total) else 1.0
+            host[DEV_INDEX[FieldName.GRAD_NORM]] = self.total
+            host[DEV_INDEX[FieldName.NONFINITE_GRADS]] = 0.0 if math.isfinite(self.total) else 1.0
         return self.total
 
     def _local_layers(self, present: list[int]) -> None:

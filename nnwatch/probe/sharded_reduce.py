@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors.grad_norms import F32_MAX, LayerReducer
 from nnwatch.tensors.layers import LayerPlan
 from nnwatch.tensors.sharded import (
@@ -384,12 +385,12 @@ class ShardedReduce:
             sq = whole[np.array(s.present, dtype=np.int64)]
             with np.errstate(over="ignore", invalid="ignore"):
                 total = math.sqrt(float(sq.sum())) if not np.isnan(sq).any() else math.nan
-            dev[DEV_INDEX["grad_norm"]] = total
-            dev[DEV_INDEX["nonfinite_grads"]] = 0.0 if math.isfinite(total) else 1.0
+            dev[DEV_INDEX[FieldName.GRAD_NORM]] = total
+            dev[DEV_INDEX[FieldName.NONFINITE_GRADS]] = 0.0 if math.isfinite(total) else 1.0
             if s.clip == s.clip:
                 coef = min(s.clip / (total + CLIP_EPS), 1.0) if math.isfinite(total) else math.nan
-                dev[DEV_INDEX["grad_norm_clipped"]] = total * coef
-                dev[DEV_INDEX["clipped"]] = 1.0 if total > s.clip else 0.0
+                dev[DEV_INDEX[FieldName.GRAD_NORM_CLIPPED]] = total * coef
+                dev[DEV_INDEX[FieldName.CLIPPED]] = 1.0 if total > s.clip else 0.0
             if s.layers and whole[3 * n + 1] >= ranks:
                 out = self._field(held, self.buf.grad_layer, np.float32)
                 self.reducer.write_host(sq, s.present, out)
@@ -412,9 +413,9 @@ class ShardedReduce:
     def _not_measured(self, held: np.ndarray) -> None:
         """Norms that could not be made whole: recorded as not measured, never as local ones."""
         dev = self._field(held, self.buf.scalars, np.float64)
-        for name in ("grad_norm", "grad_norm_clipped", "clipped"):
+        for name in (FieldName.GRAD_NORM, FieldName.GRAD_NORM_CLIPPED, FieldName.CLIPPED):
             dev[DEV_INDEX[name]] = math.nan
-        dev[DEV_INDEX["nonfinite_grads"]] = 0.0
+        dev[DEV_INDEX[FieldName.NONFINITE_GRADS]] = 0.0
         for view in (self.buf.grad_layer, self.buf.weight_layer, self.buf.update_layer):
             self._field(held, view, np.float32)[:] = math.nan
 

@@ -17,15 +17,16 @@ import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
 from nnwatch.probe.sysmon import SystemSampler
-from nnwatch.store.schema import HOST_FIELDS
+from nnwatch.store.schema import HOST_FIELDS, FieldName
 
 N_HOST = len(HOST_FIELDS)
 _NO_CUDA = (math.nan, math.nan, math.nan)
 _LOSS = DEV_INDEX["loss"]
-_AMP_SCALE, _AMP_SKIPPED = DEV_INDEX["amp_scale"], DEV_INDEX["amp_skipped"]
+_AMP_SCALE, _AMP_SKIPPED = DEV_INDEX[FieldName.AMP_SCALE], DEV_INDEX[FieldName.AMP_SKIPPED]
 assert HOST_FIELDS[5:15] == (
-    "layer_stats", "cuda_allocated", "cuda_reserved", "cuda_peak", "cpu_percent", "rss",
-    "layer_sums", "grads_kept", "params_no_grad", "params_unoptimized",
+    FieldName.LAYER_STATS, FieldName.CUDA_ALLOCATED, FieldName.CUDA_RESERVED, FieldName.CUDA_PEAK,
+    FieldName.CPU_PERCENT, FieldName.RSS,
+    FieldName.LAYER_SUMS, FieldName.GRADS_KEPT, FieldName.PARAMS_NO_GRAD, FieldName.PARAMS_UNOPTIMIZED,
 ), "StepRecord.write_host writes the host block in this order"
 NO_SHARES = (math.nan, math.nan)
 _NO_LRS: list[float] = []
@@ -144,12 +145,12 @@ class StepRecord:
             self._prev_value = value
             return
         s = scale.detach().reshape(()).to(b.dev.device, torch.float64)
-        b.slot("amp_scale").copy_(s)
+        b.slot(FieldName.AMP_SCALE).copy_(s)
         prev = self._prev_scale
         if prev is None:
             init = float(getattr(sc, "_init_scale", math.inf) or math.inf)
             prev = self._prev_scale = torch.full((), init, device=b.dev.device, dtype=torch.float64)
-        b.slot("amp_skipped").copy_(s < prev)  # the scale only drops when a step was skipped
+        b.slot(FieldName.AMP_SKIPPED).copy_(s < prev)  # the scale only drops when a step was skipped
         prev.copy_(s)
 
     def write_host(

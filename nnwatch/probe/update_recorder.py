@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
+from nnwatch.store.schema import FieldName
 from nnwatch.tensors.grad_norms import F32_MAX
 from nnwatch.tensors.layers import LayerPlan
 
@@ -37,8 +38,8 @@ SAMPLE_TOTAL = 1 << 22  # elements compared over the whole model (16 MiB of floa
 #: unchanged share are estimated as well from a few hundred elements per parameter
 CPU_SAMPLE_CAP, CPU_SAMPLE_TOTAL = 4096, 1 << 15
 _NO_SHARES = (math.nan, math.nan)
-_FROZEN = DEV_INDEX["update_frozen"]
-_DRIFT = DEV_INDEX["weight_drift"]
+_FROZEN = DEV_INDEX[FieldName.UPDATE_FROZEN]
+_DRIFT = DEV_INDEX[FieldName.WEIGHT_DRIFT]
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -304,8 +305,8 @@ class UpdateRecorder:
             host[_FROZEN] = float(frozen)  # CPU tensors: no sync
             host[_DRIFT] = float(drift)
         else:
-            self.buf.slot("update_frozen").copy_(frozen)
-            self.buf.slot("weight_drift").copy_(drift)
+            self.buf.slot(FieldName.UPDATE_FROZEN).copy_(frozen)
+            self.buf.slot(FieldName.WEIGHT_DRIFT).copy_(drift)
 
     def _write_layers(
         self, fold: tuple[torch.Tensor, torch.Tensor, torch.Tensor], per_param: torch.Tensor

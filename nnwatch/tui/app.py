@@ -32,6 +32,7 @@ from textual.screen import Screen
 
 from nnwatch.sources.base import RunSource
 from nnwatch.store.jobs import Job
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import notices
 from nnwatch.tui.bindings import BINDINGS, NOT_LIVE, OVERLAY_ACTIONS, RANK_ACTIONS, STEERING
 from nnwatch.tui.collectors import HardwareSampler, JobViewCollector, RankCollector, SourceCollector
@@ -213,7 +214,7 @@ class NNWatchApp(App[int]):
             return
         if not self.loading and self.state.history.rows:
             with self.state.lock:  # no scaler in this run: the AMP pane shrinks to one line
-                dashboard.set_class(not self.state.history.measured("amp_scale"), "no-amp")
+                dashboard.set_class(not self.state.history.measured(FieldName.AMP_SCALE), "no-amp")
         changed = self.state.take_changes(LOADING_TOPICS if self.loading else None)
         if changed:
             self.ctx.changed = changed

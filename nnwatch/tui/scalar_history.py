@@ -18,27 +18,27 @@ from dataclasses import dataclass
 import numpy as np
 
 from nnwatch.store.overview import block_stats
-from nnwatch.store.schema import CHART_FIELDS
+from nnwatch.store.schema import CHART_FIELDS, FieldName
 
 #: Fields kept as whole-run buckets (what the charts draw: the store's one list).
 BUCKET_FIELDS: tuple[str, ...] = CHART_FIELDS
 #: Fields kept only for the recent past (latest values, rates, memory).
 TAIL_FIELDS: tuple[str, ...] = BUCKET_FIELDS + (
-    "clipped",
-    "nonfinite_grads",
+    FieldName.CLIPPED,
+    FieldName.NONFINITE_GRADS,
     "time",
-    "step_time",
-    "cuda_allocated",
-    "cuda_reserved",
-    "cuda_peak",
-    "cpu_percent",
-    "rss",
+    FieldName.STEP_TIME,
+    FieldName.CUDA_ALLOCATED,
+    FieldName.CUDA_RESERVED,
+    FieldName.CUDA_PEAK,
+    FieldName.CPU_PERCENT,
+    FieldName.RSS,
     "lr",
     # what the measured updates did, for the updates pane's title (NaN on other steps)
-    "update_frozen",
-    "params_no_grad",
-    "params_unoptimized",
-    "weight_drift",
+    FieldName.UPDATE_FROZEN,
+    FieldName.PARAMS_NO_GRAD,
+    FieldName.PARAMS_UNOPTIMIZED,
+    FieldName.WEIGHT_DRIFT,
 )
 #: Fields where NaN is not "not measured" but a real failure worth a marker.
 NAN_IS_BAD = frozenset({"loss"})

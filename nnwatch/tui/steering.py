@@ -16,6 +16,7 @@ from textual.binding import Binding
 
 from nnwatch.channel.commands import ANOMALY, COMMANDS, PAUSE, RESUME, SET_CLIP, SNAPSHOT
 from nnwatch.sources.base import RunSource
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.bindings import STEERING_BINDINGS, steer_action
 from nnwatch.tui.collectors import SourceCollector
@@ -113,7 +114,7 @@ class Steering:
         )
 
     def _set_clip(self) -> None:
-        current = self.host.state.history.latest_finite("clip_threshold")
+        current = self.host.state.history.latest_finite(FieldName.CLIP_THRESHOLD)
 
         def got_value(value: float | None) -> None:
             if value is None:

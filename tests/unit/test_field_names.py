@@ -17,9 +17,8 @@ FIELDS = {v for k, v in vars(FieldName).items() if k.isupper()}
 #: FieldName.STEP and so on where the code reads a record, which this scan cannot tell apart.
 SHARED_WORDS = {"step", "time", "loss", "lr"}
 
-#: Packages not held to it yet, to be removed from this list: the TUI and the CLI are being
-#: rewritten, the probe and nnwatch/tensors changed for sharded training, by other hands.
-NOT_YET = ("nnwatch/tui/", "nnwatch/cli/", "nnwatch/probe/", "nnwatch/tensors/")
+#: Modules not held to it yet: the TUI's run model, being changed by another hand this stop.
+NOT_YET = ("nnwatch/tui/model.py",)
 
 OWNER = "nnwatch/store/schema.py"
 

@@ -10,6 +10,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import RenderResult
 
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Pane
 from nnwatch.tui.widgets.chart import GUTTER, Plot, render_plot, trace_from
@@ -41,14 +42,14 @@ class AmpPane(Pane):
         src = self.ctx.source
         w, h = self.size
         with st.lock:
-            measured = st.history.measured("amp_scale")
-            skipped = st.history.total("amp_skipped")
+            measured = st.history.measured(FieldName.AMP_SCALE)
+            skipped = st.history.total(FieldName.AMP_SKIPPED)
         if not measured:
             self.border_title = "[b]AMP[/b]"
             self.border_subtitle = ""
             text = Text("no GradScaler in this run", style=pal.muted, justify="center")
             return Text("\n" * max((h - 1) // 2, 0)) + text
-        now = st.value_at("amp_scale", view.cursor, src)
+        now = st.value_at(FieldName.AMP_SCALE, view.cursor, src)
         recent = st.recent_skips(1000)
         if h <= 2:  # the narrow layout: a one-line summary instead of a chart
             self.border_title = "[b]AMP[/b]"
@@ -62,8 +63,8 @@ class AmpPane(Pane):
             return line
         pw = max(w - GUTTER, 1)
         x0, x1 = st.window(view.zoomed, view.cursor)
-        scale = st.columns("amp_scale", 2 * pw, x0, x1, src)
-        skips = st.columns("amp_skipped", 2 * pw, x0, x1, src)
+        scale = st.columns(FieldName.AMP_SCALE, 2 * pw, x0, x1, src)
+        skips = st.columns(FieldName.AMP_SKIPPED, 2 * pw, x0, x1, src)
         markers = {int(d) // 2: ("↓", pal.warning) for d in np.flatnonzero(skips.hi > 0)}
         limits, ticks = pow2_axis(scale.lo, scale.hi, max(h - 2, 1))
         plot = Plot(

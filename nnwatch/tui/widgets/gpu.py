@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.app import RenderResult
 
 from nnwatch.sources.hardware import GpuReading, HardwareReading
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
@@ -54,9 +55,9 @@ class GpuPane(Pane):
             reading = st.hardware
             h = st.history
             alloc, resv, peak = (
-                h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")
+                h.latest(f) for f in (FieldName.CUDA_ALLOCATED, FieldName.CUDA_RESERVED, FieldName.CUDA_PEAK)
             )
-            cpu, rss = h.latest_finite("cpu_percent"), h.latest_finite("rss")
+            cpu, rss = h.latest_finite(FieldName.CPU_PERCENT), h.latest_finite(FieldName.RSS)
         meta = st.meta
         if _h <= 2:
             return self._one_line(reading, alloc, pal)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 from textual.app import RenderResult
 
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.scalar_history import Columns
 from nnwatch.tui.widgets.base import Pane
@@ -64,10 +65,10 @@ class GradPane(Pane):
         w, h = self.size
         pw = max(w - GUTTER, 1)
         x0, x1 = chart_window(self.ctx)
-        pre = st.columns("grad_norm", 2 * pw, x0, x1, src)
-        post = st.columns("grad_norm_clipped", 2 * pw, x0, x1, src)
-        clip = st.value_at("clip_threshold", view.cursor, src)
-        thresholds = st.columns("clip_threshold", 2 * pw, x0, x1, src)
+        pre = st.columns(FieldName.GRAD_NORM, 2 * pw, x0, x1, src)
+        post = st.columns(FieldName.GRAD_NORM_CLIPPED, 2 * pw, x0, x1, src)
+        clip = st.value_at(FieldName.CLIP_THRESHOLD, view.cursor, src)
+        thresholds = st.columns(FieldName.CLIP_THRESHOLD, 2 * pw, x0, x1, src)
         markers = bad_markers(pre, pw, "✕", pal.error)
         for dot in spike_columns(pre):
             markers.setdefault(int(dot) // 2, ("▼", pal.warning))
@@ -77,7 +78,7 @@ class GradPane(Pane):
             trace_from(pre, pal.primary),
             trace_from(post, pal.success),
         ]
-        other = overlay_columns(self.ctx, "grad_norm", 2 * pw, x0, x1)
+        other = overlay_columns(self.ctx, FieldName.GRAD_NORM, 2 * pw, x0, x1)
         if other is not None:  # the other run's norm before clipping, as the main one's
             traces.append(overlay_trace(other, self.ctx))
             for c, m in bad_markers(other, pw, "✕", pal.overlay).items():
@@ -112,11 +113,11 @@ class GradPane(Pane):
     def _title(self, clip: float, *, compact: bool, overlaid: bool) -> str:
         """The norm at the cursor (beside the overlaid run's), after clipping, and the max."""
         st, view, src = self.ctx.state, self.ctx, self.ctx.source
-        norm = st.value_at("grad_norm", view.cursor, src, measured=True)
-        after = st.value_at("grad_norm_clipped", view.cursor, src, measured=True)
+        norm = st.value_at(FieldName.GRAD_NORM, view.cursor, src, measured=True)
+        after = st.value_at(FieldName.GRAD_NORM_CLIPPED, view.cursor, src, measured=True)
         name = "Grad" if compact or overlaid else "Grad norm"
         if overlaid:
-            theirs = overlay_value(self.ctx, "grad_norm", measured=True)
+            theirs = overlay_value(self.ctx, FieldName.GRAD_NORM, measured=True)
             title = f"[b]{name}[/b] {legend(self.ctx, norm, theirs, compact)}"
         else:
             title = f"[b]{name}[/b] {fmt.num(norm)}"

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.app import RenderResult
 
 from nnwatch.sources.base import SourceStatus
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
@@ -72,7 +73,7 @@ class RunHeader(Pane):
             hist = st.history
             last_step = hist.last_step
             last_time = hist.latest("time")
-            clip = hist.latest_finite("clip_threshold")
+            clip = hist.latest_finite(FieldName.CLIP_THRESHOLD)
         compact = w < 100
         left = self._left(last_step, last_time, compact)
         right = self._notes(status, clip, compact)

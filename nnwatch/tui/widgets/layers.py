@@ -21,6 +21,7 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.widgets import Input
 
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
 from nnwatch.tui.widgets.gpu import bar
@@ -245,12 +246,13 @@ class LayersPane(Pane):
             tied_to = str(tied.get(name, ""))
             if row is not None:
                 gi = grad_index.get(name)
-                grad = float(row["grad_layer"][gi]) if gi is not None else nan
+                grad = float(row[FieldName.GRAD_LAYER][gi]) if gi is not None else nan
                 if i < n_stat:
                     r = LayerRow(
                         i, name, kind,
-                        float(row["act_zero"][i]), float(row["act_std"][i]), float(row["act_maxabs"][i]),
-                        grad, float(row["act_nonfinite"][i]), tied_to,
+                        float(row[FieldName.ACT_ZERO][i]), float(row[FieldName.ACT_STD][i]),
+                        float(row[FieldName.ACT_MAXABS][i]),
+                        grad, float(row[FieldName.ACT_NONFINITE][i]), tied_to,
                     )  # fmt: skip
                 else:
                     r = LayerRow(i, name, kind, nan, nan, nan, grad, nan, tied_to)

@@ -30,6 +30,7 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 
 from nnwatch.sources.job_stacks import group, span
+from nnwatch.store.schema import FieldName
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane
 
@@ -115,7 +116,7 @@ def heat_strip(rows: tuple[Any, ...], pal: Palette, width: int) -> list[Text]:
     """One cell per rank (by rank), coloured by its step time against the job's median: a
     straggler is a red cell among green ones; a stopped rank is a red ✕, an unknown one grey."""
     ordered = sorted(rows, key=lambda r: r.rank)
-    times = np.asarray([getattr(r, "step_time", math.nan) for r in ordered], dtype=np.float64)
+    times = np.asarray([getattr(r, FieldName.STEP_TIME, math.nan) for r in ordered], dtype=np.float64)
     ok = np.isfinite(times)
     med = float(np.median(times[ok])) if ok.any() else math.nan
     cells = Text()

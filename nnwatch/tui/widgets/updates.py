@@ -21,7 +21,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult, RenderResult
 
-from nnwatch.store.schema import RunSchema
+from nnwatch.store.schema import FieldName, RunSchema
 from nnwatch.tui import format as fmt
 from nnwatch.tui.widgets.base import Palette, Pane, PaneContext
 from nnwatch.tui.widgets.layers import matches
@@ -299,7 +299,9 @@ class UpdatesPane(Pane):
             return Text("")
         assert row is not None
         index = st.param_index
-        weight, update, frozen = row["weight_layer"], row["update_layer"], row["frozen_layer"]
+        weight, update, frozen = (
+            row[FieldName.WEIGHT_LAYER], row[FieldName.UPDATE_LAYER], row[FieldName.FROZEN_LAYER]
+        )
         rows = [
             UpdateRow(number, name, kind, *(float(a[index[name]]) for a in (weight, update, frozen)))
             for number, name, kind in layers
@@ -318,7 +320,7 @@ class UpdatesPane(Pane):
     @staticmethod
     def _message(schema: RunSchema, layers: list[tuple[int, str, str]], no_row: bool) -> str | None:
         """What the pane says in place of rows, or None when it has rows to show."""
-        if "update_layer" not in (schema.layer_dtype().names or ()):
+        if FieldName.UPDATE_LAYER not in (schema.layer_dtype().names or ()):
             return (
                 f"This run was recorded by an older nnwatch (schema {schema.version}), before "
                 "updates were recorded: the weight and update norms of each layer are recorded "
@@ -340,11 +342,12 @@ class UpdatesPane(Pane):
         verdict = summary.title(narrow)
         if verdict:
             title += f" · {verdict}"
-        frozen = st.value_at("update_frozen", at, self.ctx.source, measured=True)
+        frozen = st.value_at(FieldName.UPDATE_FROZEN, at, self.ctx.source, measured=True)
         if math.isfinite(frozen) and frozen > FROZEN_SHOWN:
             colour = "$error" if frozen > FROZEN_RED else "$warning"
             title += f" · [{colour}]unchanged {share(frozen)}[/]"
-        for field, label in (("params_no_grad", "no grad"), ("params_unoptimized", "not optimized")):
+        unset = ((FieldName.PARAMS_NO_GRAD, "no grad"), (FieldName.PARAMS_UNOPTIMIZED, "not optimized"))
+        for field, label in unset:
             value = st.value_at(field, at, self.ctx.source, measured=True)
             if math.isfinite(value) and value > 0:
                 title += f" · [$warning]{label} {share(value)}[/]"
@@ -361,7 +364,7 @@ class UpdatesPane(Pane):
             parts.append(f"rows {table.top + 1}-{min(table.top + vis, shown)} of {shown}")
         if self.step is not None and self.size.width >= NARROW_BELOW:
             drift = self.ctx.state.value_at(
-                "weight_drift", float(self.step), self.ctx.source, measured=True
+                FieldName.WEIGHT_DRIFT, float(self.step), self.ctx.source, measured=True
             )
             if math.isfinite(drift):
                 parts.append(f"‖w−w₀‖ {fmt.num(drift)}")
