@@ -38,7 +38,8 @@ class SourceUpdate:
 
     scalars: np.ndarray  # rows of meta.schema.scalar_dtype(), in step order
     layers: np.ndarray  # rows of meta.schema.layer_row_dtype() (sampled or non-finite steps)
-    #: findings, snapshots, commands... typed (:mod:`nnwatch.store.events`)
+    #: findings, snapshots, commands... typed (:mod:`nnwatch.store.events`), each delivered once
+    #: (:mod:`nnwatch.sources.seen_events`): a consumer takes every one as new
     events: list[Event] = field(default_factory=list)
     status: SourceStatus = SourceStatus("live")
     #: pre-reduced buckets of rows this update stands for (nnwatch.store.overview records, whose

@@ -25,6 +25,7 @@ import numpy as np
 from nnwatch.channel.client import ChannelError, Subscription
 from nnwatch.channel.pause import KeptConnection
 from nnwatch.sources.base import CommandReply, RunSource, SourceError, SourceStatus, SourceUpdate
+from nnwatch.sources.seen_events import SeenEvents
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.events import Event
 from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
@@ -263,12 +264,6 @@ def _split(rows: np.ndarray, schema: Any) -> tuple[np.ndarray, np.ndarray]:
     return split_records(rows, schema)
 
 
-def _event_key(event: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(event, sort_keys=True, default=str)
-
-
 class ConnectedSource(RunSource):
     """Follow a run through nothing but its command socket (e.g. forwarded with ``ssh -L``).
 
@@ -276,7 +271,8 @@ class ConnectedSource(RunSource):
     again with the last step, ring sequence and events offset it holds, so only what is new comes
     down the link, and it does so by itself, with back-off (``BACKOFF``), while the run is not
     known to have ended. Nothing read from the link is dropped: rows decoded in a poll are kept
-    until a poll returns them, whatever else that poll meets.
+    until a poll returns them, whatever else that poll meets. Only repeats are: a row at or
+    before the last step held, and an event line delivered before (``SeenEvents``).
     """
 
     def __init__(
@@ -299,7 +295,7 @@ class ConnectedSource(RunSource):
         self.gaps: list[tuple[float | None, float, int]] = []
         self._next_seq: int | None = None
         self._events_offset = 0
-        self._seen_events: set[str] = set()
+        self._seen_events = SeenEvents()  # a resumed stream may send a line again
         self._latest_step: float | None = None
         self._caught_up = False
         self._closed = False
@@ -376,14 +372,7 @@ class ConnectedSource(RunSource):
         elif kind == "events":
             if isinstance(msg.get("offset"), int):
                 self._events_offset = int(msg["offset"])
-            for e in msg.get("events") or []:
-                if not isinstance(e, dict):
-                    continue
-                key = _event_key(e)
-                if key in self._seen_events:
-                    continue  # a reconnect that repeats an event
-                self._seen_events.add(key)
-                events.append(Event.from_json(e))  # the wire carries the lines as written
+            events.extend(self._seen_events.fresh(msg.get("events") or []))
         elif kind in ("status", "end", "error"):
             self._status_msg = msg
             if kind == "status":

@@ -9,7 +9,6 @@ events, however long the run. No UI library is imported here.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections import deque
@@ -46,15 +45,6 @@ def _sig(*values: float) -> tuple[float | None, ...]:
     """Values to compare for "did this pane's picture change": NaN (not measured) as None,
     since NaN != NaN would make an idle pane look changed on every poll."""
     return tuple(v if math.isfinite(v) else None for v in values)
-
-
-#: Events remembered for de-duplication (far more than a run emits; bounds a pathological one).
-MAX_EVENT_KEYS = 100_000
-
-
-def _event_key(event: Event) -> str:
-    """An event's identity: its whole line (events carry their step and time)."""
-    return json.dumps(event.to_json(), sort_keys=True, default=str)
 
 
 def is_finding(event: Mapping[str, Any]) -> bool:
@@ -98,7 +88,6 @@ class RunState:
         self.layer_rows: deque[np.ndarray] = deque(maxlen=max_layer_rows)
         self.events: deque[Event] = deque(maxlen=max_events)
         self.events_total = 0
-        self._event_keys: dict[str, None] = {}  # events seen, oldest first, for de-duplication
         self.findings_by_severity: dict[str, int] = {}
         self.status = SourceStatus("connecting")
         self.hardware: HardwareReading | None = None
@@ -201,19 +190,12 @@ class RunState:
     def _take_events(
         self, events: Iterable[Event | Mapping[str, Any]]
     ) -> tuple[list[Event], tuple[SnapshotTaken, ...], tuple[CommandApplied, ...]]:
-        """Keep the events not seen before (a reconnect delivers some again), count the
-        findings; return them, and the snapshots and commands among them. Under ``lock``."""
+        """Keep the events, count the findings; return them, and the snapshots and commands
+        among them. Every event is new: a source never delivers one twice (a resumed stream's
+        repeats are dropped there, :mod:`nnwatch.sources.seen_events`). Under ``lock``."""
         snapshots: list[SnapshotTaken] = []
         commands: list[CommandApplied] = []
-        fresh: list[Event] = []
-        for ev in map(as_event, events):  # a test's source may hand over dicts
-            key = _event_key(ev)
-            if key in self._event_keys:
-                continue  # delivered again by a reconnect: listed once
-            self._event_keys[key] = None
-            if len(self._event_keys) > MAX_EVENT_KEYS:
-                del self._event_keys[next(iter(self._event_keys))]
-            fresh.append(ev)
+        fresh = [as_event(ev) for ev in events]  # a test's source may hand over dicts
         for ev in fresh:
             self.events.append(ev)
             self.events_total += 1

@@ -1,14 +1,22 @@
 """What the dashboard says about a remote run that is catching up, reconnects and repeats itself
-(Pilot). The source is scripted: it hands the app exactly what a resumed stream delivers."""
+(Pilot). Catching up: the source is scripted, it hands the app exactly what a resumed stream
+delivers. A reconnect: a real ``ConnectedSource`` over a real Unix socket, to a far end that
+sends an event again when the stream resumes (it is the source that drops the repeat)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import socket
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nnwatch.sources.base import RunSource, SourceStatus, SourceUpdate
+from nnwatch.sources.live import ConnectedSource
 from nnwatch.store.schema import RunMeta
 from nnwatch.testing.synthetic import make_meta
 from nnwatch.testing.tui import fixed_hardware, wait_until
@@ -79,22 +87,75 @@ def test_catching_up_is_shown_and_ends_in_live() -> None:
     assert "catching up" not in seen[1]
 
 
-def test_events_repeated_by_a_reconnect_are_listed_once_and_a_pause_label_clears() -> None:
-    source = ScriptedSource([
-        (range(0, 100), [EVENT], SourceStatus("paused")),
-        (range(100, 101), [], SourceStatus("lost", message="the tunnel is gone")),
-        (range(101, 120), [EVENT], SourceStatus("live")),  # a resumed stream sends it again
-    ], hold_after=1)  # fmt: skip
+class ResumingStream:
+    """The far end of a ``subscribe`` over a real Unix socket: the first connection sends steps
+    0-99, ``EVENT`` and "paused", then closes when ``drop`` is set (the tunnel went); the next one
+    sends steps 100-119, ``EVENT`` again (a helper that starts ``events.jsonl`` over) and
+    "running", and stays open until ``done``."""
+
+    def __init__(self, path: Path) -> None:
+        self.meta = make_meta("far", 2)
+        self.drop, self.done = threading.Event(), threading.Event()
+        self.requests: list[dict[str, Any]] = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(2)
+        self.path = path
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _send(self, conn: socket.socket, steps: range, state: str) -> None:
+        rows = np.zeros(len(steps), self.meta.schema.scalar_dtype())
+        rows["step"] = np.asarray(steps, np.float64)
+        lines = [
+            {"id": 1, "ok": True, "data": {"meta": self.meta.to_json()}},
+            {"type": "scalars", "rows": len(rows), "data": base64.b64encode(rows.tobytes()).decode()},
+            {"type": "events", "events": [EVENT], "offset": 100},
+            {"type": "status", "state": state, "heartbeat_age": 0.0},
+        ]
+        conn.sendall(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+
+    def _accept(self) -> socket.socket:
+        conn, _ = self.listener.accept()
+        buf = b""
+        while not buf.endswith(b"\n"):
+            buf += conn.recv(65536)
+        self.requests.append(json.loads(buf))
+        return conn
+
+    def _serve(self) -> None:
+        first = self._accept()
+        self._send(first, range(0, 100), "paused")
+        self.drop.wait(30)
+        first.close()
+        second = self._accept()
+        self._send(second, range(100, 120), "running")
+        self.done.wait(30)
+        second.close()
+        self.listener.close()
+
+
+def test_events_repeated_by_a_reconnect_are_listed_once_and_a_pause_label_clears(
+    tmp_path: Path,
+) -> None:
+    stream = ResumingStream(tmp_path / "far.sock")
+    source = ConnectedSource(stream.path, timeout=5.0)
     app = NNWatchApp(source, hardware=fixed_hardware, fps=20)
 
     async def main() -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: app.state.history.rows >= 100)
+            await wait_until(pilot, lambda: "PAUSED" in header(app))
             app.show_outcome("paused at step 50", error=False)  # while the run is paused
-            source.held = False
+            stream.drop.set()
             await wait_until(pilot, lambda: app.state.history.last_step >= 119)
             await wait_until(pilot, lambda: "LIVE" in header(app))
             assert "paused at step" not in header(app)
             assert [e for e in app.state.events if e.get("name") == "pause"] == [EVENT]
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        stream.done.set()
+    assert source.subscriptions == 2  # it resumed: after step 99, past the event it held
+    args = stream.requests[1]["args"]
+    assert args.get("after_step") == 99 and args.get("events_offset") == 100, stream.requests[1]
