@@ -21,7 +21,7 @@ import numpy as np
 from nnwatch.sources.base import SourceStatus, SourceUpdate
 from nnwatch.sources.hardware import HardwareReading
 from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTaken, as_event
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import FieldName, RunMeta
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
 #: ``take_changes()`` for a state whose every topic is to be drawn again (a new main run, a theme).
@@ -54,7 +54,7 @@ def is_finding(event: Mapping[str, Any]) -> bool:
 
 def updated(row: np.ndarray) -> bool:
     """Did this per-layer row measure an update (any layer's update norm finite)?"""
-    return bool(np.isfinite(row["update_layer"]).any())
+    return bool(np.isfinite(row[FieldName.UPDATE_LAYER]).any())
 
 
 @dataclass(frozen=True)
@@ -173,14 +173,16 @@ class RunState:
         skips) and GPU (memory, CPU, RSS). Under ``lock``."""
         changed: set[str] = set()
         h = self.history
-        amp_sig = _sig(h.latest_finite("amp_scale"), h.total("amp_skipped"))
+        amp_sig = _sig(h.latest_finite(FieldName.AMP_SCALE), h.total(FieldName.AMP_SKIPPED))
         if amp_sig != self._amp_sig and amp_sig[0] is not None:
             changed.add("amp")
         self._amp_sig = amp_sig
         gpu_sig = _sig(
-            *(h.latest(f) for f in ("cuda_allocated", "cuda_reserved", "cuda_peak")),
-            h.latest_finite("cpu_percent"),
-            h.latest_finite("rss"),
+            *(h.latest(f) for f in (
+                FieldName.CUDA_ALLOCATED, FieldName.CUDA_RESERVED, FieldName.CUDA_PEAK,
+            )),  # fmt: skip
+            h.latest_finite(FieldName.CPU_PERCENT),
+            h.latest_finite(FieldName.RSS),
         )
         if gpu_sig != self._gpu_sig:
             changed.add("gpu")
@@ -306,7 +308,7 @@ class RunState:
         without one). The update fields exist on measured updates only: a row kept for another
         reason (a non-finite step, an update the AMP scaler skipped) has none, and is passed over
         for the one before it. None for a run recorded before them (schema 3 and older)."""
-        if "update_layer" not in (self._layer_dtype.names or ()):
+        if FieldName.UPDATE_LAYER not in (self._layer_dtype.names or ()):
             return None
         with self.lock:
             kept = list(self.layer_rows)
@@ -386,13 +388,13 @@ class RunState:
     def recent_clip_share(self, n: int = 100) -> float:
         """Share of the last ``n`` steps whose gradients were clipped (NaN if clip was never called)."""
         with self.lock:
-            c = self.history.tail("clipped", n)
+            c = self.history.tail(FieldName.CLIPPED, n)
         c = c[np.isfinite(c)]
         return float(c.mean()) if len(c) else math.nan
 
     def recent_skips(self, n: int = 1000) -> int:
         with self.lock:
-            c = self.history.tail("amp_skipped", n)
+            c = self.history.tail(FieldName.AMP_SKIPPED, n)
         return int(np.nansum(c)) if len(c) else 0
 
     def ema(self, field: str, alpha: float = 0.02, n: int = 2000, clamp: float = 10.0) -> float:
