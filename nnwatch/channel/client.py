@@ -23,6 +23,7 @@ import numpy as np
 
 from nnwatch.channel.commands import (
     COMMANDS,
+    Command,
     CommandError,
     CommandReply,
     encode_request,
@@ -256,6 +257,28 @@ class ChannelClient:
         self.close()
 
 
+def _subscribe_args(
+    history: bool,
+    start: str | int,
+    max_hz: float,
+    after_step: float | None,
+    events_offset: int,
+    binary: bool,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``subscribe`` command's arguments: the stream's settings, and what the monitor already
+    holds (to resume rather than restart)."""
+    args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
+    args.update(extra or {})  # e.g. the overview mode of nnwatch.channel.stream_summary
+    if after_step is not None:
+        args["after_step"] = float(after_step)
+    if events_offset:
+        args["events_offset"] = int(events_offset)
+    if binary:
+        args["binary"] = True
+    return args
+
+
 class Subscription:
     """A stream of one run's history, records, events and status, decoded into numpy rows.
 
@@ -280,14 +303,7 @@ class Subscription:
         extra: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
-        args: dict[str, Any] = {"history": history, "start": start, "max_hz": max_hz}
-        args.update(extra or {})  # e.g. the overview mode of nnwatch.channel.stream_summary
-        if after_step is not None:
-            args["after_step"] = float(after_step)
-        if events_offset:
-            args["events_offset"] = int(events_offset)
-        if binary:
-            args["binary"] = True
+        args = _subscribe_args(history, start, max_hz, after_step, events_offset, binary, extra)
         command = validate("subscribe", args, 1)
         self.sock = connect(self.path, timeout)
         try:
@@ -295,6 +311,14 @@ class Subscription:
         except OSError:
             pass
         self._lines = LineReader(self.sock)
+        self._take_reply(self._ask(command, timeout))
+        self._head: dict[str, Any] | None = None  # a binary message whose bytes are still due
+        self.ended: dict[str, Any] | None = None
+        self.lost = False
+
+    def _ask(self, command: Command, timeout: float) -> bytes:
+        """Send ``subscribe`` and wait for its reply line; without one the connection is closed
+        and the error says why in words (a tunnel that could not reach the run, a silent run)."""
         t0 = time.monotonic()
         try:
             self.sock.sendall(encode_request(command))
@@ -316,6 +340,11 @@ class Subscription:
             raise ChannelError(
                 f"the run at {self.path} did not answer subscribe within {timeout:g} s"
             )
+        return line
+
+    def _take_reply(self, line: bytes) -> None:
+        """Read the reply: the stream's ``info`` and the run's meta, whose schema gives the dtypes
+        of the rows that follow; a refusal or an unreadable reply closes the connection."""
         try:
             reply = _reply(loads(line))
         except ValueError:
@@ -336,9 +365,6 @@ class Subscription:
             "layers": schema.layer_row_dtype(),
             "records": schema.record_dtype(),
         }
-        self._head: dict[str, Any] | None = None  # a binary message whose bytes are still due
-        self.ended: dict[str, Any] | None = None
-        self.lost = False
 
     @property
     def received(self) -> int:

@@ -54,11 +54,11 @@ from nnwatch.channel import stream_summary as summ
 from nnwatch.channel.commands import encode_reply
 from nnwatch.store import overview as ov
 from nnwatch.store.event_tail import EventTail
-from nnwatch.store.health import Liveness
+from nnwatch.store.health import Health, Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
 from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import RingError
-from nnwatch.store.ring_reader import RingReader
+from nnwatch.store.ring_reader import RingReader, RingState
 from nnwatch.store.schema import FieldName
 
 #: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
@@ -406,29 +406,12 @@ def _serve(
         out.drain(2.0)
         return
     try:
-        meta_json = reader.meta_json
-        if not meta_json:
-            try:
-                meta_json = read_small_file(run_dir / "meta.json").decode()
-            except (OSError, UnicodeDecodeError):
-                meta_json = ""
+        meta_json = _meta_json(reader, run_dir)
         stream = _Stream(out, reader, run_dir, args)
         if not history and args.get("after_step") is None:
             stream.last_step = None
-        start = args.get("start")
-        resumed_in_ring = (
-            isinstance(start, int) and reader.next_seq == start
-            and reader.state().write_seq - start <= reader.slots
-        )  # fmt: skip
-        # a resume the ring still covers needs nothing from the log
-        if stream.overview and stream.meta is not None:
-            loaded = summ.map_log(run_dir, stream.meta) if history and not resumed_in_ring else None
-        else:
-            loaded = load_history(run_dir) if history and not resumed_in_ring else None
-        after = stream.last_step if stream.last_step is not None else -math.inf
-        n_hist = int(np.count_nonzero(loaded[0][FieldName.STEP] > after)) if loaded is not None else 0
-        if stream.overview:
-            n_hist = min(n_hist, stream.window)
+        loaded = _history_to_send(stream, run_dir, args, history)
+        n_hist = _history_rows(stream, loaded)
         data = {
             "meta": meta_json, "mode": mode, "run_dir": str(run_dir), "ring": str(ring_path),
             "pid": reader.pid, "slots": reader.slots, "record_size": reader.record_size,
@@ -443,46 +426,106 @@ def _serve(
                 stream.history(*loaded)
         log_rows = loaded if stream.overview else None
         del loaded
-        events = EventTail(run_dir / "events.jsonl")
-        events.offset = int(args.get("events_offset") or 0)
-        meta = reader.meta
-        liveness = Liveness(host=meta.host if meta else None, run_dir=run_dir)
-        shown: tuple[str, str, bool] | None = None
-        last_status = 0.0
-        while True:
-            stream.read_ring()
-            if stream.requests.pending:
-                stream.serve_fetches(*(log_rows or (None, None)))
-            if not out.full:
-                new_events = events.read()
-                if new_events:
-                    out.put(_json_line(
-                        {"type": "events", "events": new_events, "offset": events.offset}
-                    ))  # fmt: skip
-            now = time.time()
-            state = reader.state()
-            health = liveness.judge(state, now)
-            caught_up = reader.pending < CAUGHT_UP_RECORDS and not out.full
-            key = (health.state, health.message, caught_up)
-            if not out.full and (key != shown or now - last_status >= STATUS_EVERY):
-                shown, last_status = key, now
-                out.put(_json_line({
-                    "type": "status", "state": health.state, "message": health.message,
-                    "heartbeat_age": health.heartbeat_age, "last_step_age": health.last_step_age,
-                    "step_interval": health.step_interval, "published": state.write_seq,
-                    "latest_step": _latest_step(reader), "caught_up": caught_up,
-                    "missing": stream.missing, "torn": reader.torn, "time": now,
-                    "buffered": len(out.buf),
-                }))  # fmt: skip
-            if health.ended and reader.pending == 0 and not out.full:
-                out.put(_json_line(
-                    {"type": "end", "state": health.state, "message": health.message}
-                ))  # fmt: skip
-                out.drain(5.0)
-                return
-            out.wait(period)
+        _follow(stream, run_dir, args, log_rows, period)
     finally:
         reader.close()
+
+
+def _meta_json(reader: RingReader, run_dir: Path) -> str:
+    """The run's RunMeta JSON for the reply: the ring's copy, else meta.json (a ring written
+    before the meta was known holds none), else empty."""
+    meta_json = reader.meta_json
+    if not meta_json:
+        try:
+            meta_json = read_small_file(run_dir / "meta.json").decode()
+        except (OSError, UnicodeDecodeError):
+            meta_json = ""
+    return meta_json
+
+
+def _history_to_send(
+    stream: _Stream, run_dir: Path, args: dict[str, Any], history: bool
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The log's rows this monitor is sent before the live records (mapped, not read, in
+    overview mode), or None when it wants none or its resume is still covered by the ring."""
+    reader = stream.reader
+    start = args.get("start")
+    resumed_in_ring = (
+        isinstance(start, int) and reader.next_seq == start
+        and reader.state().write_seq - start <= reader.slots
+    )  # fmt: skip
+    # a resume the ring still covers needs nothing from the log
+    if stream.overview and stream.meta is not None:
+        return summ.map_log(run_dir, stream.meta) if history and not resumed_in_ring else None
+    return load_history(run_dir) if history and not resumed_in_ring else None
+
+
+def _history_rows(stream: _Stream, loaded: tuple[np.ndarray, np.ndarray] | None) -> int:
+    """How many history rows the reply announces: those after what the monitor holds (in
+    overview mode at most the full-resolution window)."""
+    after = stream.last_step if stream.last_step is not None else -math.inf
+    n_hist = int(np.count_nonzero(loaded[0][FieldName.STEP] > after)) if loaded is not None else 0
+    if stream.overview:
+        n_hist = min(n_hist, stream.window)
+    return n_hist
+
+
+def _follow(
+    stream: _Stream,
+    run_dir: Path,
+    args: dict[str, Any],
+    log_rows: tuple[np.ndarray, np.ndarray] | None,
+    period: float,
+) -> None:
+    """The live loop: ring records, fetches, new events and status, until the run has ended
+    and everything is sent (then ``end``) or the monitor goes away (``_Gone``)."""
+    out, reader = stream.out, stream.reader
+    events = EventTail(run_dir / "events.jsonl")
+    events.offset = int(args.get("events_offset") or 0)
+    meta = reader.meta
+    liveness = Liveness(host=meta.host if meta else None, run_dir=run_dir)
+    shown: tuple[str, str, bool] | None = None
+    last_status = 0.0
+    while True:
+        stream.read_ring()
+        if stream.requests.pending:
+            stream.serve_fetches(*(log_rows or (None, None)))
+        if not out.full:
+            new_events = events.read()
+            if new_events:
+                out.put(_json_line(
+                    {"type": "events", "events": new_events, "offset": events.offset}
+                ))  # fmt: skip
+        now = time.time()
+        state = reader.state()
+        health = liveness.judge(state, now)
+        caught_up = reader.pending < CAUGHT_UP_RECORDS and not out.full
+        key = (health.state, health.message, caught_up)
+        if not out.full and (key != shown or now - last_status >= STATUS_EVERY):
+            shown, last_status = key, now
+            out.put(_status_line(stream, state, health, caught_up, now))
+        if health.ended and reader.pending == 0 and not out.full:
+            out.put(_json_line(
+                {"type": "end", "state": health.state, "message": health.message}
+            ))  # fmt: skip
+            out.drain(5.0)
+            return
+        out.wait(period)
+
+
+def _status_line(
+    stream: _Stream, state: RingState, health: Health, caught_up: bool, now: float
+) -> bytes:
+    """The ``status`` message: the run's health and how far behind the trainer this stream is."""
+    reader, out = stream.reader, stream.out
+    return _json_line({
+        "type": "status", "state": health.state, "message": health.message,
+        "heartbeat_age": health.heartbeat_age, "last_step_age": health.last_step_age,
+        "step_interval": health.step_interval, "published": state.write_seq,
+        "latest_step": _latest_step(reader), "caught_up": caught_up,
+        "missing": stream.missing, "torn": reader.torn, "time": now,
+        "buffered": len(out.buf),
+    })  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

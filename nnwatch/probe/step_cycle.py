@@ -119,6 +119,17 @@ class StepCycle:
         self.has_layers = bool(plan.stat_modules)
         self.has_params = bool(plan.params)
         self.first_param = plan.params[0] if plan.params else None
+        self._init_step_state()
+        #: the first step's loss, read from its graph: its form and any broadcast in it
+        self.loss_shape = LossShape()
+        self.first_outputs = FirstOutputs()  # the model's outputs until the first loss is read
+        #: a sharded model's reduce: launched at every w.step(), its records published a step late
+        self.shards: ShardedReduce | None = None
+        self._launched = False  # this step's reduce is launched
+
+    def _init_step_state(self) -> None:
+        """What the hooks saw of the step in progress, before the first one: the state each
+        w.step() closes (and whether it came after an optimizer step)."""
         self.step_open = False  # a forward pass with gradients ran since the last w.step()
         self.backward_seen = False
         self.end_queued = False  # a callback waits for the end of the running backward pass
@@ -128,12 +139,6 @@ class StepCycle:
         self.updated = False
         self.without_update = 0
         self.closure_step = False  # the optimizer's step ran before this step's forward
-        #: the first step's loss, read from its graph: its form and any broadcast in it
-        self.loss_shape = LossShape()
-        self.first_outputs = FirstOutputs()  # the model's outputs until the first loss is read
-        #: a sharded model's reduce: launched at every w.step(), its records published a step late
-        self.shards: ShardedReduce | None = None
-        self._launched = False  # this step's reduce is launched
 
     # ------------------------------------------------------------------------------------------
     # hooks
@@ -260,20 +265,7 @@ class StepCycle:
         rec, sched, record = self.grads, self.schedule, self.record
         record.loss(loss)
         measure = rec.measure = sched.measure
-        if self.closure_step:
-            if measure and self.backward_seen and not rec.clip_seen:
-                rec.measure_now(unscale=True)  # the closure's last evaluation
-        elif self.optimizer is None and self.backward_seen:
-            rec.at_update()  # without an optimizer, w.step() is the update boundary
-        elif not rec.done and (measure or self.backward_seen):
-            if self.backward_seen or not self.has_params:
-                rec.measure_now(layers=measure)  # the global norm on every step
-            else:
-                self.owner.warn_once(
-                    "no-backward",
-                    "w.step() was called with no backward() since the previous step; gradient "
-                    "norms are not recorded for such steps",
-                )
+        self._owed_norms(rec, measure)
         if self.scaler is not None:
             record.amp()
         shares = NO_SHARES
@@ -314,6 +306,25 @@ class StepCycle:
             self.publish, reset=measured or sampled or rec.done or rec.clip_seen or loss is None
         )
         self._after_step(now, t0)
+
+    def _owed_norms(self, rec: GradientRecorder, measure: bool) -> None:
+        """The gradient norms w.step() takes itself: the closure's last evaluation (LBFGS), the
+        update boundary of a run without an optimizer, or the global norm that no update hook
+        took; a step with no backward() has none, and says so once."""
+        if self.closure_step:
+            if measure and self.backward_seen and not rec.clip_seen:
+                rec.measure_now(unscale=True)  # the closure's last evaluation
+        elif self.optimizer is None and self.backward_seen:
+            rec.at_update()  # without an optimizer, w.step() is the update boundary
+        elif not rec.done and (measure or self.backward_seen):
+            if self.backward_seen or not self.has_params:
+                rec.measure_now(layers=measure)  # the global norm on every step
+            else:
+                self.owner.warn_once(
+                    "no-backward",
+                    "w.step() was called with no backward() since the previous step; gradient "
+                    "norms are not recorded for such steps",
+                )
 
     def _after_step(self, now: float, t0: float) -> None:
         sched, layers, snaps = self.schedule, self.layers, self.snapshots

@@ -230,6 +230,48 @@ class JobFanout:
     def poll(self) -> JobView | None:
         """The whole job as the hosts last reported it; None before any host answered."""
         now = time.time()
+        groups, events, world, label = self._gather()
+        unreachable = self._unreachable(now)
+        if not groups:
+            if not unreachable:
+                return None
+            job = Job(f"ssh:{self.spec}", self.spec, "unknown", max(world, 1), 0, ())
+            return JobView(job, (), (), (), (), unreachable=tuple(unreachable), via="ssh")
+        # the newest restart of the job with the most ranks reporting
+        key = max(groups, key=lambda k: (len(groups[k]), k))
+        if self._key != key:  # another job, or a restart of it: what was seen was of the old one
+            self._first_seen, self._key = (), key
+        pairs = sorted(groups[key], key=lambda p: int(p[1].get("rank", 0)))
+        stale_hosts = {h for h, _ in unreachable}
+        cross = events.get(key, [])
+        rows, seen = _rank_rows(pairs, stale_hosts)
+        have = {r.rank for r in rows}
+        missing = tuple(r for r in range(world) if r not in have)
+        stops = judge_job(seen, now=now, known_first=self._first_seen, missing=missing)
+        if not self._first_seen and self._settled(stops, [link for link, _ in pairs]):
+            self._first_seen = certain_first(seen, stops)
+        live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]
+        lead = max(live) if live else None
+        self.where = {int(r["rank"]): (link.host, str(r.get("run_dir") or "")) for link, r in pairs}
+        limit = lag_limit(r.steps_per_s for r in rows if r.state in _LIVE)
+        rows = [_told(row, stops, lead, limit) for row in rows]
+        origin = _nan_origin(rows, world)
+        job = Job(key, label, "ssh", max(world, len(rows)), 0, ())
+        self.job = job
+        found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=cross)
+        stragglers = tuple(r.rank for r in rows if r.status == "behind")
+        stacks = self._stacks(key)
+        return JobView(job, tuple(rows), origin, stragglers, tuple(cross), stops, found,
+                       unreachable=tuple(unreachable), via="ssh",
+                       stacks=tuple(sorted(stacks, key=lambda st: st.rank)))  # fmt: skip
+
+    def _gather(
+        self,
+    ) -> tuple[
+        dict[str, list[tuple[HostLink, dict[str, Any]]]], dict[str, list[dict[str, Any]]], int, str
+    ]:
+        """What every host last said, grouped by job key: the (host, rank row) pairs, the
+        cross-rank events, the largest world size any host reported, and the job's label."""
         groups: dict[str, list[tuple[HostLink, dict[str, Any]]]] = {}
         events: dict[str, list[dict[str, Any]]] = {}
         world = 0
@@ -245,6 +287,10 @@ class JobFanout:
                 )
                 world = max(world, min(int(job.get("world_size") or 0), MAX_WORLD_SIZE))
                 label = str(job.get("label") or label).split(" (")[0]
+        return groups, events, world, label
+
+    def _unreachable(self, now: float) -> list[tuple[str, str]]:
+        """(host, why) for every host that has not answered lately: shown, never left out."""
         unreachable = []
         for link in self.links:
             stale = link.latest is None or now - link.latest_at > SILENT_S
@@ -252,61 +298,16 @@ class JobFanout:
                 why = link.error or ("connecting…" if link.latest is None else
                                      f"no answer for {now - link.latest_at:.0f} s")  # fmt: skip
                 unreachable.append((link.host, why))
-        if not groups:
-            if not unreachable:
-                return None
-            job = Job(f"ssh:{self.spec}", self.spec, "unknown", max(world, 1), 0, ())
-            return JobView(job, (), (), (), (), unreachable=tuple(unreachable), via="ssh")
-        # the newest restart of the job with the most ranks reporting
-        key = max(groups, key=lambda k: (len(groups[k]), k))
-        if self._key != key:  # another job, or a restart of it: what was seen was of the old one
-            self._first_seen, self._key = (), key
-        pairs = sorted(groups[key], key=lambda p: int(p[1].get("rank", 0)))
-        stale_hosts = {h for h, _ in unreachable}
-        rows, seen = [], []
-        cross = events.get(key, [])
-        for link, r in pairs:
-            d = {k: v for k, v in r.items() if k in _FIELDS}
-            for k in (FieldName.LOSS, FieldName.GRAD_NORM, FieldName.STEP_TIME, "memory"):
-                d[k] = float("nan") if d.get(k) is None else float(d[k])
-            if "host" in _FIELDS:  # the name the user reached it by: every node may be `vm`
-                d["host"] = link.host
-            d["reachable"] = link.host not in stale_hosts
-            if not d["reachable"]:
-                d["status"], d["note"] = "unreachable", f"as last seen over ssh ({link.host})"
-            rows.append(RankSummary(**d))
-            seen.append(SeenRank(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
-                              r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
-                              r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
-        have = {r.rank for r in rows}
-        missing = tuple(r for r in range(world) if r not in have)
-        stops = judge_job(seen, now=now, known_first=self._first_seen, missing=missing)
-        if not self._first_seen and self._settled(stops, [link for link, _ in pairs]):
-            self._first_seen = certain_first(seen, stops)
-        live = [r.step for r in rows if r.step is not None and r.state in _LIVE and r.reachable]
-        lead = max(live) if live else None
-        self.where = {int(r["rank"]): (link.host, str(r.get("run_dir") or "")) for link, r in pairs}
-        limit = lag_limit(r.steps_per_s for r in rows if r.state in _LIVE)
-        rows = [_told(row, stops, lead, limit) for row in rows]
-        fwd = [
-            (r.forward_nonfinite_step, r.rank) for r in rows if r.forward_nonfinite_step is not None
-        ]
-        pool = fwd or [(r.nonfinite_step, r.rank) for r in rows if r.nonfinite_step is not None]
-        origin = tuple(sorted(rk for s, rk in pool if s == min(pool)[0])) if pool else ()
-        if len(rows) < world or not all(r.reachable for r in rows):
-            origin = ()  # "first" is claimed over the whole job only, never over the ranks seen
-        job = Job(key, label, "ssh", max(world, len(rows)), 0, ())
-        self.job = job
-        found = job_findings(rows, nan_origin=origin, stops=stops, cross_rank=cross)
-        stragglers = tuple(r.rank for r in rows if r.status == "behind")
+        return unreachable
+
+    def _stacks(self, key: str) -> list[RankStacks]:
+        """The stacks every host holds for job ``key``, each named by the host its rank was
+        reached through."""
         stacks = []
         for link in self.links:
             with link.lock:
                 stacks += [RankStacks.from_dict(d) for d in link.stacks.get(key, [])]
-        stacks = [dataclasses.replace(st, host=self._host_of(st.rank) or st.host) for st in stacks]
-        return JobView(job, tuple(rows), origin, stragglers, tuple(cross), stops, found,
-                       unreachable=tuple(unreachable), via="ssh",
-                       stacks=tuple(sorted(stacks, key=lambda st: st.rank)))  # fmt: skip
+        return [dataclasses.replace(st, host=self._host_of(st.rank) or st.host) for st in stacks]
 
     def _host_of(self, rank: int) -> str:
         return self.where.get(rank, ("", ""))[0]
@@ -338,6 +339,39 @@ def _job_key(job: dict[str, Any]) -> str:
     """One job's key across hosts: the identity its ranks recorded, and the restart."""
     ident = job.get("ident") or {}
     return f"{ident.get('id') or job.get('key')}#{ident.get('restart') or 0}"
+
+
+def _rank_rows(
+    pairs: list[tuple[HostLink, dict[str, Any]]], stale_hosts: set[str]
+) -> tuple[list[RankSummary], list[SeenRank]]:
+    """Each rank's row as a summary (named by the host the user reached it by, marked when that
+    host is silent) and as what judging the whole job needs of it."""
+    rows, seen = [], []
+    for link, r in pairs:
+        d = {k: v for k, v in r.items() if k in _FIELDS}
+        for k in (FieldName.LOSS, FieldName.GRAD_NORM, FieldName.STEP_TIME, "memory"):
+            d[k] = float("nan") if d.get(k) is None else float(d[k])
+        if "host" in _FIELDS:  # the name the user reached it by: every node may be `vm`
+            d["host"] = link.host
+        d["reachable"] = link.host not in stale_hosts
+        if not d["reachable"]:
+            d["status"], d["note"] = "unreachable", f"as last seen over ssh ({link.host})"
+        rows.append(RankSummary(**d))
+        seen.append(SeenRank(int(r["rank"]), str(r.get("state") or ""), r.get("step"),
+                          r.get("heartbeat_at"), r.get("last_step_at"), r.get("step_interval"),
+                          r.get("ending"), r.get("alive"), None, r.get("seen_first_at")))  # fmt: skip
+    return rows, seen
+
+
+def _nan_origin(rows: list[RankSummary], world: int) -> tuple[int, ...]:
+    """The rank(s) whose forward (else backward) pass went non-finite first; none unless every
+    rank of the job is seen, since "first" is claimed over the whole job only."""
+    fwd = [(r.forward_nonfinite_step, r.rank) for r in rows if r.forward_nonfinite_step is not None]
+    pool = fwd or [(r.nonfinite_step, r.rank) for r in rows if r.nonfinite_step is not None]
+    origin = tuple(sorted(rk for s, rk in pool if s == min(pool)[0])) if pool else ()
+    if len(rows) < world or not all(r.reachable for r in rows):
+        origin = ()  # "first" is claimed over the whole job only, never over the ranks seen
+    return origin
 
 
 def _told(row: RankSummary, stops: Any, lead: int | None, limit: int) -> RankSummary:

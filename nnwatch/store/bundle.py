@@ -323,57 +323,12 @@ def receive_bundle(
     created: list[Path] = []
     staging: Path | None = None
     try:
-        try:
-            first = tar.next()
-        except tarfile.TarError as exc:
-            raise BundleError(
-                f"the stream is damaged at its start ({exc})", started=False
-            ) from None
-        if first is None or first.name != HEADER:
-            raise BundleError(
-                "the stream is not an nnwatch bundle (no header first)", started=False
-            )
-        header, head_bytes = _read_control(tar, first, "header")
-        if header.get("format") != FORMAT:
-            raise BundleError(
-                f"the bundle is of format {header.get('format')!r}; this nnwatch reads format "
-                f"{FORMAT}: install the same nnwatch version on both machines"
-            )
+        header, head_bytes = _read_header(tar)
         final, replace = target(header)
         _make_parents(final.parent, created)
-        need = int(header.get("bytes") or 0)
-        free = free_bytes(final.parent)
-        if free is not None and need > free:
-            raise OSError(
-                errno.ENOSPC,
-                f"{need // 1024} KiB are to be pulled and {final.parent} has {free // 1024} KiB free",
-            )
+        _check_room(header, final.parent)
         staging = Path(tempfile.mkdtemp(prefix=".nnwatch-pull-", dir=final.parent))
-        got: dict[str, PackedFile] = {}
-        manifest: tuple[dict[str, Any], bytes] | None = None
-        try:
-            while (member := tar.next()) is not None:  # not `for`: it would yield the header again
-                if manifest is not None:
-                    raise BundleError(f"the stream goes on after its manifest ({member.name!r})")
-                if member.name == MANIFEST:
-                    manifest = _read_control(tar, member, "manifest")
-                    continue
-                if member.name == HEADER:
-                    raise BundleError("the stream holds a second header: it is damaged")
-                f = _write_member(tar, member, staging)
-                got[f.path] = f
-        except tarfile.TarError as exc:
-            if "unexpected end of data" in str(exc):
-                raise BundleError(
-                    f"the stream was cut short in the middle of a file, after {len(got)} whole "
-                    "file(s)"
-                ) from None
-            raise BundleError(f"the stream is damaged after {len(got)} file(s) ({exc})") from None
-        if manifest is None:
-            last = f" (the last whole file: {list(got)[-1]})" if got else ""
-            raise BundleError(
-                f"the stream ended before its manifest: it was cut short or damaged{last}"
-            )
+        got, manifest = _read_files(tar, staging)
         _check(manifest[0], head_bytes, got)
         _date_dirs(staging)
         _place(staging, final, replace=replace)
@@ -392,6 +347,68 @@ def receive_bundle(
             except OSError:
                 break
         raise
+
+
+def _read_header(tar: tarfile.TarFile) -> tuple[dict[str, Any], bytes]:
+    """The bundle's header (and its bytes, which the manifest hashes): the stream's first
+    member, of the format this nnwatch reads. Faults before it say the sender never started."""
+    try:
+        first = tar.next()
+    except tarfile.TarError as exc:
+        raise BundleError(f"the stream is damaged at its start ({exc})", started=False) from None
+    if first is None or first.name != HEADER:
+        raise BundleError("the stream is not an nnwatch bundle (no header first)", started=False)
+    header, head_bytes = _read_control(tar, first, "header")
+    if header.get("format") != FORMAT:
+        raise BundleError(
+            f"the bundle is of format {header.get('format')!r}; this nnwatch reads format "
+            f"{FORMAT}: install the same nnwatch version on both machines"
+        )
+    return header, head_bytes
+
+
+def _check_room(header: dict[str, Any], parent: Path) -> None:
+    """Refuse up front (ENOSPC) a pull that the header says cannot fit, rather than fail at
+    the disk's end half-way through."""
+    need = int(header.get("bytes") or 0)
+    free = free_bytes(parent)
+    if free is not None and need > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"{need // 1024} KiB are to be pulled and {parent} has {free // 1024} KiB free",
+        )
+
+
+def _read_files(
+    tar: tarfile.TarFile, staging: Path
+) -> tuple[dict[str, PackedFile], tuple[dict[str, Any], bytes]]:
+    """Write every file after the header into ``staging``, up to the manifest, which must come
+    last: the files as they arrived, and the manifest (with its bytes)."""
+    got: dict[str, PackedFile] = {}
+    manifest: tuple[dict[str, Any], bytes] | None = None
+    try:
+        while (member := tar.next()) is not None:  # not `for`: it would yield the header again
+            if manifest is not None:
+                raise BundleError(f"the stream goes on after its manifest ({member.name!r})")
+            if member.name == MANIFEST:
+                manifest = _read_control(tar, member, "manifest")
+                continue
+            if member.name == HEADER:
+                raise BundleError("the stream holds a second header: it is damaged")
+            f = _write_member(tar, member, staging)
+            got[f.path] = f
+    except tarfile.TarError as exc:
+        if "unexpected end of data" in str(exc):
+            raise BundleError(
+                f"the stream was cut short in the middle of a file, after {len(got)} whole file(s)"
+            ) from None
+        raise BundleError(f"the stream is damaged after {len(got)} file(s) ({exc})") from None
+    if manifest is None:
+        last = f" (the last whole file: {list(got)[-1]})" if got else ""
+        raise BundleError(
+            f"the stream ended before its manifest: it was cut short or damaged{last}"
+        )
+    return got, manifest
 
 
 def _make_parents(d: Path, made: list[Path]) -> None:

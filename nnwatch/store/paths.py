@@ -25,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from nnwatch.store.replaceable import replaceable
+
 ENV_RUN_DIR = "NNWATCH_RUN_DIR"
 #: A run directory's snapshots, one directory each, and the file that makes one complete
 #: (written last): the names monitors, ``pack`` and ``pull`` look for without loading torch.
@@ -247,17 +249,8 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
                 continue
             parent = fds[-1]
             where = "/" + "/".join([*shown, name])
-            try:
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(name, 0o700, dir_fd=parent)
-                except FileExistsError:
-                    pass  # raced with someone: what is there now is judged below
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            why = _replaceable(st, os.fstat(parent), me)
+            st = _stat_or_make(name, parent, create)
+            why = replaceable(st, os.fstat(parent), me)
             if stat.S_ISLNK(st.st_mode):
                 if why:
                     raise RunDirError(
@@ -269,28 +262,10 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
                 hops += 1
                 if hops > 40:
                     raise RunDirError(f"{path} has too many levels of symlinks")
-                target = os.readlink(name, dir_fd=parent)
-                if target.startswith("/"):
-                    while len(fds) > 1:
-                        os.close(fds.pop())
-                    shown.clear()
-                names = [n for n in target.split("/") if n] + names
+                names = _link_names(name, parent, fds, shown) + names
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                if through and len(names) == after:  # name the symlink, not only its target
-                    raise RunDirError(f"{through} is a symlink to {where}, which is not a directory")
-                raise RunDirError(f"{where} exists and is not a directory")
-            if why:
-                raise RunDirError(
-                    f"{where} {why}; nnwatch will not write below it, since its contents could "
-                    "be swapped under a running trainer: choose a run_dir of your own"
-                )
-            fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=parent)
-            got = os.fstat(fd)
-            fds.append(fd)
-            shown.append(name)
-            if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
-                raise RunDirError(f"{where} was replaced while nnwatch opened it")
+            link = through if through and len(names) == after else ""
+            _enter_dir(name, parent, st, where, why, link, fds, shown)
         last = os.fstat(fds[-1])
         if len(fds) > 1 and last.st_uid != me:
             raise RunDirError(
@@ -303,35 +278,60 @@ def open_dir_nofollow(path: str | os.PathLike[str], *, create: bool = False) -> 
             os.close(fd)
 
 
-def _replaceable(st: os.stat_result, parent: os.stat_result, me: int) -> str | None:
-    """Why another user could have made or could replace the entry ``st`` of directory
-    ``parent`` (in words that follow its path), or None when only this user or root could."""
-    if st.st_uid not in (0, me):
-        return f"belongs to uid {st.st_uid}"
-    if parent.st_uid not in (0, me):
-        return f"is in a directory of uid {parent.st_uid}, who can replace it"
-    mode = stat.S_IMODE(parent.st_mode)
-    if mode & stat.S_ISVTX:
-        return None  # sticky: only the entry's owner (or the directory's) may rename it
-    if mode & 0o002:
-        return "is in a directory every user can write (no sticky bit)"
-    if mode & 0o020 and not _private_group(parent.st_gid, me):
-        return f"is in a directory that group {parent.st_gid} can write"
-    return None
-
-
-def _private_group(gid: int, me: int) -> bool:
-    """A group whose only member is this user (a user private group under umask 002)."""
+def _stat_or_make(name: str, parent: int, create: bool) -> os.stat_result:
+    """The entry ``name`` of directory ``parent``, not followed; made first (0700) when it is
+    missing and ``create`` says so."""
     try:
-        import grp
-        import pwd
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass  # raced with someone: what is there now is judged by the caller
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
 
-        name = pwd.getpwuid(me).pw_name
-        if any(member != name for member in grp.getgrgid(gid).gr_mem):
-            return False
-        return not any(p.pw_gid == gid and p.pw_uid != me for p in pwd.getpwall())
-    except (ImportError, KeyError):
-        return False
+
+def _link_names(name: str, parent: int, fds: list[int], shown: list[str]) -> list[str]:
+    """The names symlink ``name`` of ``parent`` leads to, to walk in its place; an absolute
+    target starts the walk again from ``/`` (every directory but the root is closed)."""
+    target = os.readlink(name, dir_fd=parent)
+    if target.startswith("/"):
+        while len(fds) > 1:
+            os.close(fds.pop())
+        shown.clear()
+    return [n for n in target.split("/") if n]
+
+
+def _enter_dir(
+    name: str,
+    parent: int,
+    st: os.stat_result,
+    where: str,
+    why: str | None,
+    link: str,
+    fds: list[int],
+    shown: list[str],
+) -> None:
+    """Open directory ``name`` of ``parent`` onto ``fds`` when it may be entered: a directory
+    nobody else could have put there or replace (``why``), and the very entry that was judged,
+    not one swapped in since. ``link``: the symlink that led here, named when it is refused."""
+    if not stat.S_ISDIR(st.st_mode):
+        if link:  # name the symlink, not only its target
+            raise RunDirError(f"{link} is a symlink to {where}, which is not a directory")
+        raise RunDirError(f"{where} exists and is not a directory")
+    if why:
+        raise RunDirError(
+            f"{where} {why}; nnwatch will not write below it, since its contents could "
+            "be swapped under a running trainer: choose a run_dir of your own"
+        )
+    fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=parent)
+    got = os.fstat(fd)
+    fds.append(fd)
+    shown.append(name)
+    if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):
+        raise RunDirError(f"{where} was replaced while nnwatch opened it")
 
 
 # -- pinned directories: a run's files opened through one descriptor -----------------------------

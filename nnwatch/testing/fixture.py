@@ -109,25 +109,10 @@ class FixtureSource(RunSource):
         self._closed = False
         self._t0 = time.time() if rate else FIXED_START
         self._wall0 = time.monotonic()
-        schema = RunSchema(
-            layer_names=tuple(n for n, _ in layers),
-            layer_kinds=tuple(k for _, k in layers),
-            param_layer_names=tuple(n for n, k in layers if k != "ReLU"),
-            num_lr=max(0, int(num_lr)),
-            version=schema_version,
-        )
-        self._meta = RunMeta(
-            name=name,
-            schema=schema,
-            pid=4242,
-            host="gpu-node-07",
-            started=self._t0 - 2.0,
-            device="cuda:0" if cuda else "cpu",
-            num_classes=num_classes,
-            nnwatch_version="fixture",
-            torch_version="fixture",
-            extra={"gpu_uuids": [FIXTURE_GPU_UUID]} if cuda else {},
-        )
+        self._meta = _fixture_meta(
+            name, layers, num_lr=num_lr, schema_version=schema_version, started=self._t0 - 2.0,
+            cuda=cuda, num_classes=num_classes,
+        )  # fmt: skip
         # lines as an older nnwatch wrote them (findings without a "type", a command's "name"):
         # every monitor that reads the fixture reads that format too
         self._events = [Event.from_json(e) for e in self._make_events()]
@@ -395,6 +380,39 @@ class FixtureSource(RunSource):
         if self.steps is not None:
             ev = [e for e in ev if e["step"] < self.steps]
         return ev
+
+
+def _fixture_meta(
+    name: str,
+    layers: tuple[tuple[str, str], ...],
+    *,
+    num_lr: int,
+    schema_version: int,
+    started: float,
+    cuda: bool,
+    num_classes: int | None,
+) -> RunMeta:
+    """The fixture run's description, as a probe would record it for this model on one host
+    (its schema names the layers; a parameterless ReLU has no gradient)."""
+    schema = RunSchema(
+        layer_names=tuple(n for n, _ in layers),
+        layer_kinds=tuple(k for _, k in layers),
+        param_layer_names=tuple(n for n, k in layers if k != "ReLU"),
+        num_lr=max(0, int(num_lr)),
+        version=schema_version,
+    )
+    return RunMeta(
+        name=name,
+        schema=schema,
+        pid=4242,
+        host="gpu-node-07",
+        started=started,
+        device="cuda:0" if cuda else "cpu",
+        num_classes=num_classes,
+        nnwatch_version="fixture",
+        torch_version="fixture",
+        extra={"gpu_uuids": [FIXTURE_GPU_UUID]} if cuda else {},
+    )
 
 
 def lr_schedule(s: np.ndarray, horizon: int) -> np.ndarray:

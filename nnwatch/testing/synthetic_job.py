@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,32 @@ from nnwatch.testing.synthetic import make_meta
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.one_rank >= 0:
+        return _one_rank(args)
+    if args.processes:
+        return _processes(args, argv or sys.argv[1:])
+
+    ranks = _open_ranks(args)
+    print(json.dumps({"ready": True, "run_dirs": [str(x[1]) for x in ranks], "pid": os.getpid()}),
+          flush=True)  # fmt: skip
+
+    steps = [0] * args.ranks
+    status = "finished"
+    try:
+        _step_ranks(args, ranks, steps)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        for r, _run_dir, log, end, _record in ranks:
+            log.close(status, steps[r])
+            end.close(status)
+    print(json.dumps({"done": True, "steps": steps}), flush=True)
+    return 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: the job's shape, its pace, and the faults asked for."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--name", default="simjob")
     p.add_argument("--ranks", type=int, default=64)
@@ -52,74 +79,65 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --processes: every rank blocks (GIL released) after this long")  # fmt: skip
     p.add_argument("--one-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.one_rank >= 0:
-        return _one_rank(args)
-    if args.processes:
-        return _processes(args, argv or sys.argv[1:])
+    return p.parse_args(argv)
 
-    world, per_host = args.ranks, max(1, -(-args.ranks // max(1, args.hosts)))
+
+_Rank = tuple[int, Path, RunLogWriter, RunEndpoint, np.ndarray]
+
+
+def _open_ranks(args: argparse.Namespace) -> list[_Rank]:
+    """Every rank's run in this process: its directory, run log and (not serving) endpoint, and
+    the record it publishes."""
+    world = args.ranks
     root = ensure_private_dir(default_root())
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id = f"{args.name}-{os.getpid()}"
     ranks = []
     for r in range(world):
-        meta = make_meta(args.name, args.layers)
-        meta.rank, meta.world_size, meta.local_rank = r, world, r % per_host
-        meta.host = f"node{r // per_host:02d}"
-        meta.extra = {"job": {"id": f"torchelastic:{run_id}", "source": "torchelastic",
-                              "master": "node00:29500", "restart": 0, "world_size": world,
-                              "group_rank": str(r // per_host)}}  # fmt: skip
+        meta = _meta_for(args, r, run_id)
         run_dir = ensure_private_dir(root / f"{args.name}-{stamp}-{os.getpid()}-r{r}")
         log = RunLogWriter(run_dir, meta)
         end = RunEndpoint(meta, run_dir, serve=False)
         log.keep_within(end.slots)
         record = np.zeros(1, meta.schema.record_dtype())
         ranks.append((r, run_dir, log, end, record))
-    print(json.dumps({"ready": True, "run_dirs": [str(x[1]) for x in ranks], "pid": os.getpid()}),
-          flush=True)  # fmt: skip
+    return ranks
 
+
+def _step_ranks(args: argparse.Namespace, ranks: list[_Rank], steps: list[int]) -> None:
+    """Step every rank at its pace for ``--seconds`` (counting in ``steps``), with the
+    straggler, the rank whose loss is off and the rank that stops, as asked."""
+    world = args.ranks
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     period = 1.0 / args.rate if args.rate > 0 else 0.0
     next_at = [t0] * world
     last = [t0] * world
-    steps = [0] * world
-    status = "finished"
-    try:
-        while args.seconds <= 0 or time.perf_counter() - t0 < args.seconds:
-            now = time.perf_counter()
-            for r, _run_dir, log, end, record in ranks:
-                if now < next_at[r]:
-                    continue
-                if r == args.stop_rank and now - t0 > args.stop_after:
-                    continue  # stopped stepping; its heartbeat thread goes on
-                slow = 2.0 if r == args.straggler else 1.0
-                next_at[r] = max(next_at[r] + period * slow, now)
-                step = steps[r]
-                loss = 2.0 / (1 + 0.01 * step) + 0.02 * rng.random()
-                if r == args.loss_rank:
-                    loss *= args.loss_factor
-                record[FieldName.STEP], record[FieldName.TIME] = step, time.time()
-                record[FieldName.STEP_TIME] = now - last[r] if step else np.nan
-                record[FieldName.LOSS], record[FieldName.GRAD_NORM] = loss, 1.0 + 0.05 * rng.random()
-                record[FieldName.RSS] = 2.0e8
-                record[FieldName.LAYER_STATS], record[FieldName.LAYER_SUMS] = 0.0, 1.0
-                view = record.view(np.uint8).data
-                end.publish(view)
-                log.put(bytes(view))
-                last[r] = now
-                steps[r] += 1
-            wake = min(next_at) - time.perf_counter()
-            time.sleep(min(max(wake, 0.001), 0.05))
-    except KeyboardInterrupt:
-        status = "interrupted"
-    finally:
-        for r, _run_dir, log, end, _record in ranks:
-            log.close(status, steps[r])
-            end.close(status)
-    print(json.dumps({"done": True, "steps": steps}), flush=True)
-    return 0
+    while args.seconds <= 0 or time.perf_counter() - t0 < args.seconds:
+        now = time.perf_counter()
+        for r, _run_dir, log, end, record in ranks:
+            if now < next_at[r]:
+                continue
+            if r == args.stop_rank and now - t0 > args.stop_after:
+                continue  # stopped stepping; its heartbeat thread goes on
+            slow = 2.0 if r == args.straggler else 1.0
+            next_at[r] = max(next_at[r] + period * slow, now)
+            step = steps[r]
+            loss = 2.0 / (1 + 0.01 * step) + 0.02 * rng.random()
+            if r == args.loss_rank:
+                loss *= args.loss_factor
+            record[FieldName.STEP], record[FieldName.TIME] = step, time.time()
+            record[FieldName.STEP_TIME] = now - last[r] if step else np.nan
+            record[FieldName.LOSS], record[FieldName.GRAD_NORM] = loss, 1.0 + 0.05 * rng.random()
+            record[FieldName.RSS] = 2.0e8
+            record[FieldName.LAYER_STATS], record[FieldName.LAYER_SUMS] = 0.0, 1.0
+            view = record.view(np.uint8).data
+            end.publish(view)
+            log.put(bytes(view))
+            last[r] = now
+            steps[r] += 1
+        wake = min(next_at) - time.perf_counter()
+        time.sleep(min(max(wake, 0.001), 0.05))
 
 
 def _meta_for(args: argparse.Namespace, rank: int, run_id: str) -> Any:
