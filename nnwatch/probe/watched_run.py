@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from nnwatch.diagnosis.detectors.clipping_misuse import clip_before_unscale
+from nnwatch.diagnosis.own_trouble import log_failed
 from nnwatch.probe import _builder, scaler_discovery
 from nnwatch.probe.exit_status import Ending, last_exception
 from nnwatch.probe.optimizer_target import OptimizerTarget
@@ -206,14 +207,9 @@ class WatchedRun:
             log.warning("nnwatch: %s", message)
 
     def _on_log_error(self, message: str) -> None:
-        """The run log failed (a full disk): kept as a finding of nnwatch's own trouble."""
-        self.findings.append(Finding(
-            kind="nnwatch_error",
-            severity="error",
-            step=self.step_index,
-            summary=message,
-            remedy="free disk space or point NNWATCH_RUN_DIR at a writable disk; training goes on",
-        ))
+        """The run log failed (a full disk): kept as a finding of nnwatch's own trouble (not
+        through ``add_finding``, whose event would go to the log that just failed)."""
+        self.findings.append(log_failed(self.step_index, message))
 
     def disable(self, reason: str) -> None:
         """Switch monitoring off for the rest of the run, saying why; training goes on."""

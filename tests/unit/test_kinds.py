@@ -136,3 +136,18 @@ def test_a_new_kind_is_caught() -> None:
         scan = _Scan("x.py", ast.parse(src))
         scan.visit(ast.parse(src))
         assert scan.kinds == {"brand_new"} and "brand_new" not in KINDS
+
+
+def test_every_finding_is_made_in_diagnosis() -> None:
+    """Findings have one maker: the probe, the channel, the sources and the TUI report what
+    happened and pass findings on, but the words of a finding (kind, summary, remedy) are
+    written in nnwatch/diagnosis only (the store declares the class and reads it back)."""
+    makers = []
+    for path in sorted((REPO / "nnwatch").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("nnwatch/diagnosis/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Finding":
+                makers.append(f"{rel}:{node.lineno}")
+    assert makers == []
