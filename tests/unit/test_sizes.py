@@ -1,5 +1,7 @@
-"""The bounds that keep each room small: a module of nnwatch holds at most 600 lines, a class at
-most 350. Past them a concept has grown a second one; split it (see CONTRIBUTING's map)."""
+"""The bounds that keep each room small: a module of nnwatch holds at most 500 lines, a class at
+most 300, a function at most 60. Past them a concept has grown a second one; split it (see
+CONTRIBUTING's map). The project's ceiling is 600 and 350; these bounds sit well under it, so
+that no module or class lives at the ceiling and a little growth does not force a hurried split."""
 
 from __future__ import annotations
 
@@ -8,15 +10,15 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-MAX_MODULE_LINES = 600
-MAX_CLASS_LINES = 350
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 300
 
 
 def _modules() -> list[Path]:
     return sorted((REPO / "nnwatch").rglob("*.py"))
 
 
-def test_every_module_has_at_most_600_lines() -> None:
+def test_every_module_has_at_most_500_lines() -> None:
     big = {
         str(p.relative_to(REPO)): n
         for p in _modules()
@@ -25,7 +27,7 @@ def test_every_module_has_at_most_600_lines() -> None:
     assert big == {}, big
 
 
-def test_every_class_has_at_most_350_lines() -> None:
+def test_every_class_has_at_most_300_lines() -> None:
     big: dict[str, int] = {}
     for p in _modules():
         for node in ast.walk(ast.parse(p.read_text())):
@@ -36,7 +38,7 @@ def test_every_class_has_at_most_350_lines() -> None:
     assert big == {}, big
 
 
-#: A function holds at most this many lines, its docstring included: past it, it does more than
+#: A function holds at most this many lines, its decorators and docstring included: past it, it does more than
 #: one step, and its steps get names of their own (every package, the TUI and CLI included).
 MAX_FUNCTION_LINES = 60
 
@@ -46,7 +48,8 @@ def _long_functions(tree: ast.AST, prefix: str = "") -> dict[str, int]:
     out: dict[str, int] = {}
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            n = (node.end_lineno or node.lineno) - node.lineno + 1
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])  # decorators count
+            n = (node.end_lineno or node.lineno) - first + 1
             if n > MAX_FUNCTION_LINES:
                 out[prefix + node.name] = n
             out.update(_long_functions(node, f"{prefix}{node.name}."))
