@@ -51,13 +51,16 @@ if TYPE_CHECKING:
     from torch import nn
 
     from nnwatch.store.finding import Finding
+    from nnwatch.store.finding_log import FindingLog
     from nnwatch.tensors.layers import LayerPlan
 
 
 class CheckOwner(SummaryOwner, Protocol):
     """What the check needs of the run: the step, its recent records, where findings go."""
 
-    def add_finding(self, finding: Finding) -> None: ...
+    @property
+    def findings(self) -> FindingLog:
+        """The run's findings, where this check adds its own."""
 
 
 log = logging.getLogger("nnwatch")
@@ -332,7 +335,7 @@ class ConsistencyCheck:
         self.results.append(result)
         if diverged and not self._diverged_reported:
             self._diverged_reported = True
-            self.w.add_finding(self._divergence_finding(result))
+            self.w.findings.add(self._divergence_finding(result))
         elif not diverged:
             self._diverged_reported = False
             self._last_clean = p.step
@@ -351,7 +354,7 @@ class ConsistencyCheck:
         if not set(bad) - self._nonfinite_known:
             return
         self._nonfinite_known |= set(bad)
-        self.w.add_finding(nonfinite_finding(r.step, bad, self.world, self.rank))
+        self.w.findings.add(nonfinite_finding(r.step, bad, self.world, self.rank))
 
     # -- this rank's own records ---------------------------------------------------------------
     def _scan_records(self) -> None:

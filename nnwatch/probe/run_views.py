@@ -9,7 +9,7 @@ copy: it is made before the first step and stays right as the run's schema and f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +21,7 @@ from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles
 from nnwatch.store.events import Event
 from nnwatch.store.finding import Finding
+from nnwatch.store.finding_log import FindingLog
 from nnwatch.store.schema import RunMeta, RunSchema
 
 if TYPE_CHECKING:
@@ -55,15 +56,13 @@ class ViewedRun(Protocol):
     def options(self) -> WatchOptions: ...
 
     @property
-    def findings(self) -> Sequence[Finding]: ...
+    def findings(self) -> FindingLog: ...
 
     @property
     def files(self) -> RunFiles: ...
 
     @property
     def parts(self) -> Parts: ...
-
-    def add_finding(self, finding: Finding) -> None: ...
 
     def warn_once(self, key: str, message: str) -> None: ...
 
@@ -74,9 +73,8 @@ class SnapshotView:
 
     def __init__(self, run: ViewedRun) -> None:
         self._run = run
-
-    def add_finding(self, finding: Finding) -> None:
-        self._run.add_finding(finding)
+        #: a failed snapshot's finding goes straight to the run's findings
+        self.add_finding: Callable[[Finding], None] = run.findings.add
 
     def log_event(self, event: Event) -> None:
         self._run.files.event(event)
@@ -123,7 +121,7 @@ class SnapshotView:
 
     @property
     def findings(self) -> Sequence[Finding]:
-        return self._run.findings
+        return self._run.findings.items
 
     def recent_records(self) -> np.ndarray:
         """Up to the last 500 step records, oldest first."""
@@ -142,9 +140,8 @@ class DiagnosedView:
 
     def __init__(self, run: ViewedRun) -> None:
         self._run = run
-
-    def add_finding(self, finding: Finding) -> None:
-        self._run.add_finding(finding)
+        #: the detectors' findings go straight to the run's findings (and events.jsonl)
+        self.add_finding: Callable[[Finding], None] = run.findings.add
 
     @property
     def step_index(self) -> int:

@@ -138,7 +138,7 @@ class Watch:
     @property
     def findings(self) -> list[Finding]:
         """What the detectors (and nnwatch about itself) found so far, oldest first."""
-        return self._run.findings
+        return self._run.findings.items
 
     @property
     def disabled(self) -> str | None:

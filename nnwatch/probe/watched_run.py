@@ -42,9 +42,9 @@ from nnwatch.probe.run_files import (
 )
 from nnwatch.probe.run_views import DiagnosedView, SnapshotView
 from nnwatch.probe.update_recorder import update_setup
-from nnwatch.store.events import FindingEvent, RunEnded
+from nnwatch.store.events import RunEnded
 from nnwatch.store.exit_note import write_exit_note
-from nnwatch.store.finding import Finding
+from nnwatch.store.finding_log import FindingLog
 from nnwatch.store.paths import RunDirError
 from nnwatch.store.schema import RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary
@@ -75,7 +75,7 @@ class WatchedRun:
         self.options = options
         self.name = options.name or type(model).__name__
         self.rank = RankInfo.detect()
-        self.findings: list[Finding] = []
+        self.findings = FindingLog()  # the one list, each also written to events.jsonl
         self.disabled: str | None = None
         self.closed = False
         self.files = RunFiles()  # the run directory, the log and the outputs beside it
@@ -164,6 +164,7 @@ class WatchedRun:
             return
         if self.files.log is not None:  # its writer's CPU counts against the same budget
             parts.schedule.budget.background = self.files.log.recent_cpu
+            self.findings.write_to(self.files.log)
         start_outputs(
             self, parts, DiagnosedView(self),
             resumed=self._resumed, clip_before_unscale=self._clip_before_unscale,
@@ -171,12 +172,6 @@ class WatchedRun:
 
     # ------------------------------------------------------------------------------------------
     # events, findings, failures
-    def add_finding(self, finding: Finding) -> None:
-        """Called by the detectors: keep it, log it once, write it to events.jsonl."""
-        self.findings.append(finding)
-        self.files.event(FindingEvent(finding=finding))
-        log.warning("nnwatch: %s", finding.message)
-
     def _on_scaled_norm(self) -> None:
         """torch's clip (or norm) ran on gradients still multiplied by the AMP loss scale."""
         if self._clip_before_unscale:
@@ -184,7 +179,7 @@ class WatchedRun:
         self._clip_before_unscale = True
         scale = getattr(self._scaler, "_scale", None)
         value = float(scale) if isinstance(scale, torch.Tensor) and scale.is_cpu else math.nan
-        self.add_finding(clip_before_unscale(self.step_index, value))
+        self.findings.add(clip_before_unscale(self.step_index, value))
 
     def _adopt_scaler(self, scaler: Any) -> None:
         """The loop called ``GradScaler.scale()`` and no scaler was passed: use that one."""
@@ -207,9 +202,9 @@ class WatchedRun:
             log.warning("nnwatch: %s", message)
 
     def _on_log_error(self, message: str) -> None:
-        """The run log failed (a full disk): kept as a finding of nnwatch's own trouble (not
-        through ``add_finding``, whose event would go to the log that just failed)."""
-        self.findings.append(log_failed(self.step_index, message))
+        """The run log failed (a full disk): kept as a finding of nnwatch's own trouble (without
+        a line in events.jsonl, the file that just failed)."""
+        self.findings.keep(log_failed(self.step_index, message))
 
     def disable(self, reason: str) -> None:
         """Switch monitoring off for the rest of the run, saying why; training goes on."""
@@ -261,5 +256,5 @@ class WatchedRun:
             status = f"off ({self.disabled})"
         return self.files.summary(
             self.name, status, self.step_index - self.parts.cycle.start_step, self.schema,
-            self.findings,
+            self.findings.items,
         )

@@ -62,7 +62,7 @@ def _train(tmp_path: Path, **options: object) -> nnwatch.Watch:
             sched.step()
             w.step(loss, batch=(x, y))
             if i == 12:
-                internals(w).add_finding(
+                internals(w).findings.add(
                     Finding("loss_stalled", "warning", i, "made up for the test.", "none")
                 )
     return w

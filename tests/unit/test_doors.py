@@ -77,7 +77,7 @@ def test_the_run_behind_a_watch_stays_small_and_relays_nothing() -> None:
     run = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "WatchedRun")
     names = _public_names(run)
     assert len(names) <= 25, sorted(names)
-    assert {"parts", "files", "step_index", "add_finding", "close"} <= names
+    assert {"parts", "files", "findings", "step_index", "close"} <= names
     assert _forwarders(run) == []
 
 
