@@ -35,12 +35,10 @@ from nnwatch.checks.common import (
     batch_size,
     call_model,
     compute_loss,
-    conflicting_labels,
     copy_user_optimizer,
     group_lr,
     is_classification,
     layer_of,
-    looks_like_probabilities,
     model_device,
     prepared_copy,
     seeded,
@@ -49,6 +47,14 @@ from nnwatch.checks.common import (
     to_device,
     trainable_named_params,
     with_generic_causes,
+)
+from nnwatch.checks.overfit_evidence import (
+    OverfitRun,
+    OverfitSetup,
+    describe_optimizer,
+    post_mortem,
+    setup_evidence,
+    training_evidence,
 )
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -59,7 +65,6 @@ DEFAULT_STEPS = 200
 DEFAULT_LR = 1e-2
 LOSS_THRESHOLD = 0.01
 REGRESSION_FRACTION = 0.01  # regression passes below 1% of its step-0 loss unless told otherwise
-DIVERGENCE_FACTOR = 10.0  # a loss 10x its start means the updates are too large
 
 # (keyword, cause): a generic cause is listed unless specific evidence already names its keyword.
 GENERIC_CAUSES = (
@@ -115,16 +120,6 @@ class OverfitResult(CheckResult):
 
 
 # ----------------------------------------------------------------------------------------------
-# optimizer on the copy
-
-
-def _describe(opt: torch.optim.Optimizer) -> str:
-    lrs = sorted({group_lr(g) for g in opt.param_groups})
-    lr = ", ".join(f"{v:g}" for v in lrs)
-    return f"{type(opt).__name__}(lr={lr})"
-
-
-# ----------------------------------------------------------------------------------------------
 # one training step
 
 
@@ -170,71 +165,7 @@ def _grads_accumulate(
 
 
 # ----------------------------------------------------------------------------------------------
-# evidence gathered after training
-
-
-def _dead_relu_fractions(model: nn.Module, inputs: Any) -> dict[str, float]:
-    """Fraction of units (channels) of each ReLU module that are zero for every sample."""
-    found: dict[str, float] = {}
-    handles = []
-
-    def hook(name: str) -> Callable[..., None]:
-        def record(_m: nn.Module, _i: Any, out: Any) -> None:
-            if isinstance(out, Tensor) and out.dim() >= 2:
-                alive = (out.detach() != 0).transpose(0, 1).reshape(out.shape[1], -1).any(dim=1)
-                found[name] = 1.0 - float(alive.float().mean())
-
-        return record
-
-    for name, m in model.named_modules():
-        if isinstance(m, (nn.ReLU, nn.ReLU6)):
-            handles.append(m.register_forward_hook(hook(name)))
-    try:
-        with torch.no_grad():
-            call_model(model, inputs)
-    finally:
-        for h in handles:
-            h.remove()
-    return found
-
-
-def _output_ignores_input(output: Tensor) -> bool:
-    if output.dim() == 0 or output.shape[0] < 2:
-        return False
-    o = output.detach().float()
-    spread = float((o - o[:1]).abs().max())
-    return spread <= 1e-6 * (float(o.abs().max()) + 1e-12)
-
-
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Setup:
-    """What the optimizer says before any step: parameters it misses, a zero LR."""
-
-    not_in_opt: list[str]
-    zero_lr: bool
-    opt: torch.optim.Optimizer
-
-
-@dataclass
-class _Run:
-    """What the training loop saw, and what a failed run's model shows afterwards."""
-
-    threshold: float
-    losses: list[float] = field(default_factory=list)
-    accs: list[float] = field(default_factory=list)
-    without_grad: list[str] = field(default_factory=list)
-    zero_grad_layers: list[str] = field(default_factory=list)
-    accumulate: bool = False
-    passed_at: int | None = None
-    classification: bool | None = None
-    failure: str | None = None
-    output: Tensor | None = None  # the model's latest output
-    dead: dict[str, float] = field(default_factory=dict)
-    ignores_input: bool = False
-    conflicts: int = 0
+# the check
 
 
 def single_batch_overfit(
@@ -275,18 +206,18 @@ def single_batch_overfit(
             raise CheckError("the model has no trainable parameters (requires_grad=True)")
         opt = _make_optimizer(model, net, named, optimizer, optimizer_factory, lr, warnings)
         held = {id(p) for g in opt.param_groups for p in g["params"]}
-        setup = _Setup(
+        setup = OverfitSetup(
             not_in_opt=[name for name, p in named if id(p) not in held],
             zero_lr=any(group_lr(g) == 0.0 for g in opt.param_groups),
             opt=opt,
         )
-        run = _Run(threshold=loss_threshold)
+        run = OverfitRun(threshold=loss_threshold)
         _train(net, opt, sub, named, loss_fn, run, steps=steps, train_step=train_step,
                regression_threshold=regression_threshold,
                check_accumulation=train_step is not None and not allow_grad_accumulation)  # fmt: skip
         if run.passed_at is None:
-            _post_mortem(net, inputs, targets, run)
-    evidence = _setup_evidence(setup, run, warnings) + _training_evidence(setup, run, targets)
+            post_mortem(net, inputs, targets, run)
+    evidence = setup_evidence(setup, run, warnings) + training_evidence(setup, run, targets)
     return _result(setup, run, n, evidence, warnings)
 
 
@@ -319,7 +250,7 @@ def _train(
     sub: Any,
     named: list[tuple[str, nn.Parameter]],
     loss_fn: LossFn,
-    run: _Run,
+    run: OverfitRun,
     *,
     steps: int,
     train_step: TrainStep | None,
@@ -372,7 +303,7 @@ def _step_failure(exc: RuntimeError) -> str:
 
 
 def _first_step(
-    run: _Run,
+    run: OverfitRun,
     named: list[tuple[str, nn.Parameter]],
     targets: Any,
     loss: float,
@@ -398,7 +329,7 @@ def _first_step(
         )
 
 
-def _record_step(run: _Run, step: int, loss: float, targets: Any) -> bool:
+def _record_step(run: OverfitRun, step: int, loss: float, targets: Any) -> bool:
     """Keep the step's loss and accuracy; True when training ends here (passed, or not finite)."""
     run.losses.append(loss)
     output = run.output
@@ -417,95 +348,9 @@ def _record_step(run: _Run, step: int, loss: float, targets: Any) -> bool:
     return False
 
 
-def _post_mortem(net: nn.Module, inputs: Any, targets: Any, run: _Run) -> None:
-    """A run that did not pass: its dead units, an output blind to the input, conflicting labels."""
-    run.dead = {k: v for k, v in _dead_relu_fractions(net, inputs).items() if v >= 0.5}
-    if run.output is not None:
-        run.ignores_input = _output_ignores_input(run.output)
-    if run.classification and targets is not None:
-        run.conflicts = conflicting_labels(inputs, targets)
-
-
-def _setup_evidence(setup: _Setup, run: _Run, warnings: list[str]) -> list[str]:
-    """What is wrong with the loop itself: a failed step, the optimizer, zero_grad, the graph."""
-    evidence: list[str] = []
-    not_in_opt, without_grad = setup.not_in_opt, run.without_grad
-    if run.failure:
-        evidence.append(run.failure)
-    if not_in_opt:
-        evidence.append(
-            f"parameters missing from the optimizer: {', '.join(not_in_opt[:6])}"
-            + (f" (+{len(not_in_opt) - 6} more)" if len(not_in_opt) > 6 else "")
-            + " (set requires_grad=False if they are meant to be frozen)"
-        )
-    if setup.zero_lr:
-        evidence.append("a zero learning rate in at least one parameter group")
-    if run.accumulate:
-        evidence.append(
-            "gradients accumulate across steps: after the step each .grad equals the previous "
-            "gradient plus the new one, so optimizer.zero_grad() is missing"
-        )
-    if without_grad and run.passed_at is None:
-        evidence.append(
-            f"disconnected graph: {len(without_grad)} parameter(s) got no gradient "
-            f"({', '.join(without_grad[:6])})"
-        )
-    elif without_grad:
-        warnings.append(f"parameters never used in the loss: {', '.join(without_grad[:6])}")
-    return evidence
-
-
-def _training_evidence(setup: _Setup, run: _Run, targets: Any) -> list[str]:
-    """What the losses and the model show: divergence, dead units, the output, the labels."""
-    evidence: list[str] = []
-    losses, opt, output = run.losses, setup.opt, run.output
-    final_loss = losses[-1] if losses else float("nan")
-    finite = [v for v in losses if math.isfinite(v)]
-    if losses and not math.isfinite(final_loss):
-        evidence.append(
-            f"the loss became {final_loss} at step {len(losses) - 1}: the learning rate is too "
-            f"high for {_describe(opt)}, or the numerics overflow"
-        )
-    elif finite and len(finite) > 5 and max(finite[5:]) > DIVERGENCE_FACTOR * finite[0]:
-        evidence.append(
-            f"the loss rose to {max(finite[5:]) / finite[0]:.0f}x its start: the learning rate "
-            f"is too high for {_describe(opt)}"
-        )
-    for name, frac in run.dead.items():
-        evidence.append(f"dead units: {100 * frac:.0f}% of the units after '{name}' never fire")
-    if run.zero_grad_layers and run.passed_at is None:
-        evidence.append(f"layers with an all-zero gradient: {', '.join(run.zero_grad_layers[:6])}")
-    if run.ignores_input:
-        evidence.append(
-            "the output is the same for every sample: the input does not reach the output "
-            "(dead units, a detached or overwritten activation)"
-        )
-    evidence += _output_evidence(run, output, targets)
-    return evidence
-
-
-def _output_evidence(run: _Run, output: Tensor | None, targets: Any) -> list[str]:
-    """The output against the labels: shapes that broadcast, softmax twice, conflicting labels."""
-    evidence: list[str] = []
-    if output is not None and targets is not None and run.classification is False:
-        if isinstance(output, Tensor) and tuple(output.shape) != tuple(targets.shape):
-            evidence.append(
-                f"label mismatch: output shape {tuple(output.shape)} vs target shape "
-                f"{tuple(targets.shape)}; the loss broadcasts them against each other"
-            )
-    if run.classification and output is not None and looks_like_probabilities(output):
-        evidence.append(
-            "the model's outputs sum to 1 over the classes: softmax is applied twice "
-            "(CrossEntropyLoss expects raw logits; drop the final softmax)"
-        )
-    if run.conflicts:
-        evidence.append(
-            f"label mismatch: {run.conflicts} samples have identical inputs but different labels"
-        )
-    return evidence
-
-
-def _result(setup: _Setup, run: _Run, n: int, evidence: list[str], warnings: list[str]) -> OverfitResult:
+def _result(
+    setup: OverfitSetup, run: OverfitRun, n: int, evidence: list[str], warnings: list[str]
+) -> OverfitResult:
     """The verdict: passed, a loop bug (the loss fell, but the loop is wrong), or failed."""
     losses, opt = run.losses, setup.opt
     finite = [v for v in losses if math.isfinite(v)]
@@ -518,7 +363,7 @@ def _result(setup: _Setup, run: _Run, n: int, evidence: list[str], warnings: lis
     ):
         evidence.append(
             f"the loss was still falling after {len(losses)} steps ({finite[0]:.3g} -> "
-            f"{finite[-1]:.3g}): the learning rate of {_describe(opt)} may be too low for this "
+            f"{finite[-1]:.3g}): the learning rate of {describe_optimizer(opt)} may be too low for this "
             "test; raise steps or lr"
         )
     reached = run.passed_at is not None
@@ -540,7 +385,7 @@ def _result(setup: _Setup, run: _Run, n: int, evidence: list[str], warnings: lis
         best_loss=min(finite) if finite else float("nan"),
         final_accuracy=run.accs[-1] if run.accs else None,
         threshold=float(run.threshold),
-        optimizer=_describe(opt),
+        optimizer=describe_optimizer(opt),
         losses=losses,
         not_in_optimizer=setup.not_in_opt,
         without_grad=run.without_grad,

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,24 +22,27 @@ from typing import Any, cast
 
 import numpy as np
 
+from nnwatch.diagnosis.batch_tensors import (
+    describe_tensor,
+    input_kind,
+    label_of,
+    split_batch,
+    to_host,
+    to_numpy,
+)
+from nnwatch.diagnosis.grad_before import grad_norms_before
 from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
-from nnwatch.diagnosis.snapshot_files import Snapshot, load_npy
+from nnwatch.diagnosis.snapshot_files import Snapshot
 from nnwatch.store.clean_text import loads
 from nnwatch.store.paths import read_small_file
-from nnwatch.store.run_reader import load_run
 from nnwatch.store.schema import FieldName
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".
 IGNORE_INDEX = -100
 #: Robust distance (in MADs) at or above which a table value is flagged as extreme for this batch.
 ROBUST_FLAG = 10.0
-#: Steps of grad-norm history shown before the snapshot's step.
-GRAD_STEPS = 50
 #: Per-sample losses are recomputed for at most this many samples (one forward each at worst).
 MAX_LOSS_SAMPLES = 512
-
-INPUT_KEYS = ("input_ids", "inputs", "input", "x", "images", "image", "pixel_values", "features")
-TARGET_KEYS = ("labels", "label", "targets", "target", "y")
 
 
 class ReportError(RuntimeError):
@@ -160,16 +161,16 @@ def build_report(
             f"(it is a {type(batch).__name__}); pass the inputs as a tensor, a tuple "
             "(inputs, targets) or a dict with 'input_ids'/'labels'"
         )
-    x = _host(inputs)
+    x = to_host(inputs)
     kind = input_kind(x)
-    xs = _numpy(x)
-    ys = _numpy(_host(targets)) if targets is not None else None
+    xs = to_numpy(x)
+    ys = to_numpy(to_host(targets)) if targets is not None else None
     if ys is not None and (ys.ndim == 0 or len(ys) != len(xs)):
         notes.append(f"targets of shape {list(ys.shape)} do not match {len(xs)} samples; not shown")
         ys = None
-    ms = _numpy(_host(mask)) if mask is not None else None
+    ms = to_numpy(to_host(mask)) if mask is not None else None
     samples = [
-        SampleView(i, xs[i], _label_of(ys, i) if ys is not None else None) for i in range(len(xs))
+        SampleView(i, xs[i], label_of(ys, i) if ys is not None else None) for i in range(len(xs))
     ]
     if kind == "table":
         _zscores(xs, samples)
@@ -182,8 +183,8 @@ def build_report(
         reason=str(man.get("reason") or ""),
         run=str(man.get("run") or meta.get("name") or ""),
         kind=kind,
-        input_desc=_describe(x),
-        target_desc=_describe(targets) if targets is not None else "none",
+        input_desc=describe_tensor(x),
+        target_desc=describe_tensor(targets) if targets is not None else "none",
         num_classes=num_classes,
         samples=samples,
         batch_flags=batch_flags,
@@ -234,102 +235,6 @@ def _add_recorded(report: BatchReport, snap: Snapshot, notes: list[str]) -> None
     report.grad_steps, report.grad_norms = grad_norms_before(snap.path, snap.step, snap.manifest)
     if not len(report.grad_steps):
         notes.append("no grad-norm history: neither the run log nor the snapshot's metrics hold it")
-
-
-def _is_tensor(v: Any) -> bool:
-    """A tensor, or the numpy array a snapshot's tensor is read as where torch is missing."""
-    if isinstance(v, np.ndarray):
-        return True
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(v, torch.Tensor)
-
-
-def _host(t: Any) -> Any:
-    return t if isinstance(t, np.ndarray) else t.detach().cpu()
-
-
-def split_batch(batch: Any) -> tuple[Any, Any, Any]:
-    """(inputs, targets, attention mask) of a batch, each a tensor (or numpy array) or None."""
-
-    def tensor(v: Any) -> Any:
-        return v if _is_tensor(v) else None
-
-    if _is_tensor(batch):
-        return batch, None, None
-    if isinstance(batch, dict):
-        inputs = next(
-            (tensor(batch[k]) for k in INPUT_KEYS if tensor(batch.get(k)) is not None), None
-        )
-        if inputs is None:
-            inputs = next((v for v in batch.values() if _is_tensor(v)), None)
-        targets = next(
-            (tensor(batch[k]) for k in TARGET_KEYS if tensor(batch.get(k)) is not None), None
-        )
-        return inputs, targets, tensor(batch.get("attention_mask"))
-    if isinstance(batch, (list, tuple)):
-        items = [v for v in batch if _is_tensor(v)]
-        if not items:
-            nested = [v for v in batch if isinstance(v, (dict, list, tuple))]
-            return split_batch(nested[0]) if nested else (None, None, None)
-        return items[0], (items[1] if len(items) > 1 else None), None
-    return None, None, None
-
-
-def input_kind(x: Any) -> str:
-    """ "tokens" (integer ids), "image" (N,C,H,W or N,H,W), "table" (N,F floats) or "other"."""
-    if x.ndim == 0:
-        return "other"
-    if isinstance(x, np.ndarray):
-        integer = x.dtype.kind in "iu"
-    else:
-        integer = not x.is_floating_point() and not x.is_complex() and x.dtype != _bool()
-    if integer:
-        return "tokens" if x.ndim in (1, 2) else "other"
-    if x.ndim == 4 and x.shape[1] in (1, 3, 4) and min(x.shape[2], x.shape[3]) >= 4:
-        return "image"
-    if x.ndim == 3 and min(x.shape[1], x.shape[2]) >= 8:
-        return "image"
-    if x.ndim == 2:
-        return "table"
-    return "other"
-
-
-def _bool() -> Any:
-    import torch
-
-    return torch.bool
-
-
-def grad_norms_before(
-    snapshot_dir: Path, step: int, manifest: dict[str, Any], n: int = GRAD_STEPS
-) -> tuple[np.ndarray, np.ndarray]:
-    """The pre-clip grad norm of the ``n`` steps before ``step`` and of ``step`` itself.
-
-    From the run log when the snapshot sits in its run directory (the full history), else from
-    the snapshot's own ``metrics.npy`` (the last 500 steps). Unmeasured steps stay NaN."""
-    for run_dir in (snapshot_dir.parent.parent, Path(manifest.get("run_dir") or "")):
-        if not (run_dir / "scalars.bin").exists():
-            continue
-        try:
-            run = load_run(run_dir)
-            steps = np.asarray(run.steps, dtype=np.int64)
-            norms = np.asarray(run[FieldName.GRAD_NORM], dtype=np.float64)
-        except Exception:  # noqa: BLE001 - a damaged log: try the snapshot's own metrics
-            continue
-        keep = (steps >= step - n) & (steps <= step)
-        if keep.any():
-            return steps[keep], norms[keep]
-    p = snapshot_dir / "metrics.npy"
-    if os.path.lexists(p):
-        try:
-            rows = load_npy(p)  # never a link or a FIFO; no shape larger than the file
-            steps = np.asarray(rows[FieldName.STEP], dtype=np.int64)
-            norms = np.asarray(rows[FieldName.GRAD_NORM], dtype=np.float64)
-        except (OSError, ValueError, KeyError, ReplayError):
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
-        keep = (steps >= step - n) & (steps <= step)
-        return steps[keep], norms[keep]
-    return np.zeros(0, dtype=np.int64), np.zeros(0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,26 +432,6 @@ def fmt_value(v: Any) -> str:
     return f"{f:.4g}"
 
 
-def _numpy(t: Any) -> np.ndarray:
-    if isinstance(t, np.ndarray):
-        return t
-    import torch
-
-    if t.dtype in (torch.bfloat16, torch.float16):
-        t = t.float()
-    return cast("np.ndarray", t.numpy())
-
-
-def _label_of(ys: np.ndarray, i: int) -> Any:
-    y = ys[i]
-    if np.ndim(y) == 0:
-        return int(y) if np.issubdtype(np.asarray(y).dtype, np.integer) else float(y)
-    return [
-        int(v) if np.issubdtype(np.asarray(y).dtype, np.integer) else float(v)
-        for v in np.asarray(y).reshape(-1)
-    ]
-
-
 def _label_text(y: Any) -> str:
     a = np.asarray(y)
     return str(a.item()) if a.ndim == 0 else f"[{', '.join(str(v) for v in a.reshape(-1)[:6])}…]"
@@ -560,10 +445,6 @@ def label_text(label: Any) -> str:
         shown = [str(v) for v in label[:8]]
         return "[" + ", ".join(shown) + (", …]" if len(label) > 8 else "]")
     return str(label)
-
-
-def _describe(t: Any) -> str:
-    return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)}"
 
 
 def _plain(v: Any) -> Any:

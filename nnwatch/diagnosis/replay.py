@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.anomaly_trace import (
     AnomalyReport,
     SourceLine,
@@ -33,6 +32,7 @@ from nnwatch.diagnosis.anomaly_trace import (
 from nnwatch.diagnosis.float_bits import bits_of, same_bits
 from nnwatch.diagnosis.replay_result import ReplayResult
 from nnwatch.diagnosis.snapshot_files import ReplayError, Snapshot, load_factory, load_snapshot
+from nnwatch.diagnosis.snapshot_rng import restore_rng
 from nnwatch.store.schema import FieldName
 
 __all__ = [
@@ -249,7 +249,7 @@ def _run_once(
     torch.set_num_threads(threads)
     hooks = forward_watch(model, first_bad)
     try:
-        snap.restore_rng(rng, cuda=dev.type == "cuda")
+        restore_rng(rng, cuda=dev.type == "cuda")
         with anomaly_mode(report):
             loss = loss_fn(model, batch)
             if not isinstance(loss, torch.Tensor):

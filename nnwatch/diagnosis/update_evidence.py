@@ -195,7 +195,9 @@ class UpdateEvidence:
         out: list[Mechanism | None] = [found, *_loss_graph(ctx)]
         if self.ready:
             # a huge LR kills units, after which the measured updates are tiny: large first
-            out += [self._frozen(ctx), self._pinned(ctx), self._large(lr, ctx), self._tiny(lr)]
+            rounded = _frozen(self.frozen, ctx)
+            pinned = _pinned(self.weight_start, self.weight, ctx)
+            out += [rounded, pinned, self._large(lr, ctx), self._tiny(lr)]
         return [m for m in out if m is not None]
 
     def _missing_gradients(self) -> Mechanism | None:
@@ -224,44 +226,6 @@ class UpdateEvidence:
                 {"share_not_in_optimizer": share},
             )
         return None
-
-    def _frozen(self, ctx: RunContext) -> Mechanism | None:
-        share = _median(self.frozen)
-        if not (len(self.frozen) >= MIN_UPDATES and share >= FROZEN_SHARE):
-            return None
-        ev = {"unchanged_share": share, "half_precision_share": ctx.half_precision_share}
-        if ctx.half_precision_share > 0:
-            return Mechanism(
-                "updates_rounded_away",
-                f"each update leaves {fmt(100 * share)}% of the weights it should move (those "
-                "with a non-zero gradient) bit for bit unchanged: in half precision an update "
-                "smaller than half the weight's last digit rounds away",
-                "keep the weights in float32 and compute in low precision with torch.autocast (or "
-                "keep float32 master weights); a larger LR only hides it",
-                ev,
-            )
-        return Mechanism(
-            "updates_rounded_away",
-            f"each update leaves {fmt(100 * share)}% of the weights it should move (those with a "
-            "non-zero gradient) bit for bit unchanged: their gradients are so small that LR x "
-            "gradient is below the weights' float32 precision",
-            "find why the gradient is so small (vanishing through saturated or deep layers, a "
-            "loss scaled down) before raising the LR",
-            ev,
-        )
-
-    def _pinned(self, ctx: RunContext) -> Mechanism | None:
-        start, now = self.weight_start, self.weight
-        if not (ctx.weight_decay > 0 and start > 0 and now <= PINNED * start):
-            return None
-        return Mechanism(
-            "weights_pinned_by_decay",
-            f"the weights shrank from norm {fmt(start)} to {fmt(now)} ({fmt(now / start)}x) under "
-            f"weight_decay={fmt(ctx.weight_decay)}: the decay outweighs what the gradient adds",
-            f"lower weight_decay (={fmt(ctx.weight_decay)}; 1e-4 to 0.1 is usual, and far less "
-            "for SGD's coupled L2 than for AdamW), or check that it was not meant as the LR",
-            {"weight_norm_start": start, "weight_norm_now": now, "weight_decay": ctx.weight_decay},
-        )
 
     def _tiny(self, lr: float) -> Mechanism | None:
         ratio = self.recent_ratio()
@@ -428,6 +392,48 @@ def _label_mix(
         "shuffle the data (DataLoader(..., shuffle=True), or a new random permutation each "
         "epoch)",
         {"label_variance_between_batches": share, "classes_per_batch": classes},
+    )
+
+
+def _frozen(frozen: deque[float], ctx: RunContext) -> Mechanism | None:
+    """Updates that leave a share of the weights they should move unchanged (``frozen``: that
+    share per recent measured update)."""
+    share = _median(frozen)
+    if not (len(frozen) >= MIN_UPDATES and share >= FROZEN_SHARE):
+        return None
+    ev = {"unchanged_share": share, "half_precision_share": ctx.half_precision_share}
+    if ctx.half_precision_share > 0:
+        return Mechanism(
+            "updates_rounded_away",
+            f"each update leaves {fmt(100 * share)}% of the weights it should move (those "
+            "with a non-zero gradient) bit for bit unchanged: in half precision an update "
+            "smaller than half the weight's last digit rounds away",
+            "keep the weights in float32 and compute in low precision with torch.autocast (or "
+            "keep float32 master weights); a larger LR only hides it",
+            ev,
+        )
+    return Mechanism(
+        "updates_rounded_away",
+        f"each update leaves {fmt(100 * share)}% of the weights it should move (those with a "
+        "non-zero gradient) bit for bit unchanged: their gradients are so small that LR x "
+        "gradient is below the weights' float32 precision",
+        "find why the gradient is so small (vanishing through saturated or deep layers, a "
+        "loss scaled down) before raising the LR",
+        ev,
+    )
+
+
+def _pinned(start: float, now: float, ctx: RunContext) -> Mechanism | None:
+    """Weights whose norm fell from ``start`` to ``now`` (half or less) under a weight decay."""
+    if not (ctx.weight_decay > 0 and start > 0 and now <= PINNED * start):
+        return None
+    return Mechanism(
+        "weights_pinned_by_decay",
+        f"the weights shrank from norm {fmt(start)} to {fmt(now)} ({fmt(now / start)}x) under "
+        f"weight_decay={fmt(ctx.weight_decay)}: the decay outweighs what the gradient adds",
+        f"lower weight_decay (={fmt(ctx.weight_decay)}; 1e-4 to 0.1 is usual, and far less "
+        "for SGD's coupled L2 than for AdamW), or check that it was not meant as the LR",
+        {"weight_norm_start": start, "weight_norm_now": now, "weight_decay": ctx.weight_decay},
     )
 
 

@@ -160,8 +160,8 @@ class ExplodingGradientsDetector(Detector):
         else:
             hit = (
                 (rise >= need and self._loss_worse(row, hist))
-                or (from_start >= HIT_DECADES and self._worse_than_start(row, hist))
-                or self._loss_blew_up(row, hist)
+                or (from_start >= HIT_DECADES and _worse_than_start(row, hist))
+                or _loss_blew_up(row, hist)
             )
         far = not hit and self._far_spikes(row, hist, ref, x, from_start)
         return hit, sig, far
@@ -259,7 +259,7 @@ class ExplodingGradientsDetector(Detector):
 
     def _backed(self, row: Row, hist: RunHistory, onset: int) -> bool | None:
         """Do the updates (or a runaway loss) back the jump that began at ``onset``?"""
-        if self._loss_blew_up(row, hist):
+        if _loss_blew_up(row, hist):
             return True
         return hist.obs.update.backs_rise(row, onset)
 
@@ -274,23 +274,6 @@ class ExplodingGradientsDetector(Detector):
         med, sigma = median_sigma(usual)
         scale = max(abs(med), abs(hist.start_loss) if math.isfinite(hist.start_loss) else 0.0)
         return row.loss - med > max(MATERIAL * scale, sigma)
-
-    @staticmethod
-    def _loss_blew_up(row: Row, hist: RunHistory) -> bool:
-        """The loss is more than 10x above where the run began (divergence)."""
-        start = hist.start_loss
-        if not (math.isfinite(row.loss) and math.isfinite(start)) or start == 0:
-            return False
-        return row.loss - start > LOSS_BLOWUP * abs(start)
-
-    @staticmethod
-    def _worse_than_start(row: Row, hist: RunHistory) -> bool:
-        """The loss is now above where the run began: training has gone backwards."""
-        start = hist.start_loss
-        if not (math.isfinite(row.loss) and math.isfinite(start)):
-            return False
-        recent = np.append(hist.loss.values(2), row.loss)
-        return median(recent.tolist()) - start > WORSE_THAN_START * abs(start)
 
     def _learn(self, row: Row, x: float) -> None:
         self.base.push(x)
@@ -379,6 +362,23 @@ class ExplodingGradientsDetector(Detector):
                 "switched on); a note, made an error if the updates grow"
             )
         return loss_part
+
+
+def _loss_blew_up(row: Row, hist: RunHistory) -> bool:
+    """The loss is more than 10x above where the run began (divergence)."""
+    start = hist.start_loss
+    if not (math.isfinite(row.loss) and math.isfinite(start)) or start == 0:
+        return False
+    return row.loss - start > LOSS_BLOWUP * abs(start)
+
+
+def _worse_than_start(row: Row, hist: RunHistory) -> bool:
+    """The loss is now above where the run began: training has gone backwards."""
+    start = hist.start_loss
+    if not (math.isfinite(row.loss) and math.isfinite(start)):
+        return False
+    recent = np.append(hist.loss.values(2), row.loss)
+    return median(recent.tolist()) - start > WORSE_THAN_START * abs(start)
 
 
 def _remedies(row: Row, clip: float, clip_rate: float) -> list[tuple[str, str]]:

@@ -362,7 +362,7 @@ class LossDivergingDetector(Detector):
         if mech is not None and mech.text:
             summary += f" Behind it: {mech.text}."
             evidence.update(mech.evidence)
-        summary += self._unexplained(row.step, onset)
+        summary += _unexplained(self.severity, row.step, onset)
         remedy = remedy_text(hist.obs, self._remedies(row, onset))
         return self.report(
             row,
@@ -383,24 +383,6 @@ class LossDivergingDetector(Detector):
         if base == self.start:
             return f"the level of its first steps (median {fmt(base)})"
         return f"the level it held before ({fmt(base)})"
-
-    def _unexplained(self, step: int, onset: int) -> str:
-        """A note or a warning says that nothing in the updates explains the rise."""
-        if self.severity == "info":
-            return (
-                " Nothing in the updates explains it (the LR, the size of the updates and the "
-                "weights' norm are as they were while the run was stable): a change in the data "
-                "or the objective (a curriculum stage, a loss term switched on, the other side "
-                "of a game) raises a loss this way too. A note for now: it becomes a warning if "
-                "the loss stays up, an error if a cause appears in the updates."
-            )
-        if self.severity == "warning":
-            return (
-                f" It has stayed up for {step - onset} steps without falling back, though "
-                "nothing in the updates explains it: look at what changed in the data or the loss "
-                f"around step {onset}."
-            )
-        return ""
 
     def _remedies(self, row: Row, onset: int) -> list[tuple[str, str]]:
         """(remedy id, text): the mechanism's fix, the LR, the clip, the data (first when no
@@ -424,6 +406,25 @@ class LossDivergingDetector(Detector):
         if self.severity != "error":
             candidates = candidates[-1:] + candidates[:-1]  # the data first: no update explains it
         return candidates
+
+
+def _unexplained(severity: str, step: int, onset: int) -> str:
+    """A note or a warning says that nothing in the updates explains the rise."""
+    if severity == "info":
+        return (
+            " Nothing in the updates explains it (the LR, the size of the updates and the "
+            "weights' norm are as they were while the run was stable): a change in the data "
+            "or the objective (a curriculum stage, a loss term switched on, the other side "
+            "of a game) raises a loss this way too. A note for now: it becomes a warning if "
+            "the loss stays up, an error if a cause appears in the updates."
+        )
+    if severity == "warning":
+        return (
+            f" It has stayed up for {step - onset} steps without falling back, though "
+            "nothing in the updates explains it: look at what changed in the data or the loss "
+            f"around step {onset}."
+        )
+    return ""
 
 
 def falls_without_bound(losses: list[float], start: float) -> bool:

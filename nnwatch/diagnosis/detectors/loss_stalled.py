@@ -271,7 +271,7 @@ class LossStalledDetector(Detector):
             m = self.mechanism
             texts = f"the loss has stopped falling at {fmt(hist.recent_loss(10))}{chance}, and {m.text}.", m.remedy
             evidence.update(m.evidence)
-        summary, remedy = texts or self._plateau_text(row, hist, prog, severity, support, chance)
+        summary, remedy = texts or _plateau_text(row, hist, prog, severity, support, chance)
         if row.clip_threshold == 0.0:
             # the evidence says why before any other cause: the user's clip zeroes every gradient
             evidence[FieldName.CLIP_THRESHOLD] = 0.0
@@ -380,43 +380,44 @@ class LossStalledDetector(Detector):
             )
         return None
 
-    def _plateau_text(
-        self, row: Row, hist: RunHistory, prog: float, severity: str, support: str, chance: str
-    ) -> tuple[str, str]:
-        """(summary, remedy) of a loss flat without a mechanism: a note, or at chance level."""
-        start, now, steps = hist.start_loss, hist.recent_loss(10), len(hist.loss)
-        if severity == "info":
-            return (
-                f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
-                f"{fmt(100 * prog)}% progress). This is a note, not yet a warning: a plateau before "
-                "a drop (small initial weights, a saddle) and an adversarial loss look the same.",
-                "wait a little longer; if the loss stays here, check that the optimizer was given "
-                "model.parameters() and that inputs and labels line up, and try to overfit one batch",
-            )
-        if support:
+
+def _plateau_text(
+    row: Row, hist: RunHistory, prog: float, severity: str, support: str, chance: str
+) -> tuple[str, str]:
+    """(summary, remedy) of a loss flat without a mechanism: a note, or at chance level."""
+    start, now, steps = hist.start_loss, hist.recent_loss(10), len(hist.loss)
+    if severity == "info":
+        return (
+            f"the loss has not moved from {fmt(start)} in {steps} steps (now {fmt(now)}{chance}, "
+            f"{fmt(100 * prog)}% progress). This is a note, not yet a warning: a plateau before "
+            "a drop (small initial weights, a saddle) and an adversarial loss look the same.",
+            "wait a little longer; if the loss stays here, check that the optimizer was given "
+            "model.parameters() and that inputs and labels line up, and try to overfit one batch",
+        )
+    if support:
+        remedy = (
+            "fix that first (the finding about it says how); then try to overfit one batch to "
+            "check that the model can learn at all"
+        )
+        if "Softmax" in support:
             remedy = (
-                "fix that first (the finding about it says how); then try to overfit one batch to "
-                "check that the model can learn at all"
-            )
-            if "Softmax" in support:
-                remedy = (
-                    "remove the Softmax layer at the end of the model and pass the raw logits to "
-                    "cross_entropy (or use LogSoftmax with nll_loss)"
-                )
-            return (
-                f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
-                f"{fmt(100 * prog)}% progress from {fmt(start)}), and {support}.",
-                remedy,
+                "remove the Softmax layer at the end of the model and pass the raw logits to "
+                "cross_entropy (or use LogSoftmax with nll_loss)"
             )
         return (
             f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
-            f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing.",
-            remedy_text(hist.obs, [
-                ("raise_lr", f"raise the LR{lr_now(row)}"),
-                ("", "check that the optimizer was given model.parameters(), that inputs and labels "
-                     "line up and that the inputs are normalized; try to overfit one batch"),
-            ]),  # fmt: skip
+            f"{fmt(100 * prog)}% progress from {fmt(start)}), and {support}.",
+            remedy,
         )
+    return (
+        f"the loss has sat at chance level for {steps} steps (now {fmt(now)}{chance}, "
+        f"{fmt(100 * prog)}% progress from {fmt(start)}): the model has learned nothing.",
+        remedy_text(hist.obs, [
+            ("raise_lr", f"raise the LR{lr_now(row)}"),
+            ("", "check that the optimizer was given model.parameters(), that inputs and labels "
+                 "line up and that the inputs are normalized; try to overfit one batch"),
+        ]),  # fmt: skip
+    )
 
 
 def _little_learned(hist: RunHistory) -> bool:
