@@ -56,9 +56,9 @@ from nnwatch.store import overview as ov
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Health, Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
-from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import RingError
 from nnwatch.store.ring_reader import RingReader, RingState
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName
 
 #: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.

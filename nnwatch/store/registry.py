@@ -43,12 +43,7 @@ from nnwatch.store.identity import (
     same_process,
     this_host,
 )
-from nnwatch.store.paths import (
-    default_root,
-    own_dir,
-    read_small_file,
-    write_private_file,
-)
+from nnwatch.store.paths import default_root, own_dir, write_private_file
 from nnwatch.store.registry_entry import (
     SOCKET_DIR,
     registry_dir,
@@ -59,7 +54,7 @@ from nnwatch.store.ring_layout import ENDED, RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import fold_ring_into_log
 from nnwatch.store.runlog import RunLogError
-from nnwatch.store.safe_read import hole_tail
+from nnwatch.store.safe_read import hole_tail, read_small_file
 from nnwatch.store.schema import FieldName, RunMeta
 
 #: A run in another PID namespace (a container) cannot be checked by its pid; gc takes it as gone

@@ -19,8 +19,8 @@ import numpy as np
 
 from nnwatch.store.clean_text import loads
 from nnwatch.store.copy_note import read_copy_note
+from nnwatch.store.disk_errors import describe_os_error
 from nnwatch.store.events import Event, FindingEvent
-from nnwatch.store.paths import describe_os_error, open_regular, read_small_file
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
     CRC_ENTRY,
@@ -39,7 +39,7 @@ from nnwatch.store.runlog import (
     crc_path,
     split_records,
 )  # fmt: skip
-from nnwatch.store.safe_read import held_size, iter_lines, read_held
+from nnwatch.store.safe_read import held_size, iter_lines, open_regular, read_held, read_small_file
 from nnwatch.store.schema import PARAM_LAYER_FIELDS, FieldName, RunMeta
 from nnwatch.store.summary import RunSummary, last_finite
 

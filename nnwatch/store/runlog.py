@@ -43,18 +43,17 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.disk_errors import describe_os_error
 from nnwatch.store.events import Event, LogFailed, as_event
 from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
-    describe_os_error,
     open_for_append,
-    open_regular,
     rename_file,
     unlink_file,
     write_private_file,
 )
-from nnwatch.store.safe_read import held_size
+from nnwatch.store.safe_read import held_size, open_regular
 from nnwatch.store.schema import FieldName, RunMeta, RunSchema, sums_measured
 
 #: Weight of one drain in the writer's recent CPU per record.
