@@ -88,20 +88,8 @@ class ConnectionLoop:
         """Bind the socket (mode 0600) and start serving. Raises OSError if the path is unusable."""
         if self._thread is not None:
             return
-        self._remove_stale_socket()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            old = os.umask(0o177)
-            try:
-                listener.bind(os.fspath(self.path))
-            finally:
-                os.umask(old)
-            os.chmod(self.path, 0o600)
-            listener.listen(16)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
+        _remove_stale_socket(self.path)
+        listener = _listen_private(self.path)
         self._listener = listener
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -111,24 +99,6 @@ class ConnectionLoop:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._serve, name="nnwatch-commands", daemon=True)
         self._thread.start()
-
-    def _remove_stale_socket(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        probe.settimeout(0.5)
-        try:
-            probe.connect(os.fspath(self.path))
-        except OSError:
-            os.unlink(self.path)  # nobody listens: left behind by a dead process
-            return
-        finally:
-            probe.close()
-        raise OSError(errno.EADDRINUSE, f"another process already serves {self.path}")
 
     def close(self) -> None:
         """Stop serving and remove the socket file."""
@@ -345,3 +315,43 @@ class ConnectionLoop:
             except OSError:
                 pass
         self._dropped(conn, lift_pause=lift_pause)
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """Unlink a socket at ``path`` that nobody listens on (left behind by a dead process);
+    refuse anything else there, or one another process still serves."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError:
+        os.unlink(path)  # nobody listens: left behind by a dead process
+        return
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"another process already serves {path}")
+
+
+def _listen_private(path: Path) -> socket.socket:
+    """A non-blocking listening socket bound at ``path`` with mode 0600 (never wider, even for
+    the moment between bind and chmod)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            listener.bind(os.fspath(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        listener.listen(16)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        raise
+    return listener

@@ -37,14 +37,11 @@ without, as base64 in ``data``. A message never holds 0 rows::
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
-import select
 import socket
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +49,16 @@ import numpy as np
 
 from nnwatch.channel import stream_summary as summ
 from nnwatch.channel.commands import encode_reply
+from nnwatch.channel.stream_wire import _Gone, _json_line, _Out, _rows_bytes
 from nnwatch.store import overview as ov
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.health import Health, Liveness
 from nnwatch.store.log_catchup import gap_rows, load_history
-from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import RingError
 from nnwatch.store.ring_reader import RingReader, RingState
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName
 
-#: Bytes the stream holds for a monitor that is not taking them, before it stops producing more.
-OUT_LIMIT = 8 * 1024 * 1024
-#: A monitor that takes nothing at all for this long is given up (a half-open connection).
-STALL_LIMIT = 600.0
 #: Raw bytes per message; bounds each message a client must buffer.
 CHUNK_BYTES = 1024 * 1024
 STATUS_EVERY = 0.5
@@ -75,93 +69,6 @@ CAUGHT_UP_RECORDS = 4096
 
 #: How long a gap's fill waits for the run log to reach the ring (its writer drains ~4x a second).
 LOG_WAIT_S = 1.0
-
-
-class _Gone(Exception):
-    """The monitor closed its end or stopped reading for good."""
-
-
-class _Out:
-    """Non-blocking sender with a bounded buffer: the stream never waits on a slow link for
-    longer than one poll period, and it knows when to stop producing."""
-
-    def __init__(self, sock: socket.socket, limit: int = OUT_LIMIT) -> None:
-        self.sock = sock
-        self.limit = limit
-        self.buf = bytearray()
-        self.sent = 0
-        self.progress = time.monotonic()
-        self.on_data: Any = None  # what the monitor sends (overview mode: its requests)
-        sock.setblocking(False)
-
-    @property
-    def full(self) -> bool:
-        return len(self.buf) >= self.limit
-
-    def put(self, data: bytes) -> None:
-        self.buf += data
-        self.push()
-
-    def push(self) -> None:
-        """Send what the socket takes now."""
-        while self.buf:
-            try:
-                n = self.sock.send(self.buf)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                raise _Gone from exc
-            if n <= 0:
-                break
-            del self.buf[:n]
-            self.sent += n
-            self.progress = time.monotonic()
-        if self.buf and time.monotonic() - self.progress > STALL_LIMIT:
-            raise _Gone
-
-    def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the link to take more or the monitor to speak or close."""
-        want_w = [self.sock] if self.buf else []
-        try:
-            r, w, _ = select.select([self.sock], want_w, [], timeout)
-        except (OSError, ValueError) as exc:
-            raise _Gone from exc
-        if r:
-            try:
-                data = self.sock.recv(65536)
-                if not data:
-                    raise _Gone  # the monitor closed its end
-                if self.on_data is not None:
-                    self.on_data(data)
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                raise _Gone from exc
-        self.push()
-
-    def drain(self, timeout: float) -> None:
-        """Send everything buffered, waiting up to ``timeout`` (for the last message)."""
-        deadline = time.monotonic() + timeout
-        while self.buf and time.monotonic() < deadline:
-            self.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-
-
-def _json_line(message: dict[str, Any]) -> bytes:
-    return (json.dumps(message) + "\n").encode()
-
-
-def _rows_bytes(kind: str, rows: np.ndarray, binary: bool, **extra: Any) -> bytes:
-    raw = np.ascontiguousarray(rows).tobytes()
-    head: dict[str, Any] = {"type": kind, "rows": int(len(rows)), **extra}
-    if not binary:
-        head["data"] = base64.b64encode(raw).decode("ascii")
-        return _json_line(head)
-    packed = zlib.compress(raw, 1)
-    if len(packed) < len(raw):
-        head["zlib"] = True
-        raw = packed
-    head["bytes"] = len(raw)
-    return _json_line(head) + raw
 
 
 class _Stream:
@@ -229,7 +136,7 @@ class _Stream:
                 self.pending_dropped = 0
                 self.check_gap = False
                 if self.overview and self.meta is not None:
-                    from nnwatch.store.runlog import split_records
+                    from nnwatch.store.record_split import split_records
 
                     scalars, layers = split_records(records, self.meta.schema)
                     self.agg.add(scalars)

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from nnwatch.store.paths import RunDirError
-    from nnwatch.store.registry import fold_dead_rings, gc
+    from nnwatch.store.registry_gc import fold_dead_rings, gc
 
     problems: list[str] = []
     try:

@@ -205,7 +205,7 @@ def redundant_rings(run_dir: Path) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from nnwatch.store.bundle import write_bundle
-    from nnwatch.store.paths import describe_os_error
+    from nnwatch.store.disk_errors import describe_os_error
 
     if args.whole and args.step is not None:
         print("nnwatch pack: --run copies the whole run; give no STEP with it", file=sys.stderr)

@@ -180,7 +180,7 @@ def read_token(args: argparse.Namespace) -> str | None:
         if args.token_file == "-":
             text = sys.stdin.readline()
         else:
-            from nnwatch.store.paths import read_small_file
+            from nnwatch.store.safe_read import read_small_file
 
             text = read_small_file(Path(args.token_file).expanduser(), limit=4096).decode()
     except (OSError, UnicodeDecodeError) as exc:

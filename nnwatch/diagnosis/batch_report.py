@@ -34,7 +34,7 @@ from nnwatch.diagnosis.grad_before import grad_norms_before
 from nnwatch.diagnosis.replay import ReplayError, load_factory, load_snapshot, match_prefix
 from nnwatch.diagnosis.snapshot_files import Snapshot
 from nnwatch.store.clean_text import loads
-from nnwatch.store.paths import read_small_file
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName
 
 #: The targets value cross-entropy ignores (``ignore_index``); never "out of range".

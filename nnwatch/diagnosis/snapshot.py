@@ -41,20 +41,18 @@ from nnwatch.diagnosis.snapshot_record import plain_number as _plain_number
 from nnwatch.diagnosis.snapshot_record import read_record as read_record
 from nnwatch.diagnosis.snapshot_rng import rng_to_tensors
 from nnwatch.store.clean_text import loads
+from nnwatch.store.disk_errors import describe_os_error, free_bytes
 from nnwatch.store.finding import Finding
 from nnwatch.store.paths import (
     SNAPSHOT_MANIFEST,
     SNAPSHOTS_DIR,
     check_own_dir,
     create_exclusive,
-    describe_os_error,
-    free_bytes,
     make_dir,
-    open_regular,
     pinned,
-    read_small_file,
     rename_file,
 )
+from nnwatch.store.safe_read import open_regular, read_small_file
 from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 
 SNAPSHOT_VERSION = 1

@@ -21,9 +21,9 @@ import numpy as np
 from nnwatch.diagnosis import snapshot as snap
 from nnwatch.diagnosis.float_bits import from_bits, json_float
 from nnwatch.store.clean_text import loads
-from nnwatch.store.paths import SNAPSHOTS_DIR, open_regular, read_small_file
+from nnwatch.store.paths import SNAPSHOTS_DIR
 from nnwatch.store.run_reader import load_run
-from nnwatch.store.safe_read import held_size, hole_tail, open_file
+from nnwatch.store.safe_read import held_size, hole_tail, open_file, open_regular, read_small_file
 from nnwatch.store.schema import FieldName
 
 

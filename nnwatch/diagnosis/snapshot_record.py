@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from nnwatch.store.clean_text import loads
-from nnwatch.store.paths import read_small_file, write_private_file
+from nnwatch.store.paths import write_private_file
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName
 
 RECORD = "record.json"

@@ -46,8 +46,9 @@ from nnwatch.export.event_file import EventFile
 from nnwatch.store.event_tail import EventTail
 from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.paths import open_dir_nofollow
+from nnwatch.store.record_split import split_records
 from nnwatch.store.run_reader import load_run
-from nnwatch.store.runlog import RunLogError, split_records
+from nnwatch.store.runlog import RunLogError
 from nnwatch.store.schema import GRAD_LAYER_FIELD, LAYER_FIELDS_ACT, FieldName, RunMeta, fields_of
 
 if TYPE_CHECKING:

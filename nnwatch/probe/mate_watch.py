@@ -27,8 +27,8 @@ from typing import Any
 from nnwatch.store.exit_note import ending_for_status, write_exit_note
 from nnwatch.store.identity import same_process, this_host
 from nnwatch.store.jobs import read_job
-from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry_entry import registry_dir, validate_entry
+from nnwatch.store.safe_read import read_small_file
 
 #: How often the registry is read again while mates are missing (ranks register at their first
 #: step, a few seconds apart), and how often later (an elastic restart brings new mates).

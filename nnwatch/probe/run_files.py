@@ -35,10 +35,10 @@ from nnwatch.store.paths import (
     ensure_private_dir,
     make_run_dir,
     pin_dir,
-    read_small_file,
     unpin_dir,
 )
 from nnwatch.store.runlog import RunLogWriter
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary, last_finite
 

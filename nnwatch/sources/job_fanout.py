@@ -38,8 +38,9 @@ from nnwatch.sources.job_table import SeenRank
 from nnwatch.sources.job_view import JobView, RankSummary
 from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import close_on_signals, closed, spawn_tied, stop_process
-from nnwatch.store.job_health import HEARTBEAT_PERIOD, SILENT_SLACK, certain_first, judge_job
+from nnwatch.store.job_health import certain_first, judge_job
 from nnwatch.store.jobs import Job
+from nnwatch.store.rank_end import HEARTBEAT_PERIOD, SILENT_SLACK
 from nnwatch.store.schema import MAX_WORLD_SIZE, FieldName
 
 CONNECT_TIMEOUT = 30.0

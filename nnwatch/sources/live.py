@@ -31,11 +31,11 @@ from nnwatch.store.events import Event
 from nnwatch.store.health import Health, Liveness, end_message, ended_as, read_end
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.log_catchup import gap_rows, load_history
-from nnwatch.store.paths import read_small_file
+from nnwatch.store.record_split import schema_dtypes, split_records
 from nnwatch.store.registry import RunInfo, find_runs, list_runs
 from nnwatch.store.ring_layout import RingError, ring_path
 from nnwatch.store.ring_reader import RingReader
-from nnwatch.store.runlog import schema_dtypes, split_records
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName, RunMeta
 
 #: Health states (see nnwatch.store.health) as the UI's source states.

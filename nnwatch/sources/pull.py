@@ -24,7 +24,8 @@ from nnwatch.sources.remote_command import explain_failure, remote_command
 from nnwatch.sources.ssh_child import ssh_base, stop_process
 from nnwatch.store.bundle import BundleError, Received, list_files, receive_bundle
 from nnwatch.store.copy_note import COPY_FILE, write_copy_note
-from nnwatch.store.paths import SNAPSHOTS_DIR, describe_os_error
+from nnwatch.store.disk_errors import describe_os_error
+from nnwatch.store.paths import SNAPSHOTS_DIR
 
 EXIT_UNREACHABLE = 1
 EXIT_NO_RUN = 3

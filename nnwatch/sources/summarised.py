@@ -26,7 +26,7 @@ from nnwatch.channel import stream_summary as summ
 from nnwatch.sources.base import SourceError, SourceUpdate
 from nnwatch.sources.live import ConnectedSource, concat_rows
 from nnwatch.store import overview as ov
-from nnwatch.store.runlog import schema_dtypes
+from nnwatch.store.record_split import schema_dtypes
 from nnwatch.store.schema import FieldName
 
 #: How long a fetch may take before the monitor draws what it holds instead.

@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from nnwatch.store.paths import create_exclusive, free_bytes, open_regular
+from nnwatch.store.disk_errors import free_bytes
+from nnwatch.store.paths import create_exclusive
+from nnwatch.store.safe_read import open_regular
 
 FORMAT = 1
 CONTROL_DIR = ".nnwatch-bundle"

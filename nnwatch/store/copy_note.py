@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.store.clean_text import loads
-from nnwatch.store.paths import read_small_file, write_private_file
+from nnwatch.store.paths import write_private_file
+from nnwatch.store.safe_read import read_small_file
 
 COPY_FILE = "copied.json"
 

@@ -8,8 +8,7 @@ from typing import Any
 
 from nnwatch.store.clean_text import loads
 from nnwatch.store.events import Event
-from nnwatch.store.paths import open_regular
-from nnwatch.store.safe_read import held_size
+from nnwatch.store.safe_read import held_size, open_regular
 
 #: Read at most this much per call, so a huge backlog cannot stall a monitor's poll.
 MAX_READ = 4 * 1024 * 1024

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nnwatch.store.paths import read_small_file, write_private_file
+from nnwatch.store.paths import write_private_file
+from nnwatch.store.safe_read import read_small_file
 
 EXIT_FILE = "exit.json"
 #: Signals that end a process from outside, on purpose (a launcher, a scheduler, a user).

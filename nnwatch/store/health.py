@@ -22,10 +22,9 @@ from typing import Any
 from nnwatch.store.clean_text import loads
 from nnwatch.store.events import Event, RunEnded, parse_line
 from nnwatch.store.identity import pid_checkable, same_process
-from nnwatch.store.paths import read_small_file
 from nnwatch.store.ring_layout import ENDED
 from nnwatch.store.ring_reader import RingReader, RingState
-from nnwatch.store.safe_read import held_size, open_file
+from nnwatch.store.safe_read import held_size, open_file, read_small_file
 
 #: The heartbeat thread beats at 1 Hz; this many seconds without one means the process is frozen.
 HEARTBEAT_STALE = 5.0

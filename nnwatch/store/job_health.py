@@ -40,58 +40,18 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from nnwatch.store.health import HEARTBEAT_STALE
+from nnwatch.store.rank_end import _PEER, RankRun, _Stop, stop_of
 
-#: The trainer's heartbeat thread beats once a second; a silent death lies within this (plus a
-#: little scheduling slack) after the last beat.
-HEARTBEAT_PERIOD = 1.0
-SILENT_SLACK = 0.5
 #: A live rank with no step for this many usual step times (and at least STALL_MIN seconds)
 #: while another rank holds the job is waiting for it.
 STALL_FACTOR = 5.0
 STALL_MIN = 2.0
-#: What a rank's exception says when its collective failed because a peer went away.
-_PEER = re.compile(
-    r"connection (closed|reset|refused)|by peer|broken pipe|gloo|nccl|collective|watchdog|"
-    r"timed? ?out|process ?group|rendezvous",
-    re.IGNORECASE,
-)
-#: What an ending says when a signal ended the rank from outside (the launcher, a scheduler).
-_OUTSIDE = re.compile(r"sigterm|signal 15|terminated|\bsignal\b", re.IGNORECASE)
 #: The few words of a failed collective's error that say what happened (its summary's gist).
 _GIST = re.compile(r"connection (closed|reset|refused)( by peer)?|broken pipe|timed? ?out|watchdog",
                    re.IGNORECASE)  # fmt: skip
-_DIST_ERRORS = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
-#: Signals sent on purpose from outside; any other (SIGKILL, SIGSEGV, ...) is the rank's own end.
-_FROM_OUTSIDE = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
-DETAIL_MAX = 160
-
-
-class RankRun(Protocol):
-    """What is read of each rank (a ``RunInfo`` has it all)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def step(self) -> int | None: ...
-    @property
-    def heartbeat_at(self) -> float | None: ...
-    @property
-    def last_step_at(self) -> float | None: ...
-    @property
-    def step_interval(self) -> float | None: ...
-    @property
-    def ending(self) -> dict[str, Any] | None: ...
-    @property
-    def alive(self) -> bool | None: ...
-    @property
-    def heartbeat_age(self) -> float | None: ...
-    @property
-    def seen_first_at(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -161,22 +121,6 @@ class JobStops:
         }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Stop:
-    rank: int
-    lo: float  # earliest possible stop time (NaN: unknown)
-    hi: float  # latest possible stop time
-    how: str
-    detail: str
-    #: "own" (its own failure: an exception, an exit status, a kill), "outside" (a signal sent to
-    #: it: the launcher's teardown, a scheduler) or "peer" (its collective failed: a peer went first)
-    cause: str
-
-    @property
-    def consequence(self) -> bool:
-        return self.cause != "own"
-
-
 def clock(t: float | None) -> str:
     """A wall time as the user's local HH:MM:SS."""
     if t is None or not math.isfinite(t):
@@ -192,66 +136,6 @@ def join_words(items: Iterable[Any]) -> str:
 
 def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {join_words(ranks)}"
-
-
-def _short(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 1] + "…"
-
-
-def _span(end: dict[str, Any], hb: float | None) -> tuple[float, float]:
-    t = end.get("ended")
-    if isinstance(t, (int, float)):
-        return float(t), float(t)
-    if hb is not None:
-        return hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK
-    return math.nan, math.nan
-
-
-def _how_it_ended(end: dict[str, Any]) -> tuple[str, str, str]:
-    """(how, detail, cause) from ``end.json`` (or the ``exit.json`` that stands in for it)."""
-    status = str(end.get("status", "finished"))
-    reason = str(end.get("reason") or "")
-    exc = end.get("exception") if isinstance(end.get("exception"), dict) else None
-    detail = f"{exc.get('type', 'Exception')}: {exc.get('message', '')}".rstrip(": ") if exc else reason
-    sig = end.get("signal") if isinstance(end.get("signal"), str) else ""
-    seen = str(end.get("observed_by") or "")
-    if sig and sig not in _FROM_OUTSIDE and not exc:
-        by = f"by {sig}" + (f", seen by {seen}" if seen and seen != "the process itself" else "")
-        return "killed", by, "own"
-    if sig and not exc:
-        return "terminated", f"{sig} ({reason})" if reason and sig not in reason else reason or sig, "outside"
-    peer = bool(_PEER.search(detail)) or (exc is not None and str(exc.get("type")) in _DIST_ERRORS)
-    outside = bool(_OUTSIDE.search(detail))
-    if status == "interrupted":
-        return ("terminated", detail, "outside") if (outside or peer) else ("interrupted", detail, "own")
-    if exc:
-        if peer:
-            return "collective failed", detail, "peer"
-        return ("terminated", detail, "outside") if outside else ("crashed", detail, "own")
-    if isinstance(end.get("exit_code"), int):
-        return "exited", detail or f"exit status {end['exit_code']}", "own"
-    if peer:
-        return "collective failed", detail, "peer"
-    return ("terminated", detail, "outside") if outside else ("crashed", detail, "own")
-
-
-def stop_of(run: RankRun) -> _Stop | None:
-    """How and when one rank stopped; None while it runs, and for a clean finish."""
-    end = run.ending
-    hb = run.heartbeat_at if run.heartbeat_at is not None else run.last_step_at
-    if end is not None:
-        if str(end.get("status", "finished")) == "finished":
-            return None
-        lo, hi = _span(end, hb)
-        how, detail, cause = _how_it_ended(end)
-        return _Stop(run.rank, lo, hi, how, _short(detail), cause)
-    if run.alive is False or (run.state == "crashed" and run.alive is None):
-        # gone without a word: it died after its last heartbeat, within about one period
-        if hb is None:
-            return _Stop(run.rank, math.nan, math.nan, "killed", "", "own")
-        return _Stop(run.rank, hb, hb + HEARTBEAT_PERIOD + SILENT_SLACK, "killed", "", "own")
-    return None
 
 
 def _stalled(run: RankRun, now: float) -> bool:

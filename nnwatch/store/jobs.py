@@ -21,10 +21,10 @@ from typing import Any
 from nnwatch.store.clean_text import loads
 from nnwatch.store.exit_note import read_exit_note
 from nnwatch.store.health import read_end
-from nnwatch.store.paths import read_small_file
 from nnwatch.store.registry import RunInfo, inspect_dir
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import RunLogError
+from nnwatch.store.safe_read import read_small_file
 from nnwatch.store.schema import FieldName, RunMeta
 
 #: Runs that share a master address but started further apart than this are different jobs.

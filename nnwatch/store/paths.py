@@ -32,8 +32,6 @@ ENV_RUN_DIR = "NNWATCH_RUN_DIR"
 #: (written last): the names monitors, ``pack`` and ``pull`` look for without loading torch.
 SNAPSHOTS_DIR = "snapshots"
 SNAPSHOT_MANIFEST = "manifest.json"
-#: Largest JSON side file (meta, end, registry entry, manifest) a reader loads; real ones are KBs.
-MAX_SMALL_FILE = 4 * 1024 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -430,65 +428,6 @@ def _check_own_regular(fd: int, path: Path) -> os.stat_result:
     return st
 
 
-def open_regular(path: Path | str) -> int:
-    """Open a file for reading only if it is a regular file and not a symlink. Never blocks: a
-    FIFO is opened non-blocking and then refused."""
-    try:
-        fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFileError(errno.ELOOP, f"{path} is a symlink (not followed)") from exc
-        if exc.errno == errno.ENXIO:
-            raise UnsafeFileError(errno.ENXIO, f"{path} is a socket, not a file") from exc
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFileError(errno.EINVAL, f"{path} is {_not_a_file(st.st_mode)}")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _not_a_file(mode: int) -> str:
-    """What a path that should be a regular file is instead, in words."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO, not a file"
-    if stat.S_ISDIR(mode):
-        return "a directory, not a file"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device, not a file"
-    return "not a regular file"
-
-
-def read_small_file(path: Path | str, limit: int = MAX_SMALL_FILE) -> bytes:
-    """The bytes of a small regular file (JSON side files). Raises OSError for a missing file, a
-    symlink, a FIFO or device, or one larger than ``limit``; never blocks and never follows links."""
-    fd = open_regular(path)
-    try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise UnsafeFileError(
-                errno.EFBIG, f"{path} is {size} bytes, too large for what it should hold"
-            )
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise UnsafeFileError(errno.EFBIG, f"{path} grew beyond {limit} bytes while being read")
-        return data
-    finally:
-        os.close(fd)
-
-
 def write_private_file(path: Path, data: bytes) -> None:
     """Write ``data`` atomically (temp file + rename) with mode 0600, so readers never see half.
 
@@ -516,58 +455,3 @@ def write_private_file(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-
-
-def describe_os_error(exc: BaseException, where: Path | str | None = None) -> str:
-    """Plain words for a write failure, naming the cause a user can act on (full disk,
-    permissions, read-only file system) and, for a full disk, how much space is left."""
-    code = getattr(exc, "errno", None)
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and _disk_full(where)):
-        free = free_bytes(where) if where is not None else None
-        left = "" if free is None else f", {free // 1024} KiB free"
-        return f"the disk is full ({where or 'the run directory'}{left}): {text}"
-    if code in (errno.EACCES, errno.EPERM):
-        return f"permission denied: {text}"
-    if code == errno.EROFS:
-        return f"the file system is read-only: {text}"
-    return text
-
-
-def free_bytes(where: Path | str | None) -> int | None:
-    """Bytes an unprivileged user can still write at ``where`` (None when it cannot be told)."""
-    if where is None:
-        return None
-    p = Path(where)
-    for candidate in (p, *p.parents):
-        try:
-            st = os.statvfs(candidate)
-        except OSError:
-            continue
-        return int(st.f_bavail) * int(st.f_frsize)
-    return None
-
-
-def _disk_full(where: Path | str | None, slack: int = 64 * 1024) -> bool:
-    free = free_bytes(where)
-    return free is not None and free < slack
-
-
-def is_tmpfs(path: Path | str) -> bool:
-    """Whether ``path`` lies on a tmpfs/shm mount, where touching a hole in a file that the full
-    file system cannot back kills the reader with SIGBUS (reading a hole elsewhere gives zeros)."""
-    try:
-        real = os.path.realpath(path)
-        best, fstype = "", ""
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best):
-                    best, fstype = mnt, parts[2]
-        return fstype in ("tmpfs", "shm", "ramfs", "hugetlbfs")
-    except OSError:
-        return False

@@ -2,7 +2,8 @@
 
 The writing side (``build_entry``, ``register``, ``unregister``, the entry and socket paths) is
 what a trainer's endpoint uses; :func:`validate_entry` is what every reader runs before it uses a
-field. :mod:`nnwatch.store.registry` reads the entries back into runs (``list_runs``, ``gc``).
+field. :mod:`nnwatch.store.registry` reads the entries back into runs (``list_runs``), and
+:mod:`nnwatch.store.registry_gc` removes those of runs that are gone (``gc``).
 """
 
 from __future__ import annotations

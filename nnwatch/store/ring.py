@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from nnwatch.store.disk_errors import describe_os_error
 from nnwatch.store.identity import own_start_time, pid_namespace
-from nnwatch.store.paths import describe_os_error, open_in_dir, unlink_file
+from nnwatch.store.paths import open_in_dir, unlink_file
 from nnwatch.store.ring_layout import (
     CONST_OFF,
     HEADER_CONST,
@@ -75,7 +76,7 @@ def _unlink_quietly(path: Path) -> None:
 
 
 def log_error_code(message: str) -> int:
-    """The header code for a failure message from :func:`nnwatch.store.paths.describe_os_error`."""
+    """The header code for a failure message from :func:`nnwatch.store.disk_errors.describe_os_error`."""
     text = message.lower()
     if "disk is full" in text or "no space" in text or "quota" in text:
         return 1

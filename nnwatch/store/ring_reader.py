@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from nnwatch.store.paths import is_tmpfs
+from nnwatch.store.disk_errors import is_tmpfs
 from nnwatch.store.ring_layout import (
     CONST_OFF,
     ERRORS,

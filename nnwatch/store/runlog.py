@@ -27,7 +27,6 @@ a ``kill -9`` can only cut the last row short, which the loader then ignores.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -43,19 +42,19 @@ from typing import Any
 
 import numpy as np
 
+from nnwatch.store.disk_errors import describe_os_error
 from nnwatch.store.events import Event, LogFailed, as_event
 from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
-    describe_os_error,
     open_for_append,
-    open_regular,
     rename_file,
     unlink_file,
     write_private_file,
 )
-from nnwatch.store.safe_read import held_size
-from nnwatch.store.schema import FieldName, RunMeta, RunSchema, sums_measured
+from nnwatch.store.record_split import split_records
+from nnwatch.store.safe_read import held_size, open_regular
+from nnwatch.store.schema import RunMeta
 
 #: Weight of one drain in the writer's recent CPU per record.
 _RECENT = 0.3
@@ -181,38 +180,6 @@ def read_head(path: Path) -> bytes:
         return os.pread(fd, 8, 0)
     finally:
         os.close(fd)
-
-
-@functools.lru_cache(maxsize=16)
-def schema_dtypes(schema: RunSchema) -> tuple[np.dtype, np.dtype]:
-    """(scalar row, layer row) dtypes; building them costs more than a live poll, so once a run."""
-    return schema.scalar_dtype(), schema.layer_row_dtype()
-
-
-def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
-    """Full step records -> (scalar rows, layer rows), as the log stores them.
-
-    A layer row is kept for steps whose per-layer stats were sampled (which hold the measured
-    update too, in the default budget: a statistics step is measured when statistics are the
-    rarer), and for any step that held a non-finite value, so that the origin of a NaN survives
-    in the history. The live monitor splits ring records with this same function.
-    """
-    n = len(rows)
-    scalar_dtype, row_dtype = schema_dtypes(schema)
-    rows = np.ascontiguousarray(rows)
-    raw = rows.view(np.uint8).reshape(n, schema.record_size)
-    scalars = np.empty(n, dtype=scalar_dtype)
-    scalars.view(np.uint8).reshape(n, -1)[:] = raw[:, : schema.scalar_size]
-    keep = (
-        (rows[FieldName.LAYER_STATS] == 1.0)
-        | (rows[FieldName.NONFINITE_GRADS] == 1.0)
-        | (~np.isfinite(rows[FieldName.ACT_SUM]).all(axis=1) & sums_measured(rows))
-    )
-    layers = np.empty(int(keep.sum()), dtype=row_dtype)
-    if len(layers):
-        layers.view(np.uint8).reshape(len(layers), -1)[:, 8:] = raw[keep, schema.scalar_size :]
-        layers[FieldName.STEP] = rows[FieldName.STEP][keep].astype(np.int64)
-    return scalars, layers
 
 
 class RunLogWriter:

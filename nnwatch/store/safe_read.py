@@ -11,18 +11,27 @@ opens files here. Three things a plain ``open()`` does wrong with them:
   last byte of data the file holds (:func:`held_size`), and say how much they left out;
 - a line of text with no end (a hole again, or a damaged file) must not grow without bound:
   :func:`iter_lines` skips lines longer than a limit.
+
+The openers underneath (:func:`open_regular`, :func:`read_small_file` for JSON side files) are
+here too: they only read, through the pinned directories of :mod:`nnwatch.store.paths`.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from nnwatch.store.paths import open_regular
+from nnwatch.store.paths import UnsafeFileError, open_in_dir
 
+#: Largest JSON side file (meta, end, registry entry, manifest) a reader loads; real ones are KBs.
+MAX_SMALL_FILE = 4 * 1024 * 1024
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 #: The longest line a reader takes from a JSON-lines file (events); real lines are a few KB.
 MAX_LINE = 1 << 20
 _SEEK_DATA = getattr(os, "SEEK_DATA", None)
@@ -106,3 +115,62 @@ def iter_lines(path: Path | str, max_line: int = MAX_LINE) -> Iterator[bytes | N
             part = rest
         if part and not skipping:
             yield part if len(part) <= max_line else None
+
+
+def open_regular(path: Path | str) -> int:
+    """Open a file for reading only if it is a regular file and not a symlink. Never blocks: a
+    FIFO is opened non-blocking and then refused."""
+    try:
+        fd = open_in_dir(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(errno.ELOOP, f"{path} is a symlink (not followed)") from exc
+        if exc.errno == errno.ENXIO:
+            raise UnsafeFileError(errno.ENXIO, f"{path} is a socket, not a file") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(errno.EINVAL, f"{path} is {_not_a_file(st.st_mode)}")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_a_file(mode: int) -> str:
+    """What a path that should be a regular file is instead, in words."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO, not a file"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device, not a file"
+    return "not a regular file"
+
+
+def read_small_file(path: Path | str, limit: int = MAX_SMALL_FILE) -> bytes:
+    """The bytes of a small regular file (JSON side files). Raises OSError for a missing file, a
+    symlink, a FIFO or device, or one larger than ``limit``; never blocks and never follows links."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise UnsafeFileError(
+                errno.EFBIG, f"{path} is {size} bytes, too large for what it should hold"
+            )
+        chunks = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise UnsafeFileError(errno.EFBIG, f"{path} grew beyond {limit} bytes while being read")
+        return data
+    finally:
+        os.close(fd)

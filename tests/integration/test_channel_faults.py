@@ -24,7 +24,8 @@ import pytest
 
 from nnwatch.channel.client import ChannelClient
 from nnwatch.sources.live import ConnectedSource, LiveSource
-from nnwatch.store.registry import gc, list_runs
+from nnwatch.store.registry import list_runs
+from nnwatch.store.registry_gc import gc
 from nnwatch.store.ring_reader import RingReader
 from nnwatch.store.run_reader import load_run
 

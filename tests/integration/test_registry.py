@@ -15,7 +15,7 @@ import pytest
 
 from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.cli import main as cli_main
-from nnwatch.store import registry, registry_entry
+from nnwatch.store import registry, registry_entry, registry_gc
 from nnwatch.store.identity import own_start_time, process_start_time, same_process, this_host
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.testing.synthetic import make_meta
@@ -87,7 +87,7 @@ def test_entry_whose_pid_was_reused_is_not_live_and_gc_removes_it(run_root: Path
         stale = _fake_entry(run_root, sleeper.pid, start - 3600.0)
         (info,) = registry.list_runs()
         assert info.state == "crashed" and not info.live
-        removed = registry.gc()
+        removed = registry_gc.gc()
         assert [r.entry_path for r in removed] == [str(stale)]
         assert not stale.exists()
         assert sleeper.poll() is None  # the unrelated process is untouched
@@ -106,8 +106,8 @@ def test_entry_of_a_dead_pid_is_crashed_and_gc_keeps_live_ones(run_root: Path) -
         states = {Path(r.entry_path): r.state for r in registry.list_runs()}
         assert states[stale] == "crashed"
         assert states[end.entry_path] in ("starting", "running")
-        assert registry.gc(dry_run=True) and stale.exists()  # dry run removes nothing
-        removed = {Path(r.entry_path) for r in registry.gc()}
+        assert registry_gc.gc(dry_run=True) and stale.exists()  # dry run removes nothing
+        removed = {Path(r.entry_path) for r in registry_gc.gc()}
         assert removed == {stale}
         assert end.entry_path.exists() and other_host.exists()  # a pid means nothing elsewhere
     finally:

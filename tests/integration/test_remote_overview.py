@@ -12,8 +12,8 @@ import numpy as np
 from nnwatch.channel.client import ChannelClient
 from nnwatch.sources.summarised import SummarisedSource
 from nnwatch.store import overview as ov
+from nnwatch.store.record_split import split_records
 from nnwatch.store.run_reader import load_run
-from nnwatch.store.runlog import split_records
 from nnwatch.testing.synthetic import make_meta
 from nnwatch.tui.model import RunState
 from tests.integration.test_channel_faults import Trainer, poll_until, wait_for
