@@ -46,9 +46,9 @@ from nnwatch.probe.clip_parts import (
     present_grads,
     still_scaled,
 )
+from nnwatch.probe.clip_record import clip_and_record, write_clip, write_parts_clip
 from nnwatch.probe.grad_changes import GradChanges
 from nnwatch.store.schema import FieldName
-from nnwatch.tensors import torch_clip as gradmath
 from nnwatch.tensors.grad_norms import (
     LayerReducer,
     global_norm,
@@ -62,8 +62,6 @@ from nnwatch.tensors.layers import LayerPlan
 
 _GRAD_NORM = DEV_INDEX[FieldName.GRAD_NORM]
 _NONFINITE_GRADS = DEV_INDEX[FieldName.NONFINITE_GRADS]
-_NORM_CLIPPED = DEV_INDEX[FieldName.GRAD_NORM_CLIPPED]
-_CLIPPED = DEV_INDEX[FieldName.CLIPPED]
 #: Steps without torch's clip before the recorder goes back to measuring at the end of backward.
 FORGET_CLIP = 3
 
@@ -219,30 +217,12 @@ class GradientRecorder:
         if self.on_nonfinite is not None and not self.finite(total):
             self.on_nonfinite()
 
-    def _layer_sq(self, only: set[int] | None) -> tuple[list[int], torch.Tensor | None]:
-        """Squared norms of this model's gradients as they are now (``only``: of those ids),
-        with the indices of their parameters."""
-        present, ours = self.grads()
-        if only is not None:
-            keep = [k for k, g in enumerate(ours) if id(g) in only]
-            present, ours = [present[k] for k in keep], [ours[k] for k in keep]
-        if not ours:
-            return present, None
-        return present, squared_norms(ours, self.buf.dev.device)
-
-    def _write_layers(self, present: list[int], sq: torch.Tensor) -> None:
-        b = self.buf
-        if b.dev_np is not None and b.grad_layer_np is not None:
-            self.reducer.write_host(sq.numpy(), present, b.grad_layer_np)
-        else:
-            self.reducer.write(sq, present, b.grad_layer, squared=True)
-
     def _layer_norms(self, only: set[int] | None) -> None:
         """Per-layer norms of this model's gradients as they are now."""
         self.layers_done = True
-        present, sq = self._layer_sq(only)
+        present, sq = _layer_squares(self.plan.params, self.buf.dev.device, only)
         if sq is not None:
-            self._write_layers(present, sq)
+            _write_layer_squares(self.buf, self.reducer, present, sq)
 
     def _on_part_norm(self, ids: set[int], total: torch.Tensor) -> None:
         """torch's norm of a part of the model: recorded once the parts cover the whole model."""
@@ -250,13 +230,15 @@ class GradientRecorder:
         if not parts.add_norm(ids, total):
             return  # a part seen twice: not one clip in parts
         if self.measure and not self.done:  # this part's per-layer norms, before it is scaled
-            present, sq = self._layer_sq(ids)
+            present, sq = _layer_squares(self.plan.params, self.buf.dev.device, ids)
             if sq is not None:
                 parts.layers.append((present, sq))
         ours = {id(p.grad) for p in self.plan.params if p.grad is not None}
         if parts.ids == ours:
             if parts.layers:  # written once: each write covers every layer
-                self._write_layers(
+                _write_layer_squares(
+                    self.buf,
+                    self.reducer,
                     [i for present, _ in parts.layers for i in present],
                     torch.cat([sq for _, sq in parts.layers]),
                 )
@@ -299,35 +281,15 @@ class GradientRecorder:
         ``l2``: the L2 norm of those gradients, when ``total`` is another norm (the clip scales
         every gradient by the same coefficient, so the clipped L2 norm is ``l2`` times it).
         """
-        b = self.buf
         self.threshold = float(max_norm)
         self.clip_seen = True
-        host = b.dev_np
-        if host is not None:  # CPU: Python floats straight into the record, no torch call
-            t = total if isinstance(total, float) else float(total.detach())
-            coef = min(max_norm / (t + CLIP_EPS), 1.0)
-            base = t if l2 is None else (l2 if isinstance(l2, float) else float(l2))
-            host[_NORM_CLIPPED] = base * coef
-            host[_CLIPPED] = 1.0 if t > max_norm else 0.0
-            return
-        tt = torch.as_tensor(total).detach().to(device=b.dev.device, dtype=torch.float64)
-        coef_t = (max_norm / (tt + CLIP_EPS)).clamp(max=1.0)
-        base_t = tt if l2 is None else torch.as_tensor(l2).detach().to(b.dev.device, torch.float64)
-        b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(base_t * coef_t)
-        b.slot(FieldName.CLIPPED).copy_(tt > max_norm)
+        write_clip(self.buf, total, max_norm, l2)
 
     def record_parts_clip(self, parts: ClipParts) -> None:
         """Every part of the model was clipped by torch: one clip record for the whole."""
-        b = self.buf
         self.threshold = parts.limit
         self.clip_seen = True
-        post, hit = parts.clipped()
-        if b.dev_np is not None:
-            b.dev_np[_NORM_CLIPPED] = float(post)
-            b.dev_np[_CLIPPED] = float(hit)
-            return
-        b.slot(FieldName.GRAD_NORM_CLIPPED).copy_(torch.as_tensor(post).to(b.dev.device, torch.float64))
-        b.slot(FieldName.CLIPPED).copy_(torch.as_tensor(hit).to(b.dev.device, torch.float64))
+        write_parts_clip(self.buf, parts)
 
     def clip(
         self,
@@ -345,32 +307,10 @@ class GradientRecorder:
         threshold, and record both norms (with ``record``; the per-layer ones with ``per_layer``,
         when the model's own parameters are clipped). Returns the total norm, as torch does."""
         limit = self.override if self.override is not None else max_norm
-        if not record:
-            if limit is None:
-                return gradmath.global_norm(params, norm_type)
-            return gradmath.clip_grad_norm_(params, limit, norm_type, error_if_nonfinite, foreach)
-        total, present, norms = gradmath.param_grad_norms(params, norm_type, foreach)
-        if error_if_nonfinite and not bool(torch.isfinite(total)):
-            raise RuntimeError(
-                f"The total norm of order {norm_type} for gradients from `parameters` is "
-                "non-finite, so it cannot be clipped. To disable this error and scale the "
-                "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`"
-            )
-        if limit is not None:
-            gradmath.clip_grads_with_norm_(params, limit, total, foreach)
-        try:
-            b = self.buf
-            tot = total.to(device=b.dev.device)
-            b.slot(FieldName.GRAD_NORM).copy_(tot)
-            b.slot(FieldName.NONFINITE_GRADS).copy_(~torch.isfinite(tot))
-            if per_layer and norms:
-                self.reducer.write(torch.stack([n.double() for n in norms]), present, b.grad_layer, norm_type)
-            if limit is not None:
-                self.record_clip(tot, float(limit))
-            self.done, self.total = True, tot
-        except Exception as exc:  # noqa: BLE001 - clipping happened; recording must not raise
-            warn("clip-record", f"could not record the clip: {exc!r}")
-        return total
+        return clip_and_record(
+            self, params, limit, norm_type, error_if_nonfinite, foreach,
+            per_layer=per_layer, record=record, warn=warn,
+        )  # fmt: skip
 
     def apply_override(self) -> None:
         """A monitor set a threshold and nobody clipped this step: clip here, as torch would."""
@@ -450,3 +390,27 @@ def _write_host_norm(host: Any, value: float) -> None:
     host[_GRAD_NORM] = value
     host[_NONFINITE_GRADS] = 0.0 if math.isfinite(value) else 1.0
 SCALED_CHECKS = 16  # torch norms checked for a clip before scaler.unscale_() (see on_total_norm)
+
+
+def _layer_squares(
+    params: Sequence[torch.Tensor], device: torch.device, only: set[int] | None
+) -> tuple[list[int], torch.Tensor | None]:
+    """Squared norms of the gradients of ``params`` as they are now (``only``: of those ids),
+    with the indices of their parameters (the per-layer norms taken beside torch's clip)."""
+    present, ours = present_grads(params)
+    if only is not None:
+        keep = [k for k, g in enumerate(ours) if id(g) in only]
+        present, ours = [present[k] for k in keep], [ours[k] for k in keep]
+    if not ours:
+        return present, None
+    return present, squared_norms(ours, device)
+
+
+def _write_layer_squares(
+    b: StepBuffers, reducer: LayerReducer, present: list[int], sq: torch.Tensor
+) -> None:
+    """Per-parameter squared norms into the record's per-layer gradient norms."""
+    if b.dev_np is not None and b.grad_layer_np is not None:
+        reducer.write_host(sq.numpy(), present, b.grad_layer_np)
+    else:
+        reducer.write(sq, present, b.grad_layer, squared=True)

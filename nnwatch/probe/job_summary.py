@@ -153,7 +153,7 @@ class JobSummary:
         except Exception:  # noqa: BLE001 - no pinned memory (memlock limits): a plain buffer
             host = torch.full((self.world * F,), INT64_MIN, dtype=torch.int64)
         try:
-            row = self._row(nonfinite, first_nonfinite)
+            row = _summary_row(self._tail(), self.w.step_index, nonfinite, first_nonfinite)
             host[self.rank * F : (self.rank + 1) * F] = torch.from_numpy(row.view(np.int64).copy())
         except Exception as exc:  # noqa: BLE001 - still take part, with an empty row
             log.debug("nnwatch: job summary row: %r", exc)
@@ -177,34 +177,6 @@ class JobSummary:
         else:  # keep the newest, so that close() can wait for it before the group goes
             q.clear()
             q.append((self.w.step_index, time.time(), buf, work))
-
-    def _row(self, nonfinite: int, first_nonfinite: int) -> np.ndarray:
-        row = np.full(F, math.nan, dtype=np.float64)
-        rows = self._tail()
-        idx = _INDEX
-        row[idx["step"]] = float(self.w.step_index)
-        row[idx["time"]] = time.time()
-        row[idx["nonfinite"]] = float(nonfinite)
-        row[idx["first_nonfinite"]] = float(first_nonfinite)
-        # until the sampler's first reading (about a second in): the peak resident memory
-        row[idx["memory"]] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-        if len(rows):
-            last = rows[-1]
-            row[idx["loss"]] = float(last["loss"])
-            gn = rows[FieldName.GRAD_NORM]
-            measured = np.flatnonzero(~np.isnan(gn))
-            if len(measured):
-                row[idx[FieldName.GRAD_NORM]] = float(gn[measured[-1]])
-            st = rows[FieldName.STEP_TIME]
-            st = st[np.isfinite(st) & (st > 0)]
-            if len(st):
-                row[idx[FieldName.STEP_TIME]] = float(np.median(st))
-            for name in (FieldName.CUDA_PEAK, FieldName.RSS):  # sampled now and then: the last reading
-                got = rows[name][np.isfinite(rows[name]) & (rows[name] > 0)]
-                if len(got):
-                    row[idx["memory"]] = float(got[-1])
-                    break
-        return row
 
     def _tail(self, n: int = TAIL) -> np.ndarray:
         """The last ``n`` step records (not the probe's whole 500-step window: a tenth the cost)."""
@@ -393,6 +365,37 @@ class JobSummary:
             if settled:
                 return
             time.sleep(self.beat_s / 2)
+
+
+
+def _summary_row(rows: np.ndarray, step: int, nonfinite: int, first_nonfinite: int) -> np.ndarray:
+    """This rank's row of the job summary at ``step``, from its last step records ``rows``: the
+    loss, the last measured gradient norm, the median step time and the memory in use."""
+    row = np.full(F, math.nan, dtype=np.float64)
+    idx = _INDEX
+    row[idx["step"]] = float(step)
+    row[idx["time"]] = time.time()
+    row[idx["nonfinite"]] = float(nonfinite)
+    row[idx["first_nonfinite"]] = float(first_nonfinite)
+    # until the sampler's first reading (about a second in): the peak resident memory
+    row[idx["memory"]] = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    if len(rows):
+        last = rows[-1]
+        row[idx["loss"]] = float(last["loss"])
+        gn = rows[FieldName.GRAD_NORM]
+        measured = np.flatnonzero(~np.isnan(gn))
+        if len(measured):
+            row[idx[FieldName.GRAD_NORM]] = float(gn[measured[-1]])
+        st = rows[FieldName.STEP_TIME]
+        st = st[np.isfinite(st) & (st > 0)]
+        if len(st):
+            row[idx[FieldName.STEP_TIME]] = float(np.median(st))
+        for name in (FieldName.CUDA_PEAK, FieldName.RSS):  # sampled now and then: the last reading
+            got = rows[name][np.isfinite(rows[name]) & (rows[name] > 0)]
+            if len(got):
+                row[idx["memory"]] = float(got[-1])
+                break
+    return row
 
 
 def _plain(x: float) -> float | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import struct
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,9 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from nnwatch.probe.buffers import DEV_INDEX, StepBuffers
-from nnwatch.store.schema import FieldName
-from nnwatch.tensors.grad_norms import F32_MAX, LayerReducer
+from nnwatch.probe.buffers import StepBuffers
+from nnwatch.probe.sharded_publish import FLAGS as _FLAGS
+from nnwatch.probe.sharded_publish import LateRecords, LaunchedStep
+from nnwatch.tensors.grad_norms import LayerReducer
 from nnwatch.tensors.layers import LayerPlan
 from nnwatch.tensors.sharded import (
     UnsupportedLayout,
@@ -52,27 +52,9 @@ from nnwatch.tensors.sharded import (
 
 log = logging.getLogger("nnwatch")
 
-CLIP_EPS = 1e-6  # torch's epsilon in the clip coefficient
 #: How long the close waits for the last step's reduce (a rank that stopped early never sends it).
 CLOSE_WAIT_S = 10.0
-_FLAGS = 3  # ranks that measured: the gradients, their per-layer norms, the update
-_STEP = struct.Struct("<d")
 _created = 0
-
-
-class _Step:
-    """One step's launched reduces: the vectors (summed in place) and their works."""
-
-    __slots__ = ("clip", "event", "host", "layers", "present", "vecs", "works")
-
-    def __init__(self) -> None:
-        self.vecs: list[torch.Tensor] = []
-        self.works: list[Any] = []
-        self.host: list[torch.Tensor] = []  # pinned copies of device vectors (CUDA)
-        self.event: Any = None
-        self.present: list[int] = []
-        self.layers = False
-        self.clip = math.nan
 
 
 class ShardedReduce:
@@ -124,11 +106,14 @@ class ShardedReduce:
         self._layers = False
         self._clip = math.nan
         self._updates: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
-        self._launched: dict[int, _Step] = {}
-        self._held: deque[tuple[np.ndarray, _Step]] = deque()
-        self._idle: deque[_Step] = deque()  # launched while the probe is off, never published
+        self._launched: dict[int, LaunchedStep] = {}
+        self._idle: deque[LaunchedStep] = deque()  # launched while the probe is off, never published
         self._store, self._key = _register()
         self._comm = torch.device("cpu")
+        self.late = LateRecords(
+            buffers, reducer, self._slots, self._layer_of, self._num_layers, self._say,
+            lambda: _group_size(self._groups, self.dist),
+        )  # fmt: skip
 
     # -- during the step -------------------------------------------------------------------------
     def take_grads(
@@ -208,7 +193,7 @@ class ShardedReduce:
             self._say(f"cannot reduce across this mesh: {exc!r}")
             self._reset()
             return
-        s = _Step()
+        s = LaunchedStep()
         try:
             vec = self._fill(s)
         except Exception as exc:  # noqa: BLE001 - still take part, with zeros
@@ -233,11 +218,11 @@ class ShardedReduce:
         if step < 0:  # a rank whose probe is off: it only keeps pace with the others
             self._idle.append(s)
             while len(self._idle) > 2:
-                self._wait(self._idle.popleft(), None)
+                self._idle.popleft().wait(None)
             return
         self._launched[step] = s
 
-    def _fill(self, s: _Step) -> torch.Tensor:
+    def _fill(self, s: LaunchedStep) -> torch.Tensor:
         """This rank's vector, on the device the reduce runs on (no host read of a GPU value)."""
         n, dev = self.n, self._comm
         vec = torch.zeros(3 * n + _FLAGS, dtype=torch.float64, device=dev)
@@ -310,114 +295,13 @@ class ShardedReduce:
 
     # -- publishing, a step late -----------------------------------------------------------------
     def hold(self, record: memoryview, publish: Callable[[memoryview], None]) -> None:
-        """A finished record: the older held ones are completed and published, this one is held
-        until its reduce is done (the next step), or published now if none was launched."""
-        self.finish_all(publish)
-        step = int(_STEP.unpack_from(record, 0)[0])
-        launched = self._launched.pop(step, None)
-        if launched is None:
-            if self.active is False:
-                held = np.frombuffer(bytearray(record), dtype=np.uint8)
-                self._not_measured(held)
-                publish(held.data)
-                return
-            publish(record)
-            return
-        self._held.append((np.frombuffer(bytearray(record), dtype=np.uint8), launched))
-
-    def finish_all(self, publish: Callable[[memoryview], None], timeout: float | None = None) -> None:
-        """Complete and publish every held record, oldest first."""
-        while self._held:
-            held, s = self._held.popleft()
-            try:
-                if self._wait(s, timeout):
-                    self._patch(held, s)
-                else:
-                    self._not_measured(held)
-            except Exception as exc:  # noqa: BLE001 - the record goes out with local numbers
-                self._say(f"could not complete the step's norms: {exc!r}")
-            publish(held.data)
+        """A finished record: see :meth:`LateRecords.hold`."""
+        self.late.hold(record, self._launched, self.active, publish)
 
     def close(self, publish: Callable[[memoryview], None]) -> None:
         """At the end of the run: the last records, waited for a bounded time."""
-        self.finish_all(publish, CLOSE_WAIT_S)
+        self.late.finish_all(publish, CLOSE_WAIT_S)
         self._launched.clear()
-
-    def _wait(self, s: _Step, timeout: float | None) -> bool:
-        import datetime
-
-        try:
-            for w in s.works:
-                if timeout is None:
-                    w.wait()
-                elif w.wait(datetime.timedelta(seconds=timeout)) is False:
-                    return False
-            if s.event is not None:
-                s.event.synchronize()  # the copies to pinned memory: done a step ago
-        except Exception:  # noqa: BLE001 - a peer that left (close): not measured
-            return False
-        return True
-
-    def _field(self, held: np.ndarray, view: torch.Tensor, dtype: Any) -> np.ndarray:
-        """The numpy view of ``held`` at the place ``view`` (a part of the device block, on the
-        CPU or a GPU) has in a published record: after the host block, at its storage offset."""
-        off = self.buf.schema.host_size + view.storage_offset() * view.element_size()
-        out: np.ndarray = held[off : off + view.numel() * np.dtype(dtype).itemsize].view(dtype)
-        return out
-
-    def _whole(self, s: _Step) -> np.ndarray:
-        n = self.n
-        vals = s.host or s.vecs
-        out: np.ndarray = vals[-1].numpy().copy()
-        for b, t in enumerate(vals[:-1]):
-            summed = t.numpy()
-            idx = self._slots[b]
-            out[idx] = summed[idx]
-            out[3 * n :] = summed[3 * n :]
-        return out
-
-    def _patch(self, held: np.ndarray, s: _Step) -> None:
-        n = self.n
-        whole = self._whole(s)
-        ranks = _group_size(self._groups, self.dist)
-        dev = self._field(held, self.buf.scalars, np.float64)
-        if s.present and whole[3 * n] >= ranks:
-            sq = whole[np.array(s.present, dtype=np.int64)]
-            with np.errstate(over="ignore", invalid="ignore"):
-                total = math.sqrt(float(sq.sum())) if not np.isnan(sq).any() else math.nan
-            dev[DEV_INDEX[FieldName.GRAD_NORM]] = total
-            dev[DEV_INDEX[FieldName.NONFINITE_GRADS]] = 0.0 if math.isfinite(total) else 1.0
-            if s.clip == s.clip:
-                coef = min(s.clip / (total + CLIP_EPS), 1.0) if math.isfinite(total) else math.nan
-                dev[DEV_INDEX[FieldName.GRAD_NORM_CLIPPED]] = total * coef
-                dev[DEV_INDEX[FieldName.CLIPPED]] = 1.0 if total > s.clip else 0.0
-            if s.layers and whole[3 * n + 1] >= ranks:
-                out = self._field(held, self.buf.grad_layer, np.float32)
-                self.reducer.write_host(sq, s.present, out)
-        elif s.present:
-            self._not_measured(held)
-        if whole[3 * n + 2] >= ranks:
-            self._write_updates(held, whole)
-
-    def _write_updates(self, held: np.ndarray, whole: np.ndarray) -> None:
-        n, L = self.n, self._num_layers
-        w_out = self._field(held, self.buf.weight_layer, np.float32)
-        u_out = self._field(held, self.buf.update_layer, np.float32)
-        for block, out in ((1, w_out), (2, u_out)):
-            vals = whole[block * n : (block + 1) * n]
-            acc = np.bincount(self._layer_of, weights=vals, minlength=L)[:L]
-            rows = np.sqrt(acc)
-            keep = ~np.isnan(out)  # layers the local update measured (others stay absent)
-            out[keep] = np.clip(rows[keep], -F32_MAX, F32_MAX)
-
-    def _not_measured(self, held: np.ndarray) -> None:
-        """Norms that could not be made whole: recorded as not measured, never as local ones."""
-        dev = self._field(held, self.buf.scalars, np.float64)
-        for name in (FieldName.GRAD_NORM, FieldName.GRAD_NORM_CLIPPED, FieldName.CLIPPED):
-            dev[DEV_INDEX[name]] = math.nan
-        dev[DEV_INDEX[FieldName.NONFINITE_GRADS]] = 0.0
-        for view in (self.buf.grad_layer, self.buf.weight_layer, self.buf.update_layer):
-            self._field(held, view, np.float32)[:] = math.nan
 
 
 def _mesh_group(mesh: Any, dist: Any) -> Any:

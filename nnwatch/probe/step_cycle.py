@@ -290,11 +290,7 @@ class StepCycle:
             self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
         )
         if not self.layers.finalized:
-            self.loss_shape = describe_loss(loss, self._known_params(), self.first_outputs.take(loss))
-            if getattr(self.updates.optimizer, "param_groups", None):
-                held = self._held_ids()  # none of them: nothing zero_grad() clears to watch
-                rec.cleared_params = [p for p in self.plan.params if id(p) in held]
-            self.owner.start_run()
+            _first_step(self, loss)
         snaps = self.snapshots
         if snaps.reason is not None and snaps.armed:
             snaps.write(batch)  # a request that came mid-step waits for the next one
@@ -345,41 +341,13 @@ class StepCycle:
             layers.arm(hooks)
         sched.charge(t0, step_time, measured, sampled, first)  # hook attaching included
         if index - self.start_step <= CHECK_UPDATES:
-            self._count_updates(index - self.start_step)
+            _count_updates(self, index - self.start_step)
         commands = self.commands
         if commands.anomaly_left > 0:
             commands.step_done()
         channel = self.files.channel
         if channel is not None:
             channel.after_step()
-
-    def _known_params(self) -> set[int]:
-        """Ids of the parameters the watch knows: the model's and its optimizer's."""
-        return {id(p) for p in self.plan.params} | self._held_ids()
-
-    def _held_ids(self) -> set[int]:
-        """Ids of the parameters the optimizer holds (none without one)."""
-        held: set[int] = set()
-        for group in getattr(self.updates.optimizer, "param_groups", None) or ():
-            if isinstance(group, dict):
-                held.update(id(p) for p in group.get("params", ()))
-        return held
-
-    def _count_updates(self, done: int) -> None:
-        """Over the first steps, count those with no optimizer step; mostly none is a loop that
-        calls w.step() per micro-batch (an AMP scaler's skipped steps are not counted)."""
-        if self.optimizer is not None and self.scaler is None and not self.updated:
-            self.without_update += 1
-        self.updated = False
-        if done == CHECK_UPDATES and self.without_update * 2 >= CHECK_UPDATES:
-            self.owner.warn_once(
-                "step-per-micro-batch",
-                f"w.step() ran {self.without_update} of the first {CHECK_UPDATES} times with no "
-                "optimizer.step() since the previous call: call it once per optimizer update, "
-                "after optimizer.step() (with gradient accumulation, once per update, not per "
-                "micro-batch); nnwatch counts a step per w.step() call. If the loop builds a new "
-                "optimizer after watch(), the one watch() was given never steps: pass None",
-            )
 
     def publish(self, record: memoryview) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail
@@ -397,3 +365,45 @@ class StepCycle:
             _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
         )
         self.files.publish(data)
+
+
+# -- cold parts of the step: the first step's setup and the early steps' check -------------------
+def _first_step(cycle: StepCycle, loss: Any) -> None:
+    """The first step: the loss's form read from its graph, the parameters ``zero_grad()``
+    clears, and the run (its files) started."""
+    cycle.loss_shape = describe_loss(loss, _known_params(cycle), cycle.first_outputs.take(loss))
+    if getattr(cycle.updates.optimizer, "param_groups", None):
+        held = _held_ids(cycle)  # none of them: nothing zero_grad() clears to watch
+        cycle.grads.cleared_params = [p for p in cycle.plan.params if id(p) in held]
+    cycle.owner.start_run()
+
+
+def _known_params(cycle: StepCycle) -> set[int]:
+    """Ids of the parameters the watch knows: the model's and its optimizer's."""
+    return {id(p) for p in cycle.plan.params} | _held_ids(cycle)
+
+
+def _held_ids(cycle: StepCycle) -> set[int]:
+    """Ids of the parameters the optimizer holds (none without one)."""
+    held: set[int] = set()
+    for group in getattr(cycle.updates.optimizer, "param_groups", None) or ():
+        if isinstance(group, dict):
+            held.update(id(p) for p in group.get("params", ()))
+    return held
+
+
+def _count_updates(cycle: StepCycle, done: int) -> None:
+    """Over the first steps, count those with no optimizer step; mostly none is a loop that
+    calls w.step() per micro-batch (an AMP scaler's skipped steps are not counted)."""
+    if cycle.optimizer is not None and cycle.scaler is None and not cycle.updated:
+        cycle.without_update += 1
+    cycle.updated = False
+    if done == CHECK_UPDATES and cycle.without_update * 2 >= CHECK_UPDATES:
+        cycle.owner.warn_once(
+            "step-per-micro-batch",
+            f"w.step() ran {cycle.without_update} of the first {CHECK_UPDATES} times with no "
+            "optimizer.step() since the previous call: call it once per optimizer update, "
+            "after optimizer.step() (with gradient accumulation, once per update, not per "
+            "micro-batch); nnwatch counts a step per w.step() call. If the loop builds a new "
+            "optimizer after watch(), the one watch() was given never steps: pass None",
+        )

@@ -4,7 +4,7 @@
 mode (``nnwatch.channel.stream_summary``): it receives the run's summaries sized to the screen
 and the recent window at full resolution (that is "caught up", whatever the run's length), then
 live rows, or aggregates of them when the trainer steps faster than ``live_points`` per second.
-It is :class:`~nnwatch.tui.model.Seekable`: when the monitor shows a range it holds no rows for
+It is :class:`~nnwatch.tui.recorded_reads.Seekable`: when the monitor shows a range it holds no rows for
 (the cursor moved back in a long run), ``scalars_between`` fetches that range from the trainer
 host's log, at full resolution, on the same connection.
 

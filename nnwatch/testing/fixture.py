@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from nnwatch.store.events import Event
 from nnwatch.store.paths import ensure_private_dir
 from nnwatch.store.runlog import END_FILE, LAYERS_FILE, SCALARS_FILE, RunLogWriter
 from nnwatch.store.schema import SCHEMA_VERSION, FieldName, RunMeta, RunSchema, sums_measured
+from nnwatch.testing.fixture_events import DYING_LAYER, fixture_events
 
 #: The fixed clock: every fixture run starts at this Unix time unless it runs in real time.
 FIXED_START = 1_700_000_000.0
@@ -41,7 +42,6 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("norm", "LayerNorm"),
     ("head", "Linear"),
 )
-DYING_LAYER = "blocks.2.act"
 UPDATE_KINDS = ("healthy", "rounded")
 LR_PEAK = 3e-4
 FIXTURE_GPU_UUID = "GPU-5e1f0c2a-7b3d-4e8f-9a61-0d2c4b6e8f10"
@@ -115,7 +115,11 @@ class FixtureSource(RunSource):
         )  # fmt: skip
         # lines as an older nnwatch wrote them (findings without a "type", a command's "name"):
         # every monitor that reads the fixture reads that format too
-        self._events = [Event.from_json(e) for e in self._make_events()]
+        events = fixture_events(
+            self.halving_steps, self.spike_step, self.dead_step, self.steps,
+            lambda h: float(self._amp_scale(np.array([h - 1.0]))[0]),
+        )  # fmt: skip
+        self._events = [Event.from_json(e) for e in events]
 
     def events(self) -> list[Event]:
         """Every event of the run, in step order."""
@@ -320,66 +324,6 @@ class FixtureSource(RunSource):
             lr = lr_schedule(f, self.horizon)[:, None] / LR_PEAK
             update_layers(out, self._updated(f)[:, None], frac, z, gdepth, lr, self.updates == "rounded")
         return out
-
-    def _make_events(self) -> list[dict[str, Any]]:
-        """What the detectors, the snapshot writer and the command thread would have logged."""
-        ev: list[dict[str, Any]] = []
-        for h in self.halving_steps:
-            ev.append(
-                {
-                    "kind": "amp_overflow",
-                    "severity": "info",
-                    "step": h,
-                    "layer": None,
-                    "evidence": {"scale_before": float(self._amp_scale(np.array([h - 1.0]))[0])},
-                    "remedy": "none needed if rare; frequent overflows mean the LR is too high",
-                    "message": "AMP overflow: step skipped, loss scale halved",
-                }
-            )
-        sp = self.spike_step
-        ev.append(
-            {
-                "kind": "loss_spike",
-                "severity": "warning",
-                "step": sp,
-                "layer": "head",
-                "evidence": {"loss": 6.5, FieldName.GRAD_NORM: 38.0},
-                "remedy": "lower the LR or tighten grad clipping",
-                "message": "loss jumped 6.5x above its EMA; grad norm 38 (69x median)",
-            }
-        )
-        ev.append(
-            {
-                "type": "snapshot",
-                "step": sp,
-                "reason": "auto: loss_spike",
-                "path": f"snapshots/step-{sp:08d}",
-            }
-        )
-        ev.append(
-            {
-                "type": "command",
-                "step": sp + 40,
-                "name": "clip",
-                "args": {"max_norm": 1.0},
-                "message": "clip 1.0 applied",
-            }
-        )
-        ev.append(
-            {
-                "kind": "dead_units",
-                "severity": "error",
-                "step": self.dead_step,
-                "layer": DYING_LAYER,
-                "evidence": {"zero_fraction": 0.81},
-                "remedy": "lower the LR, or use LeakyReLU/GELU, or check the init",
-                "message": f"{DYING_LAYER}: 81% of units output exactly zero",
-            }
-        )
-        ev.sort(key=lambda e: e["step"])
-        if self.steps is not None:
-            ev = [e for e in ev if e["step"] < self.steps]
-        return ev
 
 
 def _fixture_meta(

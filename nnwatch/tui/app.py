@@ -34,7 +34,15 @@ from nnwatch.sources.base import RunSource
 from nnwatch.store.jobs import Job
 from nnwatch.store.schema import FieldName
 from nnwatch.tui import notices
-from nnwatch.tui.bindings import BINDINGS, NOT_LIVE, OVERLAY_ACTIONS, RANK_ACTIONS, STEERING
+from nnwatch.tui.bindings import (
+    BINDINGS,
+    NOT_LIVE,
+    OVERLAY_ACTIONS,
+    RANK_ACTIONS,
+    STEERING,
+    footer_state,
+    help_note,
+)
 from nnwatch.tui.collectors import HardwareSampler, JobViewCollector, RankCollector, SourceCollector
 from nnwatch.tui.feeds import Feeds, HardwareOption
 from nnwatch.tui.keymap import KEYS_ENV, KEYS_FILE, load_keymap, parse_keymap
@@ -281,17 +289,11 @@ class NNWatchApp(App[int]):
 
     # -- bindings ----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in STEERING and not self.source.can_command:
-            return None  # shown greyed out in the footer; pressing it explains why (on_key)
-        if action in RANK_ACTIONS and self.ranks is None:
-            return False  # a single process: no rank selector in the footer
-        if action in OVERLAY_ACTIONS and self.overlay is None:
-            return False  # nothing overlaid: nothing to drop or swap
-        if action == "pull_snapshot" and self.source.files_host is None:
-            return False  # the snapshots are on this machine already
-        if action == "clear_filter" and not self.ctx.layer_filter:
-            return False  # Escape has nothing to clear; it stays free for the panes
-        return True
+        return footer_state(
+            action, can_command=self.source.can_command, has_ranks=self.ranks is not None,
+            has_overlay=self.overlay is not None, files_remote=self.source.files_host is not None,
+            filtering=bool(self.ctx.layer_filter),
+        )  # fmt: skip
 
     def key_of(self, binding: Binding) -> str:
         """The key a binding is on now, after the user's keymap."""
@@ -322,11 +324,7 @@ class NNWatchApp(App[int]):
 
     def action_show_help(self) -> None:
         def available(b: Binding) -> str:
-            if b.action in STEERING and not self.source.can_command:
-                return "not live"
-            if b.action in OVERLAY_ACTIONS and self.overlay is None:
-                return "after o"
-            return ""
+            return help_note(b, can_command=self.source.can_command, has_overlay=self.overlay is not None)
 
         self.push_screen(HelpScreen(list(self.BINDINGS), self.key_of, available))
 

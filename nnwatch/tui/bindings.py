@@ -73,3 +73,36 @@ BINDINGS: list[Binding] = [
     Binding("home", "cursor_start", "first step", id="cursor_start", show=False, tooltip="cursor to the first step"),
     Binding("end", "cursor_follow", "follow", id="cursor_follow", show=False, tooltip="cursor off: follow the newest step"),
 ]  # fmt: skip
+
+
+def footer_state(
+    action: str,
+    *,
+    can_command: bool,
+    has_ranks: bool,
+    has_overlay: bool,
+    files_remote: bool,
+    filtering: bool,
+) -> bool | None:
+    """How the footer shows ``action`` for this run (Textual's ``check_action``): True shown,
+    None greyed out, False hidden."""
+    if action in STEERING and not can_command:
+        return None  # shown greyed out in the footer; pressing it explains why (on_key)
+    if action in RANK_ACTIONS and not has_ranks:
+        return False  # a single process: no rank selector in the footer
+    if action in OVERLAY_ACTIONS and not has_overlay:
+        return False  # nothing overlaid: nothing to drop or swap
+    if action == "pull_snapshot" and not files_remote:
+        return False  # the snapshots are on this machine already
+    if action == "clear_filter" and not filtering:
+        return False  # Escape has nothing to clear; it stays free for the panes
+    return True
+
+
+def help_note(binding: Binding, *, can_command: bool, has_overlay: bool) -> str:
+    """Why a key does nothing now, for the help screen ("" when it does something)."""
+    if binding.action in STEERING and not can_command:
+        return "not live"
+    if binding.action in OVERLAY_ACTIONS and not has_overlay:
+        return "after o"
+    return ""

@@ -14,7 +14,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -22,23 +22,19 @@ from nnwatch.sources.base import SourceStatus, SourceUpdate
 from nnwatch.sources.hardware import HardwareReading
 from nnwatch.store.events import CommandApplied, Event, FindingEvent, SnapshotTaken, as_event
 from nnwatch.store.schema import FieldName, RunMeta
+from nnwatch.tui.recorded_reads import (
+    Seekable,
+    last_measured,
+    update_row_before,
+    updated,
+    value_before,
+)
 from nnwatch.tui.scalar_history import Columns, History, first_column, raw_columns
 
 #: ``take_changes()`` for a state whose every topic is to be drawn again (a new main run, a theme).
 EVERY_TOPIC: frozenset[str] = frozenset({"*"})
-#: How many older per-layer rows a seekable source is asked for, looking back for a measured update.
-UPDATE_LOOKBACK = 16
 ZOOM_STEPS = 500  # the "recent" zoom level of the charts
 INGEST_CHUNK = 262_144  # rows reduced at a time, so a huge batch never holds the lock for long
-
-
-@runtime_checkable
-class Seekable(Protocol):
-    """A source that can read any part of its history again (a recorded run): used for scrubbing."""
-
-    def scalars_between(self, first_step: float, last_step: float) -> np.ndarray: ...
-
-    def layer_row_at(self, step: int) -> np.ndarray | None: ...
 
 
 def _sig(*values: float) -> tuple[float | None, ...]:
@@ -50,11 +46,6 @@ def _sig(*values: float) -> tuple[float | None, ...]:
 def is_finding(event: Mapping[str, Any]) -> bool:
     """A detector's finding (an event, or the dict of its line)."""
     return isinstance(as_event(event), FindingEvent)
-
-
-def updated(row: np.ndarray) -> bool:
-    """Did this per-layer row measure an update (any layer's update norm finite)?"""
-    return bool(np.isfinite(row[FieldName.UPDATE_LAYER]).any())
 
 
 @dataclass(frozen=True)
@@ -101,42 +92,14 @@ class RunState:
         self.param_index = {n: i for i, n in enumerate(meta.schema.param_layer_names)}
 
     # -- collector thread --------------------------------------------------------------------
-    def _ingest_summary(
-        self, summary: np.ndarray, fields: tuple[str, ...], scalars: np.ndarray
-    ) -> np.ndarray:
-        """Take buckets and rows in step order; return the rows after the last bucket.
-
-        One poll may hold rows between two summaries (a gap filled row by row, then live
-        aggregates): each row not inside a bucket is appended as a row of its own, before the
-        buckets that follow it, so every step is counted once and in order.
-        """
-        steps = np.asarray(scalars["step"], dtype=np.float64)
-        firsts = np.asarray(summary["first"], dtype=np.float64)
-        lasts = np.asarray(summary["last"], dtype=np.float64)
-        m, pos, t = len(summary), 0, 0
-        with self.lock:
-            while t < m:
-                k = int(np.searchsorted(steps, firsts[t], "left"))
-                if k > pos:  # rows before this bucket, in no bucket
-                    self.history.append(np.asarray(scalars[pos:k]))
-                    pos = k
-                u = t + 1
-                while u < m and int(np.searchsorted(steps, firsts[u], "left")) == int(
-                    np.searchsorted(steps, lasts[u - 1], "right")
-                ):
-                    u += 1  # no loose row between these buckets: take them together
-                end = int(np.searchsorted(steps, lasts[u - 1], "right"))
-                self.history.append_buckets(summary[t:u], fields)
-                self.history.append_tail(np.asarray(scalars[pos:end]))
-                pos, t = end, u
-        return scalars[pos:]
-
     def ingest(self, update: SourceUpdate) -> Ingested:
         """Take one poll's data in; return which panes changed. Huge batches go in chunks."""
         changed: set[str] = set()
         scalars = update.scalars
         if update.summary is not None and len(update.summary):  # remote overview, live aggregates
-            scalars = self._ingest_summary(update.summary, update.summary_fields, scalars)
+            scalars = _ingest_summary(
+                self.history, self.lock, update.summary, update.summary_fields, scalars
+            )
             changed |= {"header", "loss", "grad"}
         n = len(scalars)
         if n > INGEST_CHUNK:
@@ -320,18 +283,7 @@ class RunState:
             return None
         # every row after the oldest one kept is kept: look further back in the source
         at = float(kept[0]["step"]) - 1 if kept else math.inf
-        if cursor is not None:
-            at = min(at, cursor)
-        for _ in range(UPDATE_LOOKBACK):
-            if not math.isfinite(at) or at < 0:
-                return None
-            row = source.layer_row_at(int(at))
-            if row is None:
-                return None
-            if updated(row):
-                return row
-            at = float(row["step"]) - 1
-        return None
+        return update_row_before(source, at if cursor is None else min(at, cursor))
 
     def value_at(
         self, field: str, cursor: float | None, source: object | None = None, measured: bool = False
@@ -354,20 +306,11 @@ class RunState:
                     else int(np.searchsorted(steps, cursor, side="right")) - 1
                 )
                 vals = h.tail(field)[: max(i, 0) + 1]
-                if measured:
-                    ok = np.flatnonzero(~np.isnan(vals))
-                    return float(vals[ok[-1]]) if len(ok) else math.nan
-                return float(vals[-1])
+                return last_measured(vals) if measured else float(vals[-1])
             if cursor is None:
                 return math.nan
         if isinstance(source, Seekable):
-            rows = source.scalars_between(cursor - ZOOM_STEPS, cursor)
-            col = first_column(rows[field]) if len(rows) else None
-            if col is not None:
-                if measured:  # the last measured value, as from the tail above
-                    ok = np.flatnonzero(~np.isnan(col))
-                    return float(col[ok[-1]]) if len(ok) else math.nan
-                return float(col[-1])
+            return value_before(source, field, cursor, ZOOM_STEPS, measured)
         return math.nan
 
     def steps_per_second(self, window_s: float = 5.0) -> float:
@@ -375,15 +318,7 @@ class RunState:
         with self.lock:
             t = self.history.tail("time")
             s = self.history.tail("step")
-        ok = np.isfinite(t)
-        t, s = t[ok], s[ok]
-        if len(t) < 2:
-            return math.nan
-        keep = t >= t[-1] - window_s
-        t, s = t[keep], s[keep]
-        if len(t) < 2 or t[-1] <= t[0]:
-            return math.nan
-        return float((s[-1] - s[0]) / (t[-1] - t[0]))
+        return _rate(t, s, window_s)
 
     def recent_clip_share(self, n: int = 100) -> float:
         """Share of the last ``n`` steps whose gradients were clipped (NaN if clip was never called)."""
@@ -402,11 +337,67 @@ class RunState:
         than ``clamp`` times the window's median away from it are clamped first (robust)."""
         with self.lock:
             v = self.history.tail(field, n)
-        v = v[np.isfinite(v)]
-        if not len(v):
-            return math.nan
-        med = float(np.median(v))
-        lim = clamp * max(abs(med), 1e-12)
-        v = np.clip(v, med - lim, med + lim)
-        w = (1 - alpha) ** np.arange(len(v) - 1, -1, -1)
-        return float((w * v).sum() / w.sum())
+        return _robust_ema(v, alpha, clamp)
+
+
+
+def _ingest_summary(
+    history: History,
+    lock: threading.RLock,
+    summary: np.ndarray,
+    fields: tuple[str, ...],
+    scalars: np.ndarray,
+) -> np.ndarray:
+    """Take buckets and rows in step order; return the rows after the last bucket.
+
+    One poll may hold rows between two summaries (a gap filled row by row, then live
+    aggregates): each row not inside a bucket is appended as a row of its own, before the
+    buckets that follow it, so every step is counted once and in order.
+    """
+    steps = np.asarray(scalars["step"], dtype=np.float64)
+    firsts = np.asarray(summary["first"], dtype=np.float64)
+    lasts = np.asarray(summary["last"], dtype=np.float64)
+    m, pos, t = len(summary), 0, 0
+    with lock:
+        while t < m:
+            k = int(np.searchsorted(steps, firsts[t], "left"))
+            if k > pos:  # rows before this bucket, in no bucket
+                history.append(np.asarray(scalars[pos:k]))
+                pos = k
+            u = t + 1
+            while u < m and int(np.searchsorted(steps, firsts[u], "left")) == int(
+                np.searchsorted(steps, lasts[u - 1], "right")
+            ):
+                u += 1  # no loose row between these buckets: take them together
+            end = int(np.searchsorted(steps, lasts[u - 1], "right"))
+            history.append_buckets(summary[t:u], fields)
+            history.append_tail(np.asarray(scalars[pos:end]))
+            pos, t = end, u
+    return scalars[pos:]
+
+
+def _rate(t: np.ndarray, s: np.ndarray, window_s: float) -> float:
+    """Steps per second over the last ``window_s`` seconds of the records' times ``t`` and
+    steps ``s`` (NaN times left out); NaN with fewer than two records in it."""
+    ok = np.isfinite(t)
+    t, s = t[ok], s[ok]
+    if len(t) < 2:
+        return math.nan
+    keep = t >= t[-1] - window_s
+    t, s = t[keep], s[keep]
+    if len(t) < 2 or t[-1] <= t[0]:
+        return math.nan
+    return float((s[-1] - s[0]) / (t[-1] - t[0]))
+
+
+def _robust_ema(v: np.ndarray, alpha: float, clamp: float) -> float:
+    """The exponential moving average of the finite values ``v``, each first clamped to within
+    ``clamp`` times their median of it (one wild value does not swing it)."""
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return math.nan
+    med = float(np.median(v))
+    lim = clamp * max(abs(med), 1e-12)
+    v = np.clip(v, med - lim, med + lim)
+    w = (1 - alpha) ** np.arange(len(v) - 1, -1, -1)
+    return float((w * v).sum() / w.sum())

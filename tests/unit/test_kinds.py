@@ -26,7 +26,7 @@ PASS_THROUGH = {
 
 #: Synthetic event lines of the demo fixture (nnwatch/testing), pinned by the TUI's snapshots and
 #: history tests: not findings any detector makes. Remove when the TUI rewrite renames them.
-FIXTURE_KINDS = {("nnwatch/testing/fixture.py", "amp_overflow"), ("nnwatch/testing/fixture.py", "dead_units")}
+FIXTURE_KINDS = {("nnwatch/testing/fixture_events.py", "amp_overflow"), ("nnwatch/testing/fixture_events.py", "dead_units")}
 
 
 class _Scan(ast.NodeVisitor):
