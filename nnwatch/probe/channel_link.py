@@ -3,8 +3,9 @@
 Created at the first ``w.step()`` (when the record layout is known). Publishing is one memcpy
 into the ring; commands are applied here, by the training thread, at the step boundary; a pause
 holds the training thread in :meth:`after_step` until a ``resume`` arrives, or until the
-connection that asked for the pause closes (the server then queues a ``resume`` itself). All of
-it goes through :class:`~nnwatch.channel.endpoint.RunEndpoint`'s own API.
+connection that asked for the pause closes (the server then queues a ``resume`` itself). It is
+opened, steered and closed through :class:`~nnwatch.channel.endpoint.RunEndpoint`; only the hot
+path skips it: ``publish`` is the ring's own method, bound once, so a record costs one call.
 """
 
 from __future__ import annotations
