@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from nnwatch.channel.server import CommandServer, PendingCommand
 from nnwatch.store.registry_entry import build_entry, register, socket_path, unregister
@@ -38,6 +38,17 @@ def _claim_instance() -> int:
             n += 1
         _open_instances.add(n)
         return n
+
+
+class CommandTarget(Protocol):
+    """What the pause loop steers: whoever applies the commands, and holds the pause state."""
+
+    @property
+    def holding(self) -> bool:
+        """Hold the training thread at this step boundary (paused, not stopping, not ended)."""
+
+    def apply_pending(self, commands: list[PendingCommand]) -> None:
+        """Apply each command and reply to it (with the step at which it takes effect)."""
 
 
 class RunEndpoint:
@@ -148,26 +159,23 @@ class RunEndpoint:
         """Records the ring holds: the log needs to keep at least what a monitor may miss."""
         return self.ring.slots
 
-    def at_step_boundary(
-        self,
-        apply: Callable[[list[PendingCommand]], None],
-        held: Callable[[], bool],
-        poll: float = 0.2,
-    ) -> None:
-        """Apply what monitors sent (``apply``), then hold the calling thread while ``held()``
-        says so (a pause), applying what arrives meanwhile; the ring says "paused" meanwhile.
+    def at_step_boundary(self, target: CommandTarget, poll: float = 0.2) -> None:
+        """Hand what monitors sent to ``target``, then hold the calling thread while the target
+        is ``holding`` (a pause), handing it what arrives meanwhile; the ring says "paused"
+        meanwhile.
 
-        The one pause loop of every trainer (the probe's and the synthetic one).
+        The one pause loop of every trainer (the probe's command handler and the synthetic
+        trainer's controls are targets): the state lives in the target, the waiting here.
         """
         commands = self.drain()
         if not commands:
             return
-        apply(commands)
-        if held():
+        target.apply_pending(commands)
+        if target.holding:
             self.set_status("paused")
-            while held():
+            while target.holding:
                 if self.wait(poll):
-                    apply(self.drain())
+                    target.apply_pending(self.drain())
             self.set_status("running")
 
     def close(self, status: str = "finished", *, remove_ring: bool = False) -> None:

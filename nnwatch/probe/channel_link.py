@@ -14,10 +14,9 @@ import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.channel.server import CommandServer, PendingCommand
+from nnwatch.channel.server import CommandServer
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import RunMeta
@@ -25,25 +24,13 @@ from nnwatch.store.schema import RunMeta
 log = logging.getLogger("nnwatch")
 
 
-class ChannelOwner(Protocol):
-    """What the channel needs of the run itself: its step, and whether it has ended."""
-
-    @property
-    def step_index(self) -> int: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-
 class ChannelLink:
     """The probe's use of the one trainer-side endpoint (:class:`RunEndpoint`): beats from the
     system sampler's thread, commands applied by the training thread, a pause held here."""
 
     def __init__(
-        self, w: ChannelOwner, commands: CommandHandler, sysmon: SystemSampler, meta: RunMeta,
-        run_dir: Path,
-    ) -> None:  # fmt: skip
-        self.owner = w
+        self, commands: CommandHandler, sysmon: SystemSampler, meta: RunMeta, run_dir: Path
+    ) -> None:
         #: what applies the commands and holds the pause state they steer
         self.commands = commands
         self.sysmon = sysmon
@@ -71,19 +58,7 @@ class ChannelLink:
         server = self.endpoint.server
         if server is None or not server.pending:
             return  # the usual step: no command came (checked here, on every step, for less)
-        w, commands = self.owner, self.commands
-        self.endpoint.at_step_boundary(
-            self._apply, lambda: commands.paused and not commands.should_stop and not w.closed
-        )
-
-    def _apply(self, commands: list[PendingCommand]) -> None:
-        handler = self.commands
-        for cmd in commands:
-            try:
-                ok, error, at = handler.apply(cmd.name, dict(cmd.args))
-            except (KeyError, TypeError, ValueError) as exc:
-                ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", self.owner.step_index
-            cmd.reply(at, ok, error, **handler.reply_data(cmd.name))
+        self.endpoint.at_step_boundary(self.commands)  # the handler applies, and holds a pause
 
     def close(self, status: str, *, remove_ring: bool = False) -> None:
         with contextlib.suppress(ValueError):

@@ -21,6 +21,7 @@ from nnwatch.channel.commands import (
     SNAPSHOT,
     STOP,
 )
+from nnwatch.channel.server import PendingCommand
 from nnwatch.probe.budget import CostBudget
 from nnwatch.probe.grad_recorder import GradientRecorder
 from nnwatch.probe.snapshot_taker import SnapshotTaker
@@ -38,6 +39,9 @@ class CommandOwner(Protocol):
 
     @property
     def step_index(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
 
     @property
     def files(self) -> EventSink:
@@ -79,6 +83,22 @@ class CommandHandler:
             return False, error, at
         self.owner.files.event(CommandApplied(command=name, args=args, step=at))
         return True, "", at
+
+    @property
+    def holding(self) -> bool:
+        """Hold the training thread at the step boundary: paused, not asked to stop, not ended
+        (the channel's pause loop asks, :meth:`~nnwatch.channel.endpoint.RunEndpoint.at_step_boundary`)."""
+        return self.paused and not self.should_stop and not self.owner.closed
+
+    def apply_pending(self, commands: list[PendingCommand]) -> None:
+        """Apply what monitors sent, in order, and reply to each with the step it applies at and
+        the setting it changed, as it now stands."""
+        for cmd in commands:
+            try:
+                ok, error, at = self.apply(cmd.name, dict(cmd.args))
+            except (KeyError, TypeError, ValueError) as exc:
+                ok, error, at = False, f"bad arguments for {cmd.name}: {exc}", self.owner.step_index
+            cmd.reply(at, ok, error, **self.reply_data(cmd.name))
 
     def reply_data(self, name: str) -> dict[str, Any]:
         """What the reply to ``name`` carries: the setting it changed, as it now stands."""

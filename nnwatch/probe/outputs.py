@@ -1,9 +1,8 @@
 """The run's outputs beside the log, started at the first step: the live channel, the detectors
 and the TensorBoard export.
 
-Each is optional, and each is handed only what it reads: the channel its
-:class:`~nnwatch.probe.channel_link.ChannelOwner` slice of the run with the command handler and
-sampler it drives, the detectors a
+Each is optional, and each is handed only what it reads: the channel the command handler (which
+applies the commands and holds a pause) and the system sampler it drives, the detectors a
 :class:`~nnwatch.diagnosis.context.RunContext` and the :class:`~nnwatch.diagnosis.live.DiagnosedRun`
 they report to, the export the run's metadata, directory and log. None of them may stop training:
 a part that cannot start is switched off with one warning.
@@ -18,7 +17,7 @@ from torch import nn
 
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.live import DiagnosedRun, Diagnosis
-from nnwatch.probe.channel_link import ChannelLink, ChannelOwner
+from nnwatch.probe.channel_link import ChannelLink
 from nnwatch.probe.mate_watch import start_mate_watch
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
     from nnwatch.probe._builder import Parts
 
 
-class OutputsOwner(ChannelOwner, Protocol):
+class OutputsOwner(Protocol):
     """What starting the outputs reads of the run itself: its files, options and metadata, its
     model and optimizer; the channel and the detectors then see only their own slices."""
 
@@ -89,7 +88,7 @@ def start_outputs(
 def _make_channel(run: OutputsOwner, parts: Parts) -> ChannelLink | None:
     try:
         assert run.meta is not None and run.run_dir is not None
-        return ChannelLink(run, parts.commands, parts.sysmon, run.meta, run.run_dir)
+        return ChannelLink(parts.commands, parts.sysmon, run.meta, run.run_dir)
     except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
         run.warn_once("channel", f"live monitoring is off: {exc!r}")
         return None

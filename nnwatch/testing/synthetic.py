@@ -136,7 +136,12 @@ class _Controls:
         self.paused = False
         self.step = 0
 
-    def apply(self, cmds: list[PendingCommand]) -> None:
+    @property
+    def holding(self) -> bool:
+        """Paused and not asked to stop: the endpoint's pause loop holds the steps."""
+        return self.paused and not self.should_stop
+
+    def apply_pending(self, cmds: list[PendingCommand]) -> None:
         for c in cmds:
             if c.name == PAUSE:
                 self.paused = True
@@ -188,7 +193,7 @@ def _step_loop(
         end.publish(view)
         if log is not None:
             log.put(bytes(view))
-        end.at_step_boundary(c.apply, lambda: c.paused and not c.should_stop, poll=0.5)
+        end.at_step_boundary(c, poll=0.5)
         t = time.perf_counter()
         if step < len(times):
             times[step] = t - last
