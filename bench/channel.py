@@ -447,7 +447,7 @@ def trainer_side_cost(root: Path, steps: int, rounds: int = 3) -> dict[str, dict
                     rec["time"] = time.time()
                     t = clock()
                     end.publish(view)
-                    for cmd in end.drain():
+                    for cmd in end.server.drain() if end.server is not None else []:
                         cmd.reply(n)
                     times[i] = clock() - t
                     n += 1

@@ -54,10 +54,11 @@ class CommandTarget(Protocol):
 class RunEndpoint:
     """Ring + heartbeat + command server + registry entry for the calling process's run.
 
-    ``publish``, ``drain`` and ``wait`` are for the training thread; ``drain`` returns commands
-    to apply at this step boundary (a synthetic ``resume`` arrives when the connection that
-    paused closes, or stops renewing its lease). ``heartbeat=None`` leaves the beats to the
-    caller (the probe beats from its system sampler thread: ``ring.beat``).
+    ``publish`` and :meth:`at_step_boundary` are for the training thread: the second hands the
+    commands that came to a target that applies them, and waits while it holds a pause (a
+    synthetic ``resume`` arrives when the connection that paused closes, or stops renewing its
+    lease). ``heartbeat=None`` leaves the beats to the caller (the probe beats from its system
+    sampler thread: ``ring.beat``).
     """
 
     def __init__(
@@ -131,21 +132,6 @@ class RunEndpoint:
     def publish(self, record: bytes | memoryview) -> None:
         self.ring.publish(record)
 
-    def drain(self) -> list[PendingCommand]:
-        server = self.server
-        if server is None:
-            return []
-        return server.drain()
-
-    def wait(self, timeout: float) -> bool:
-        """Block until a command arrives (for a paused loop); False after ``timeout``."""
-        if self.server is None:
-            return False
-        return self.server.wait(timeout)
-
-    def set_status(self, status: str) -> None:
-        self.ring.set_status(status)
-
     def beat(self) -> None:
         """One heartbeat (for a caller that beats from its own thread: ``heartbeat=None``)."""
         self.ring.beat()
@@ -167,16 +153,17 @@ class RunEndpoint:
         The one pause loop of every trainer (the probe's command handler and the synthetic
         trainer's controls are targets): the state lives in the target, the waiting here.
         """
-        commands = self.drain()
-        if not commands:
+        server = self.server
+        commands = server.drain() if server is not None else []
+        if not commands or server is None:
             return
         target.apply_pending(commands)
         if target.holding:
-            self.set_status("paused")
+            self.ring.set_status("paused")
             while target.holding:
-                if self.wait(poll):
-                    target.apply_pending(self.drain())
-            self.set_status("running")
+                if server.wait(poll):  # a command came (a resume, a stop): apply it now
+                    target.apply_pending(server.drain())
+            self.ring.set_status("running")
 
     def close(self, status: str = "finished", *, remove_ring: bool = False) -> None:
         """Mark the ring ended, stop serving, unmap, unregister. Safe to call twice.
