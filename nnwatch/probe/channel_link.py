@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nnwatch.channel.endpoint import RunEndpoint
-from nnwatch.channel.server import CommandServer
 from nnwatch.probe.command_handler import CommandHandler
 from nnwatch.probe.sysmon import SystemSampler
 from nnwatch.store.schema import RunMeta
@@ -44,14 +43,6 @@ class ChannelLink:
         self.set_log_error: Callable[[str], None] = self.endpoint.set_log_error
         self._beat = self.endpoint.beat
         sysmon.beats.append(self._beat)
-
-    @property
-    def server(self) -> CommandServer | None:
-        return self.endpoint.server
-
-    @property
-    def instance(self) -> int:
-        return self.endpoint.instance
 
     def after_step(self) -> None:
         """At the step boundary: apply what monitors sent; hold the thread while paused."""
