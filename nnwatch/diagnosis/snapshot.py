@@ -60,9 +60,9 @@ MANIFEST, STATE, RNG, BATCH = SNAPSHOT_MANIFEST, "state.pt", "rng.pt", "batch.pt
 METRICS, LAYERS, FINDINGS, META = "metrics.npy", "layers.json", "findings.json", "meta.json"
 
 
-class SnapshotSubject(Protocol):
-    """What a snapshot is taken of: the run's step, directory and records, its model and the
-    optimizer whose update the snapshot precedes, and where a failure is reported."""
+class RunPlace(Protocol):
+    """Where a run stands: its step, directory, name, metadata and record layout (what the
+    snapshot writer and the probe's views of the run both read first)."""
 
     @property
     def step_index(self) -> int: ...
@@ -78,6 +78,11 @@ class SnapshotSubject(Protocol):
 
     @property
     def schema(self) -> RunSchema: ...
+
+
+class SnapshotSubject(RunPlace, Protocol):
+    """What a snapshot is taken of: where the run stands, its records, its model and the
+    optimizer whose update the snapshot precedes, and where a failure is reported."""
 
     @property
     def device(self) -> Any: ...

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from torch import nn
 
+from nnwatch.diagnosis.snapshot import RunPlace
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
 from nnwatch.probe.run_files import RunFiles
@@ -28,23 +29,8 @@ if TYPE_CHECKING:
     from nnwatch.probe._builder import Parts
 
 
-class ViewedRun(Protocol):
+class ViewedRun(RunPlace, Protocol):
     """What the views read of the run itself (the rest comes from its parts)."""
-
-    @property
-    def step_index(self) -> int: ...
-
-    @property
-    def run_dir(self) -> Path | None: ...
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def meta(self) -> RunMeta | None: ...
-
-    @property
-    def schema(self) -> RunSchema: ...
 
     @property
     def model(self) -> nn.Module: ...
