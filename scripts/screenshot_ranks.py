@@ -23,6 +23,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def without_prefix(svg: str, prefix: str) -> str:
+    """The screenshot with ``prefix`` (this checkout's path) cut from the stack lines, each span
+    padded with as many spaces so the line keeps its width: no machine's path in the repo."""
+    out, at = [], 0
+    while (i := svg.find(prefix, at)) >= 0:
+        end = svg.index("</text>", i)
+        out += [svg[at:i], svg[i + len(prefix) : end], "&#160;" * len(prefix)]
+        at = end
+    return "".join(out) + svg[at:]
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nnw-shot-") as root:
         os.environ["NNWATCH_RUN_DIR"] = root
@@ -94,7 +105,9 @@ def stuck_shot(env: dict[str, str]) -> None:
                 await pilot.pause(0.5)
                 out = REPO / "screenshots"
                 app.save_screenshot("job-stacks-160x48.svg", path=str(out))
-                print(out / "job-stacks-160x48.svg")
+                shot = out / "job-stacks-160x48.svg"
+                shot.write_text(without_prefix(shot.read_text(), str(REPO) + "/"))
+                print(shot)
 
         asyncio.run(shoot())
     finally:
