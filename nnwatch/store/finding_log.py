@@ -35,20 +35,23 @@ class FindingLog:
         self.items: list[Finding] = []
         self._writer: EventWriter | None = None
         self._early: list[Event] = []
-        #: the detectors' thread and the training thread both add; reentrant, because a write that
-        #: fails (a full disk) reports itself with :meth:`keep` from inside :meth:`add`
-        self._lock = threading.RLock()
+        #: the detectors' thread and the training thread both add. Held only around the list and
+        #: the switch to the writer, never around a write: the run log takes its own lock to
+        #: write, and a write that fails (a full disk) reports itself with :meth:`keep` while
+        #: holding it, so writing under this one could wait on a thread that waits on us.
+        self._lock = threading.Lock()
 
     def add(self, finding: Finding) -> None:
         """Keep ``finding``, say it once in the log, and write it to ``events.jsonl``."""
         event = FindingEvent(finding=finding)
         log.warning("nnwatch: %s", finding.message)
-        with self._lock:  # written under it too: the file holds the findings in their order
+        with self._lock:
             self.items.append(finding)
-            if self._writer is not None:
-                self._writer.event(event)
-            elif len(self._early) < EARLY_LIMIT:
+            writer = self._writer
+            if writer is None and len(self._early) < EARLY_LIMIT:
                 self._early.append(event)
+        if writer is not None:
+            writer.event(event)
 
     def keep(self, finding: Finding) -> None:
         """Keep ``finding`` without a line: it tells why the event file cannot be written."""
@@ -57,9 +60,9 @@ class FindingLog:
 
     def write_to(self, writer: EventWriter) -> None:
         """The run log is open: the findings that came before it go there now, the rest as they
-        come."""
+        come (one added meanwhile by another thread may land just before them)."""
         with self._lock:
-            for event in self._early:
-                writer.event(event)
-            self._early = []
+            early, self._early = self._early, []
             self._writer = writer
+        for event in early:
+            writer.event(event)

@@ -87,3 +87,31 @@ def test_a_write_that_fails_can_report_itself_from_inside_add() -> None:
     threading.Thread(target=lambda: (findings.add(_finding(1)), done.set()), daemon=True).start()
     assert done.wait(30), "add() waited on itself"
     assert [f.step for f in findings.items] == [1, 99]
+
+
+def test_a_failing_write_on_another_thread_never_waits_on_an_add() -> None:
+    """The run log holds its own lock while it reports a failed write (``keep``); an ``add`` on
+    another thread that waits for that lock to write must not hold the findings' lock meanwhile."""
+    findings = FindingLog()
+    events_lock = threading.Lock()
+
+    class LockedLog:
+        def event(self, event: object) -> None:
+            with events_lock:  # the run log's lock around its write
+                pass
+
+    findings.write_to(LockedLog())
+    events_lock.acquire()  # a write in progress on the log's side...
+    adder = threading.Thread(target=findings.add, args=(_finding(1),), daemon=True)
+    adder.start()
+    adder.join(0.2)  # ...the add now waits for the log's lock
+    reported = threading.Event()
+    threading.Thread(
+        target=lambda: (findings.keep(_finding(2, "nnwatch_error")), reported.set()), daemon=True
+    ).start()  # the failed write reports itself while the log's lock is held
+    try:
+        assert reported.wait(30), "keep() waited on an add() that waits on the log"
+    finally:
+        events_lock.release()
+    adder.join(30)
+    assert sorted(f.step for f in findings.items) == [1, 2]
