@@ -55,8 +55,6 @@ class Parts:
 
     plan: LayerPlan
     schedule: Schedule
-    guard_on: bool
-    schema: RunSchema
     buffers: StepBuffers
     layers: LayerHooks
     snapshots: SnapshotTaker
@@ -120,7 +118,7 @@ def build(
     )
     cycle.shards = shards
     return Parts(
-        plan, schedule, guard_on, schema, buffers, layers, snapshots, guard, grads, commands,
+        plan, schedule, buffers, layers, snapshots, guard, grads, commands,
         attachment, sysmon, record, cycle,
     )
 

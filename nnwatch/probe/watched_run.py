@@ -97,7 +97,7 @@ class WatchedRun:
             self, model, optimizer, scaler, options,
             snapshot_owner=SnapshotView(self), on_scaled_norm=self._on_scaled_norm,
         )  # fmt: skip
-        self.schema = self.parts.schema
+        self.schema = self.parts.buffers.schema  # the record's layout, fixed at the first step
         self.parts.consistency = _builder.build_consistency(self, model, self.parts.plan, optimizer, options)
 
     def attach(self) -> bool:
