@@ -1,6 +1,6 @@
 """The training side of the channel, opened and closed in one call each: the one endpoint the
-probe uses (through :mod:`nnwatch.probe.channel_link`), the synthetic trainer uses, and
-``bench/channel.py`` measures.
+probe uses (its run files hold it, its step cycle hands it the command handler at each step
+boundary), the synthetic trainer uses, and ``bench/channel.py`` measures.
 
 A trainer needs four things per rank: a ring to publish into, a heartbeat, a command socket and
 a registry entry that points monitors at both. Doing them in one place keeps their order right:
@@ -154,9 +154,9 @@ class RunEndpoint:
         trainer's controls are targets): the state lives in the target, the waiting here.
         """
         server = self.server
-        commands = server.drain() if server is not None else []
-        if not commands or server is None:
-            return
+        if server is None or not server.pending:
+            return  # the usual step: no command came (one truth test of a deque)
+        commands = server.drain()
         target.apply_pending(commands)
         if target.holding:
             self.ring.set_status("paused")

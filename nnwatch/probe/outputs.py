@@ -1,8 +1,9 @@
 """The run's outputs beside the log, started at the first step: the live channel, the detectors
 and the TensorBoard export.
 
-Each is optional, and each is handed only what it reads: the channel the command handler (which
-applies the commands and holds a pause) and the system sampler it drives, the detectors a
+Each is optional, and each is handed only what it reads: the channel (one
+:class:`~nnwatch.channel.endpoint.RunEndpoint`) the run's place and the system sampler that beats
+its heartbeat, the detectors a
 :class:`~nnwatch.diagnosis.context.RunContext` and the :class:`~nnwatch.diagnosis.live.DiagnosedRun`
 they report to, the export the run's metadata, directory and log. None of them may stop training:
 a part that cannot start is switched off with one warning.
@@ -15,9 +16,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from torch import nn
 
+from nnwatch.channel.endpoint import RunEndpoint
 from nnwatch.diagnosis.context import RunContext
 from nnwatch.diagnosis.live import DiagnosedRun, Diagnosis
-from nnwatch.probe.channel_link import ChannelLink
 from nnwatch.probe.mate_watch import start_mate_watch
 from nnwatch.probe.optimizer_target import OptimizerTarget
 from nnwatch.probe.options import WatchOptions
@@ -62,7 +63,7 @@ def start_outputs(
     """After the log: the channel first, so that a step-0 finding reaches monitors, then the
     detectors and the TensorBoard export; then the events that came before the log.
 
-    The channel is given the command handler and the system sampler it drives, the detectors the
+    The channel is given the system sampler that beats its heartbeat, the detectors the
     view of the run they report to (``diagnosed``) and the facts their context holds."""
     files, opts, meta = run.files, run.options, run.meta
     run_log = files.log
@@ -85,10 +86,15 @@ def start_outputs(
     files.flush_early()
 
 
-def _make_channel(run: OutputsOwner, parts: Parts) -> ChannelLink | None:
+def _make_channel(run: OutputsOwner, parts: Parts) -> RunEndpoint | None:
+    """The run's endpoint (ring, socket, registry entry), its heartbeat beaten by the system
+    sampler's thread (which stops before the run files close it); the step cycle hands it the
+    command handler at each step boundary."""
     try:
         assert run.meta is not None and run.run_dir is not None
-        return ChannelLink(parts.commands, parts.sysmon, run.meta, run.run_dir)
+        endpoint = RunEndpoint(run.meta, run.run_dir, heartbeat=None)
+        parts.sysmon.beats.append(endpoint.beat)
+        return endpoint
     except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
         run.warn_once("channel", f"live monitoring is off: {exc!r}")
         return None

@@ -43,9 +43,9 @@ from nnwatch.store.schema import FieldName, RunMeta, RunSchema
 from nnwatch.store.summary import RunSummary, last_finite
 
 if TYPE_CHECKING:
+    from nnwatch.channel.endpoint import RunEndpoint
     from nnwatch.diagnosis.live import Diagnosis
     from nnwatch.export.tensorboard import LiveExport
-    from nnwatch.probe.channel_link import ChannelLink
     from nnwatch.probe.mate_watch import MateWatch
     from nnwatch.store.finding import Finding
 
@@ -223,7 +223,7 @@ class RunFiles:
         self.sinks: list[RecordSink] = []
         self.log: RunLogWriter | None = None
         self.recent: deque[bytes] | None = None  # the last records, raw, for snapshots
-        self.channel: ChannelLink | None = None  # the ring file and command socket
+        self.channel: RunEndpoint | None = None  # the ring file and command socket
         self.diagnosis: Diagnosis | None = None  # the detectors (an observer of the log)
         self.exporter: LiveExport | None = None  # the live TensorBoard export (an observer too)
         self.mates: MateWatch | None = None  # this node's other ranks, watched for a silent death
@@ -263,13 +263,13 @@ class RunFiles:
         except Exception:  # noqa: BLE001 - monitors then build them from the log
             pass
 
-    def add_channel(self, channel: ChannelLink | None) -> None:
-        """The live channel (a :class:`~nnwatch.probe.channel_link.ChannelLink`, or None when it
+    def add_channel(self, channel: RunEndpoint | None) -> None:
+        """The live channel (a :class:`~nnwatch.channel.endpoint.RunEndpoint`, or None when it
         could not start): the log keeps what the ring holds, and a failed log shows in the ring
         header, so monitors say why history stopped."""
         self.channel = channel
         if channel is not None:
-            self.sinks.append(channel.publish)
+            self.sinks.append(channel.ring.publish)  # the ring's own method: one call a record
             if self.log is not None:
                 self.log.keep_within(channel.slots)
                 self.log.on_error.append(channel.set_log_error)

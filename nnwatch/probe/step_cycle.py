@@ -346,8 +346,8 @@ class StepCycle:
         if commands.anomaly_left > 0:
             commands.step_done()
         channel = self.files.channel
-        if channel is not None:
-            channel.after_step()
+        if channel is not None:  # commands from monitors, applied here; a pause holds the thread
+            channel.at_step_boundary(commands)
 
     def publish(self, record: memoryview) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail
