@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -106,10 +105,12 @@ class StepBuffers:
         """The 0-d device view of one scalar field, e.g. ``slot("loss")``."""
         return self.scalars[DEV_INDEX[name]]
 
-    def move_to(self, device: torch.device, publish: Callable[[memoryview], None]) -> None:
-        """Follow a model that was moved: flush what is in flight, reallocate on the new device."""
-        self.flush(publish)
+    def move_to(self, device: torch.device) -> list[bytes]:
+        """Follow a model that was moved: reallocate on the new device; the records that were
+        in flight are returned, oldest first."""
+        landed = self.flush()
         self._allocate(device)
+        return landed
 
     def write_rows(self, rows: list[float]) -> None:
         """This measured step's rows per layer: numbers into the record on the CPU; on CUDA a
@@ -131,21 +132,24 @@ class StepBuffers:
         self.act_rows.copy_(self.act_rows[idx])
 
     # -- per step --------------------------------------------------------------------------------
-    def commit(self, publish: Callable[[memoryview], None], reset: bool = True) -> None:
-        """Hand this step's record to ``publish`` (now on CPU, when its copy lands on CUDA), reset.
+    def commit(self, reset: bool = True) -> list[bytes]:
+        """The records that are done, oldest first, as bytes (the record memory is reused at
+        once): on the CPU this step's; on CUDA those whose copy has landed, usually the step
+        before's. Then the device block is reset for the next step.
 
         On the CPU ``reset=False`` skips refilling the device block with NaN, for a step that wrote
         nothing the next one does not overwrite.
         """
         if not self._pinned:
-            publish(self.record_view)
+            done = [bytes(self.record_view)]
             if reset:  # numpy on the same memory: a microsecond where torch's copy_ takes tens
                 self._raw_view[:] = self._template_np
-            return
+            return done
+        done = []
         if len(self._pending) >= PIPELINE:
             ev, k, host = self._pending.popleft()
             ev.synchronize()
-            self._emit(k, host, publish)
+            done.append(self._landed(k, host))
         k = self._next
         self._next = (self._next + 1) % PIPELINE
         self._pinned[k].copy_(self.dev, non_blocking=True)
@@ -155,18 +159,23 @@ class StepBuffers:
         self.dev.copy_(self.template)
         while self._pending and self._pending[0][0].query():
             _, k2, host2 = self._pending.popleft()
-            self._emit(k2, host2, publish)
+            done.append(self._landed(k2, host2))
+        return done
 
-    def flush(self, publish: Callable[[memoryview], None]) -> None:
-        """Wait for and publish every record still in flight (at close or on a device move)."""
+    def flush(self) -> list[bytes]:
+        """Wait for every record still in flight (at close or on a device move), oldest first."""
+        done = []
         while self._pending:
             ev, k, host = self._pending.popleft()
             ev.synchronize()
-            self._emit(k, host, publish)
+            done.append(self._landed(k, host))
+        return done
 
-    def _emit(self, k: int, host: np.ndarray, publish: Callable[[memoryview], None]) -> None:
+    def _landed(self, k: int, host: np.ndarray) -> bytes:
+        """The record whose device block landed in pinned slot ``k``, with its host part."""
         saved = self.host.copy()
         self.host[:] = host
         self._raw_view[:] = self._pinned[k].numpy()
-        publish(self.record_view)
+        record = bytes(self.record_view)
         self.host[:] = saved
+        return record

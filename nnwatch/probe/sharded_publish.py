@@ -83,31 +83,28 @@ class LateRecords:
         self._held: deque[tuple[np.ndarray, LaunchedStep]] = deque()
 
     def hold(
-        self,
-        record: memoryview,
-        launched_steps: dict[int, LaunchedStep],
-        active: bool | None,
-        publish: Callable[[memoryview], None],
-    ) -> None:
-        """A finished record: the older held ones are completed and published, this one is held
-        until its reduce is done (the next step), or published now if none was launched (taken
-        out of ``launched_steps``; ``active``: whether every rank watches, None before it is
-        known)."""
-        self.finish_all(publish)
+        self, record: bytes, launched_steps: dict[int, LaunchedStep], active: bool | None
+    ) -> list[bytes]:
+        """A finished record: the older held ones are completed and returned, oldest first; this
+        one is held until its reduce is done (the next step), or returned too if none was
+        launched (taken out of ``launched_steps``; ``active``: whether every rank watches, None
+        before it is known)."""
+        done = self.finish_all()
         step = int(_STEP.unpack_from(record, 0)[0])
         launched = launched_steps.pop(step, None)
         if launched is None:
             if active is False:
                 held = np.frombuffer(bytearray(record), dtype=np.uint8)
                 self.not_measured(held)
-                publish(held.data)
-                return
-            publish(record)
-            return
+                record = held.tobytes()
+            done.append(record)
+            return done
         self._held.append((np.frombuffer(bytearray(record), dtype=np.uint8), launched))
+        return done
 
-    def finish_all(self, publish: Callable[[memoryview], None], timeout: float | None = None) -> None:
-        """Complete and publish every held record, oldest first."""
+    def finish_all(self, timeout: float | None = None) -> list[bytes]:
+        """Complete every held record; they are returned oldest first."""
+        done = []
         while self._held:
             held, s = self._held.popleft()
             try:
@@ -117,7 +114,8 @@ class LateRecords:
                     self.not_measured(held)
             except Exception as exc:  # noqa: BLE001 - the record goes out with local numbers
                 self.say(f"could not complete the step's norms: {exc!r}")
-            publish(held.data)
+            done.append(held.tobytes())
+        return done
 
     def _field(self, held: np.ndarray, view: torch.Tensor, dtype: Any) -> np.ndarray:
         """The numpy view of ``held`` at the place ``view`` (a part of the device block, on the

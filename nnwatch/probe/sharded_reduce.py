@@ -27,7 +27,7 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -294,14 +294,15 @@ class ShardedReduce:
             log.warning("nnwatch: sharded parameters: %s", message)
 
     # -- publishing, a step late -----------------------------------------------------------------
-    def hold(self, record: memoryview, publish: Callable[[memoryview], None]) -> None:
-        """A finished record: see :meth:`LateRecords.hold`."""
-        self.late.hold(record, self._launched, self.active, publish)
+    def hold(self, record: bytes) -> list[bytes]:
+        """A finished record; the records now whole are returned: see :meth:`LateRecords.hold`."""
+        return self.late.hold(record, self._launched, self.active)
 
-    def close(self, publish: Callable[[memoryview], None]) -> None:
+    def close(self) -> list[bytes]:
         """At the end of the run: the last records, waited for a bounded time."""
-        self.late.finish_all(publish, CLOSE_WAIT_S)
+        done = self.late.finish_all(CLOSE_WAIT_S)
         self._launched.clear()
+        return done
 
 
 def _mesh_group(mesh: Any, dist: Any) -> Any:

@@ -169,7 +169,8 @@ class StepCycle:
 
     def _follow_move(self, device: torch.device) -> None:
         """The model moved to another device: the record's buffers and statistics follow it."""
-        self.buffers.move_to(device, self.publish)
+        for record in self.buffers.move_to(device):
+            self.publish(record)
         self.layers.refresh(self.buffers.dev.device)
 
     def on_backward(self, param: torch.Tensor) -> None:
@@ -298,9 +299,10 @@ class StepCycle:
             self._launched = True
             self.shards.launch(self.step_index)
         # a light step wrote only the loss (and AMP fields), which the next step overwrites
-        self.buffers.commit(
-            self.publish, reset=measured or sampled or rec.done or rec.clip_seen or loss is None
-        )
+        for done in self.buffers.commit(
+            reset=measured or sampled or rec.done or rec.clip_seen or loss is None
+        ):
+            self.publish(done)
         self._after_step(now, t0)
 
     def _owed_norms(self, rec: GradientRecorder, measure: bool) -> None:
@@ -349,22 +351,28 @@ class StepCycle:
         if channel is not None:  # commands from monitors, applied here; a pause holds the thread
             channel.at_step_boundary(commands)
 
-    def publish(self, record: memoryview) -> None:
+    def publish(self, record: bytes) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail
         (a sharded model's a step late, once its whole norms are in)."""
-        if self.shards is not None:
-            self.shards.hold(record, self.publish_now)
-        else:
-            self.publish_now(record)
+        for data in self.shards.hold(record) if self.shards is not None else (record,):
+            self._out(data)
 
-    def publish_now(self, record: memoryview) -> None:
-        data = bytes(record)
+    def _out(self, data: bytes) -> None:
         # the loss as published (on a GPU one step late, so reading it costs no sync)
         self.schedule.on_loss(
             int(_STEP_FIELD.unpack_from(data, 0)[0]),
             _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
         )
         self.files.publish(data)
+
+    def finish_records(self) -> None:
+        """At the end of the run: the records still in flight, and the sharded ones still held
+        (their reduce waited for a bounded time), published."""
+        for record in self.buffers.flush():
+            self.publish(record)
+        if self.shards is not None:
+            for data in self.shards.close():
+                self._out(data)
 
 
 # -- cold parts of the step: the first step's setup and the early steps' check -------------------

@@ -240,9 +240,7 @@ class WatchedRun:
         parts.sysmon.stop()
         cycle = parts.cycle
         try:
-            parts.buffers.flush(cycle.publish)
-            if cycle.shards is not None:  # the last records, their reduce waited for
-                cycle.shards.close(cycle.publish_now)
+            cycle.finish_records()
         except Exception:  # noqa: BLE001
             pass
         share = parts.schedule.budget.own_share
