@@ -168,9 +168,8 @@ class LiveSource(RunSource):
         if self._reader is None and self.ring_path.exists():
             self._open_ring()
         if self._reader is not None:
-            records = self._reader.read()
-            if len(records):
-                scalars, layers = split_records(records, schema)
+            scalars, layers = self._reader.read_rows(schema)
+            if len(scalars):
                 if self._check_gap:  # the log was read after the ring: did it reach the ring?
                     self._check_gap = False
                     first = float(scalars[FieldName.STEP][0])
@@ -254,14 +253,6 @@ class LiveSource(RunSource):
 
 #: Waits between reconnection attempts after the stream was lost (then the last one, repeated).
 BACKOFF = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-
-
-def _split(rows: np.ndarray, schema: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``split_records`` that takes 0 rows too (a message may carry none)."""
-    if not len(rows):
-        dtypes = schema_dtypes(schema)
-        return np.zeros(0, dtypes[0]), np.zeros(0, dtypes[1])
-    return split_records(rows, schema)
 
 
 class ConnectedSource(RunSource):
@@ -358,7 +349,7 @@ class ConnectedSource(RunSource):
             self._dropped += int(msg.get("dropped") or 0)  # an older stream's count
             if isinstance(msg.get("next_seq"), int):
                 self._next_seq = int(msg["next_seq"])
-            scalars, layers = _split(msg["rows"], self._meta.schema)
+            scalars, layers = split_records(msg["rows"], self._meta.schema)
             scalar_parts.append(self._filter.scalars(scalars))
             layer_parts.append(self._filter.layers(layers))
         elif kind == "gap":

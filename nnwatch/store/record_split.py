@@ -31,6 +31,8 @@ def split_records(rows: np.ndarray, schema: RunSchema) -> tuple[np.ndarray, np.n
     """
     n = len(rows)
     scalar_dtype, row_dtype = schema_dtypes(schema)
+    if not n:  # a read or a message that carried none (its dtype may be any)
+        return np.zeros(0, scalar_dtype), np.zeros(0, row_dtype)
     rows = np.ascontiguousarray(rows)
     raw = rows.view(np.uint8).reshape(n, schema.record_size)
     scalars = np.empty(n, dtype=scalar_dtype)

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from nnwatch.store.disk_errors import is_tmpfs
+from nnwatch.store.record_split import split_records
 from nnwatch.store.ring_layout import (
     CONST_OFF,
     ERRORS,
@@ -47,7 +48,7 @@ from nnwatch.store.ring_layout import (
     VERSION,
     RingError,
 )
-from nnwatch.store.schema import RunMeta
+from nnwatch.store.schema import RunMeta, RunSchema
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,11 @@ class RingReader:
     def read(self, max_records: int | None = None) -> np.ndarray:
         """New records as a structured array (``meta.schema.record_dtype()``); may be empty."""
         return self.read_batch(max_records).records
+
+    def read_rows(self, schema: RunSchema) -> tuple[np.ndarray, np.ndarray]:
+        """New records as the run log keeps them: (scalar rows, layer rows); either may be
+        empty. A monitor reads these, not the raw records."""
+        return split_records(self.read(), schema)
 
     def read_batch(self, max_records: int | None = None) -> RingBatch:
         """New records plus what was dropped or torn since the previous read."""
