@@ -292,7 +292,7 @@ class RunFiles:
                 early.append(event)
             return
         if self.log is not None:
-            self.log.event(event)  # monitors read events from events.jsonl
+            self.log.events.event(event)  # monitors read events from events.jsonl
 
     def close(self, status: str, step: int, ending: dict[str, Any]) -> None:
         """After the last records were flushed: detectors, log (``end.json``), export, channel."""

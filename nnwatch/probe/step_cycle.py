@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import struct
 import time
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
@@ -266,7 +267,7 @@ class StepCycle:
         rec, sched, record = self.grads, self.schedule, self.record
         record.loss(loss)
         measure = rec.measure = sched.measure
-        self._owed_norms(rec, measure)
+        _owed_norms(self, rec, measure)
         if self.scaler is not None:
             record.amp()
         shares = NO_SHARES
@@ -305,25 +306,6 @@ class StepCycle:
             self.publish(done)
         self._after_step(now, t0)
 
-    def _owed_norms(self, rec: GradientRecorder, measure: bool) -> None:
-        """The gradient norms w.step() takes itself: the closure's last evaluation (LBFGS), the
-        update boundary of a run without an optimizer, or the global norm that no update hook
-        took; a step with no backward() has none, and says so once."""
-        if self.closure_step:
-            if measure and self.backward_seen and not rec.clip_seen:
-                rec.measure_now(unscale=True)  # the closure's last evaluation
-        elif self.optimizer is None and self.backward_seen:
-            rec.at_update()  # without an optimizer, w.step() is the update boundary
-        elif not rec.done and (measure or self.backward_seen):
-            if self.backward_seen or not self.has_params:
-                rec.measure_now(layers=measure)  # the global norm on every step
-            else:
-                self.owner.warn_once(
-                    "no-backward",
-                    "w.step() was called with no backward() since the previous step; gradient "
-                    "norms are not recorded for such steps",
-                )
-
     def _after_step(self, now: float, t0: float) -> None:
         sched, layers, snaps = self.schedule, self.layers, self.snapshots
         measured, sampled = sched.measure, sched.sampled
@@ -354,16 +336,15 @@ class StepCycle:
     def publish(self, record: bytes) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail
         (a sharded model's a step late, once its whole norms are in)."""
-        for data in self.shards.hold(record) if self.shards is not None else (record,):
-            self._out(data)
+        self._out(self.shards.hold(record) if self.shards is not None else (record,))
 
-    def _out(self, data: bytes) -> None:
-        # the loss as published (on a GPU one step late, so reading it costs no sync)
-        self.schedule.on_loss(
-            int(_STEP_FIELD.unpack_from(data, 0)[0]),
-            _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
-        )
-        self.files.publish(data)
+    def _out(self, records: Iterable[bytes]) -> None:
+        for data in records:  # the loss as published (on a GPU a step late: read without a sync)
+            self.schedule.on_loss(
+                int(_STEP_FIELD.unpack_from(data, 0)[0]),
+                _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
+            )
+            self.files.publish(data)
 
     def finish_records(self) -> None:
         """At the end of the run: the records still in flight, and the sharded ones still held
@@ -371,11 +352,30 @@ class StepCycle:
         for record in self.buffers.flush():
             self.publish(record)
         if self.shards is not None:
-            for data in self.shards.close():
-                self._out(data)
+            self._out(self.shards.close())
 
 
-# -- cold parts of the step: the first step's setup and the early steps' check -------------------
+# -- outside the class: the norms w.step() owes, the first step's setup, the early steps' check ----
+def _owed_norms(cycle: StepCycle, rec: GradientRecorder, measure: bool) -> None:
+    """The gradient norms w.step() takes itself: the closure's last evaluation (LBFGS), the
+    update boundary of a run without an optimizer, or the global norm that no update hook
+    took; a step with no backward() has none, and says so once."""
+    if cycle.closure_step:
+        if measure and cycle.backward_seen and not rec.clip_seen:
+            rec.measure_now(unscale=True)  # the closure's last evaluation
+    elif cycle.optimizer is None and cycle.backward_seen:
+        rec.at_update()  # without an optimizer, w.step() is the update boundary
+    elif not rec.done and (measure or cycle.backward_seen):
+        if cycle.backward_seen or not cycle.has_params:
+            rec.measure_now(layers=measure)  # the global norm on every step
+        else:
+            cycle.owner.warn_once(
+                "no-backward",
+                "w.step() was called with no backward() since the previous step; gradient "
+                "norms are not recorded for such steps",
+            )
+
+
 def _first_step(cycle: StepCycle, loss: Any) -> None:
     """The first step: the loss's form read from its graph, the parameters ``zero_grad()``
     clears, and the run (its files) started."""

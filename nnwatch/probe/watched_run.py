@@ -164,7 +164,7 @@ class WatchedRun:
             return
         if self.files.log is not None:  # its writer's CPU counts against the same budget
             parts.schedule.budget.background = self.files.log.recent_cpu
-            self.findings.write_to(self.files.log)
+            self.findings.write_to(self.files.log.events)
         start_outputs(
             self, parts, DiagnosedView(self),
             resumed=self._resumed, clip_before_unscale=self._clip_before_unscale,

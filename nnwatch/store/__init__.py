@@ -6,7 +6,8 @@
   files there (no link, no FIFO, sized by their data) and cleans their strings for terminals.
 - :mod:`~nnwatch.store.child_python`: how a Python process of nnwatch's own is started, never
   importing from the working directory.
-- :mod:`~nnwatch.store.runlog`: the append-only run log (scalars, layer rows, events, end).
+- :mod:`~nnwatch.store.runlog`: the append-only run log (scalars, layer rows, end), and
+  :mod:`~nnwatch.store.event_appender`, its ``events.jsonl`` (appended from any thread).
 - :mod:`~nnwatch.store.ring` (writer), :mod:`~nnwatch.store.ring_reader`,
   :mod:`~nnwatch.store.ring_layout` (the bytes both agree on): one mmap'd ring per rank, written
   without ever waiting.

@@ -2,9 +2,11 @@
 
 Findings come from the detectors (on the run log's writer thread, or from their own process
 through the judge link), the cross-rank check and the probe (on the training thread). Each is
-kept here and written straight to the run's event file, so a finding goes from the detector that
-made it to the file monitors read without passing back up through the probe. One that comes
-before the run log opens (a clip seen before the first ``w.step()``) waits here until it does.
+kept here and appended straight to the run's event file (the
+:class:`~nnwatch.store.event_appender.EventAppender`, not the run log that fed the detectors), so
+a finding goes from the detector that made it to the file monitors read without passing back
+through the probe or the log. One that comes before the run's files open (a clip seen before the
+first ``w.step()``) waits here until they do.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ EARLY_LIMIT = 1000
 
 
 class EventWriter(Protocol):
-    """Where a finding's line goes (the run log's ``event``)."""
+    """Where a finding's line goes (the run's ``EventAppender``)."""
 
     def event(self, event: Event) -> None: ...
 
@@ -36,9 +38,9 @@ class FindingLog:
         self._writer: EventWriter | None = None
         self._early: list[Event] = []
         #: the detectors' thread and the training thread both add. Held only around the list and
-        #: the switch to the writer, never around a write: the run log takes its own lock to
-        #: write, and a write that fails (a full disk) reports itself with :meth:`keep` while
-        #: holding it, so writing under this one could wait on a thread that waits on us.
+        #: the switch to the writer, never around a write: the writer takes its own lock to
+        #: write, and a write that fails (a full disk) reports itself through :meth:`keep`, so
+        #: no write may wait on this lock while another thread holds it and waits to write.
         self._lock = threading.Lock()
 
     def add(self, finding: Finding) -> None:

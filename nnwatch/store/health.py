@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nnwatch.store.clean_text import loads
+from nnwatch.store.event_appender import EVENTS_FILE
 from nnwatch.store.events import Event, RunEnded, parse_line
 from nnwatch.store.identity import pid_checkable, same_process
 from nnwatch.store.ring_layout import ENDED
@@ -32,7 +33,6 @@ HEARTBEAT_STALE = 5.0
 HUNG_FACTOR = 20.0
 HUNG_MIN = 10.0
 END_FILE = "end.json"
-EVENTS_FILE = "events.jsonl"
 
 
 @dataclass(frozen=True)

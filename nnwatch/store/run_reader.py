@@ -19,12 +19,12 @@ import numpy as np
 from nnwatch.store.clean_text import loads
 from nnwatch.store.copy_note import read_copy_note
 from nnwatch.store.disk_errors import describe_os_error
+from nnwatch.store.event_appender import EVENTS_FILE
 from nnwatch.store.events import Event, FindingEvent
 from nnwatch.store.log_verify import _checksummed, _failed_checksums, _header_mismatch, _zero_tail
 from nnwatch.store.record_split import split_records
 from nnwatch.store.ring_layout import ring_path
 from nnwatch.store.runlog import (
-    EVENTS_FILE,
     FILE_HEADER,
     HEADER_SIZE,
     KIND_LAYERS,

@@ -9,7 +9,8 @@ Layout in the run directory:
 - ``scalars.crc``, ``layers.crc`` one 16-byte checksum entry per block of rows the writer
                   appended (u64 first row, u32 rows, u32 CRC32 of their bytes); format 2 only
 - ``events.jsonl`` findings, snapshots and commands, one JSON object per line (the types are in
-                  :mod:`nnwatch.store.events`)
+                  :mod:`nnwatch.store.events`), appended by the writer's
+                  :class:`~nnwatch.store.event_appender.EventAppender`
 - ``end.json``    written at a clean close; its absence with a dead pid means the run crashed.
                   Its space is reserved when the run starts (``.end.json.reserve``), so that a
                   disk that fills up during training cannot turn a clean end into "crashed".
@@ -36,14 +37,14 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nnwatch.store.disk_errors import describe_os_error
-from nnwatch.store.events import Event, LogFailed, as_event
+from nnwatch.store.event_appender import EventAppender, json_default
+from nnwatch.store.events import LogFailed
 from nnwatch.store.paths import (
     check_own_dir,
     create_exclusive,
@@ -68,7 +69,7 @@ FILE_HEADER = struct.Struct("<8sII")  # magic, row size, kind (0 scalars, 1 laye
 CRC_ENTRY = struct.Struct("<QII")  # checksum entry: first row, rows, CRC32
 KIND_SCALARS, KIND_LAYERS = 0, 1
 SCALARS_FILE, LAYERS_FILE, META_FILE = "scalars.bin", "layers.bin", "meta.json"
-EVENTS_FILE, END_FILE = "events.jsonl", "end.json"
+END_FILE = "end.json"
 END_RESERVE_FILE = ".end.json.reserve"
 #: Bytes kept for ``end.json`` from the start of the run (an exception's message is cut to fit).
 END_RESERVE = 16 * 1024
@@ -226,7 +227,6 @@ class RunLogWriter:
         #: costs now (the detectors may have moved to their own process since the first ones)
         self.recent_cpu_per_record = math.nan
         self.error: str | None = None
-        self._events_lock = threading.Lock()
         self.on_error: list[Any] = []
         #: Called in the writer thread with each batch of new records (a structured array);
         #: the detectors live here, off the training thread.
@@ -238,7 +238,9 @@ class RunLogWriter:
             self.run_dir / LAYERS_FILE, self._layer_row_dtype.itemsize, KIND_LAYERS
         )
         self._fd_s, self._fd_l = self._scalars.fd, self._layers.fd
-        self._fd_e = open_for_append(self.run_dir / EVENTS_FILE)
+        #: ``events.jsonl``: findings, commands and the run's end are appended there, from any
+        #: thread; a failed append is this log's failure too
+        self.events = EventAppender(self.run_dir, self._fail)
         self._end_reserve = _reserve_end(self.run_dir)
         self._thread = threading.Thread(target=self._run, name="nnwatch-log", daemon=True)
         self._thread.start()
@@ -263,21 +265,6 @@ class RunLogWriter:
         """Wake early enough that the log never lags the ring beside it by a whole ring."""
         self.wake_at = max(1, ring_slots // 4)
 
-    # -- any thread ------------------------------------------------------------------------------
-    def event(self, event: Event | Mapping[str, Any]) -> None:
-        """Append one event line (a typed event, or the dict of a line, as callers before the
-        types wrote); events are rare, so this writes synchronously. The line is stamped with
-        the time it is written, unless the event carries its own."""
-        fields = {"time": time.time(), **as_event(event).to_json()}
-        line = (json.dumps(fields, default=_json_default, sort_keys=True) + "\n").encode()
-        with self._events_lock:
-            if self._fd_e < 0:
-                return
-            try:
-                os.write(self._fd_e, line)
-            except OSError as exc:
-                self._fail(f"cannot append to {EVENTS_FILE}: {exc.strerror or exc}")
-
     def close(
         self, status: str = "finished", steps: int | None = None, details: dict[str, Any] | None = None
     ) -> None:
@@ -293,14 +280,10 @@ class RunLogWriter:
             log.error("nnwatch: the run log writer is stuck; %d record(s) not written", self.lost)
             return
         self._drain()
-        with self._events_lock:
-            self._scalars.close()
-            self._layers.close()
-            try:
-                os.close(self._fd_e)
-            except OSError:
-                pass
-            self._fd_s = self._fd_l = self._fd_e = -1
+        self._scalars.close()
+        self._layers.close()
+        self.events.close()
+        self._fd_s = self._fd_l = -1
         end = {
             **(details or {}), "status": status, "steps": steps, "ended": time.time(),
             "lost_records": self.lost,
@@ -392,11 +375,9 @@ class RunLogWriter:
         if self.error is None:
             self.error = message
             log.error("nnwatch: %s; training goes on, but this run's history stops here", message)
-            line = json.dumps({"time": time.time(), **LogFailed(error=message).to_json()}) + "\n"
-            try:  # an event line is small; on a disk that just filled it may still fit
-                os.write(self._fd_e, line.encode())
-            except OSError:
-                pass
+            # an event line is small: on a disk that just filled it may still fit (if not, the
+            # appender reports it here again, and the first failure stands)
+            self.events.event(LogFailed(error=message))
             for cb in self.on_error:
                 try:
                     cb(message)
@@ -441,13 +422,13 @@ def _reserve_end(run_dir: Path) -> int:
 def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
     """Write ``end.json``: into the reserved file, cut to size and renamed into place (no new
     space needed), else as a plain atomic write. A failure is logged, never raised."""
-    data = json.dumps(end, default=_json_default).encode()
+    data = json.dumps(end, default=json_default).encode()
     if len(data) > END_RESERVE:
         short = {k: (v[:200] if isinstance(v, str) else v) for k, v in end.items()}
-        data = json.dumps(short, default=_json_default).encode()
+        data = json.dumps(short, default=json_default).encode()
     if len(data) > END_RESERVE:
         keep = ("status", "steps", "ended", "lost_records", "reason")
-        data = json.dumps({k: end[k] for k in keep if k in end}, default=_json_default).encode()
+        data = json.dumps({k: end[k] for k in keep if k in end}, default=json_default).encode()
     reserve = run_dir / END_RESERVE_FILE
     if reserve_fd >= 0:
         try:
@@ -472,13 +453,3 @@ def _write_end(run_dir: Path, end: dict[str, Any], reserve_fd: int) -> None:
             unlink_file(reserve)
         except OSError:
             pass
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)

@@ -425,7 +425,7 @@ def write_run(
     steps = source.steps
     writer = RunLogWriter(run_dir, source.meta)
     for ev in source.events():
-        writer.event(ev)
+        writer.events.event(ev)
     if not bulk:
         for start in range(0, steps, chunk):
             for rec in source.records(start, min(steps, start + chunk)):

@@ -156,7 +156,7 @@ class _Controls:
             if self.log is not None:
                 # the line as nnwatch once wrote it ("name", not "command"): monitors and tests
                 # read that older form too (nnwatch.store.events types it the same)
-                self.log.event(
+                self.log.events.event(
                     {"type": "command", "name": c.name, "args": c.args, "step": self.step}
                 )
             c.reply(self.step, paused=self.paused)

@@ -131,7 +131,7 @@ def full_disk_run(tmpfs: Path, *, before: int = 40, after: int = 200) -> tuple[P
     meta = make_meta("full", 2)
     meta.pid = 999_999
     w = RunLogWriter(run_dir, meta, interval=60)
-    w.event({"type": "finding", "kind": "nan_loss", "severity": "critical", "step": 5,
+    w.events.event({"type": "finding", "kind": "nan_loss", "severity": "critical", "step": 5,
              "summary": "the loss is NaN"})  # fmt: skip
     for r in records(meta, range(before)):
         w.put(r.tobytes())

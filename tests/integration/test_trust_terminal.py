@@ -41,7 +41,7 @@ def evil_run(root: Path) -> Path:
     rows["loss"] = 1.0
     for r in rows:
         writer.put(r.tobytes())
-    writer.event({"type": "finding", "kind": "loss_spike", "severity": "warning", "step": 3,
+    writer.events.event({"type": "finding", "kind": "loss_spike", "severity": "warning", "step": 3,
                   "summary": f"summary{EVIL}", "remedy": f"remedy{EVIL}", "evidence": {}})  # fmt: skip
     writer.close("crashed", 20)
     end = json.loads((run_dir / "end.json").read_text())

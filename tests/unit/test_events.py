@@ -69,7 +69,7 @@ def _written(tmp_path: Path, events: list[Event]) -> Path:
     """``events`` appended by the run log's own writer, as a trainer appends them."""
     writer = RunLogWriter(ensure_private_dir(tmp_path / "run"), make_meta("events", 2))
     for ev in events:
-        writer.event(ev)
+        writer.events.event(ev)
     writer.close()
     return tmp_path / "run" / "events.jsonl"
 

@@ -1,15 +1,15 @@
 """The run's findings have one owner, ``FindingLog``: one list, and one line each in the run's
-events, written straight to the run log (held until it opens), in the order they came."""
+events, appended straight to the run's event file (held until it opens), in the order they came."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
+from nnwatch.store.event_appender import EVENTS_FILE
 from nnwatch.store.events import FindingEvent
 from nnwatch.store.finding import Finding
 from nnwatch.store.finding_log import EARLY_LIMIT, FindingLog
-from nnwatch.store.health import EVENTS_FILE
 from nnwatch.store.run_reader import read_events as read_file
 from nnwatch.store.runlog import RunLogWriter
 from nnwatch.store.schema import RunMeta, RunSchema
@@ -34,7 +34,7 @@ def test_findings_before_the_log_opens_are_written_first_in_order(tmp_path: Path
     findings.add(_finding(0))
     findings.add(_finding(1))
     run_log = _log(tmp_path)
-    findings.write_to(run_log)
+    findings.write_to(run_log.events)
     findings.add(_finding(2))
     findings.keep(_finding(3, "nnwatch_error"))  # kept, with no line: the log is what failed
     run_log.close()
@@ -49,7 +49,7 @@ def test_a_run_whose_log_never_opens_holds_a_bounded_number(tmp_path: Path) -> N
         findings.add(_finding(i))
     assert len(findings.items) == EARLY_LIMIT + 50  # the list keeps them all
     run_log = _log(tmp_path)
-    findings.write_to(run_log)
+    findings.write_to(run_log.events)
     run_log.close()
     assert sum(isinstance(e, FindingEvent) for e in read_events(tmp_path)) == EARLY_LIMIT
 
@@ -57,7 +57,7 @@ def test_a_run_whose_log_never_opens_holds_a_bounded_number(tmp_path: Path) -> N
 def test_two_threads_adding_lose_nothing(tmp_path: Path) -> None:
     findings = FindingLog()
     run_log = _log(tmp_path)
-    findings.write_to(run_log)
+    findings.write_to(run_log.events)
 
     def add(base: int) -> None:
         for i in range(200):
@@ -90,14 +90,14 @@ def test_a_write_that_fails_can_report_itself_from_inside_add() -> None:
 
 
 def test_a_failing_write_on_another_thread_never_waits_on_an_add() -> None:
-    """The run log holds its own lock while it reports a failed write (``keep``); an ``add`` on
+    """A writer that holds its own lock while it reports a failed write (``keep``): an ``add`` on
     another thread that waits for that lock to write must not hold the findings' lock meanwhile."""
     findings = FindingLog()
     events_lock = threading.Lock()
 
     class LockedLog:
         def event(self, event: object) -> None:
-            with events_lock:  # the run log's lock around its write
+            with events_lock:  # the writer's lock around its write
                 pass
 
     findings.write_to(LockedLog())
