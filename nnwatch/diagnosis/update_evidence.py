@@ -20,24 +20,31 @@ mechanism only when the records show it:
 * and, for a loss that rises: an LR now well above the one the run was stable at, an update ratio
   ten times its stable level, weights that grow fast.
 
-A mechanism is a fact with its number, worded once here; the detectors decide what it explains.
+A mechanism is a fact with its number, worded once (here, or in :mod:`~nnwatch.diagnosis.mechanism`
+for those judged on this memory alone); the detectors decide what it explains.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from nnwatch.diagnosis.context import ADAPTIVE_OPTIMIZERS, SPARSE_GRAD_KINDS, RunContext
+from nnwatch.diagnosis.mechanism import (
+    MIN_UPDATES,
+    Mechanism,
+    labels_in_order,
+    loss_graph_faults,
+    median,
+    updates_frozen,
+    weights_pinned,
+)
 from nnwatch.diagnosis.row import Row
 from nnwatch.store.finding import fmt
 
 RECENT = 8  # measured updates judged together
-MIN_UPDATES = 3  # measured updates before any mechanism is named
-FROZEN_SHARE = 0.25  # a quarter of the elements an update should move, left unchanged
 NO_GRAD_SHARE = 0.01  # 1% of the trainable elements without a gradient at the update
 NO_GRAD_UPDATES = 5  # ... on this many measured updates in a row
 TINY_RATIO = 1e-5  # an update under 1e-5 of the weights (healthy ~1e-3)
@@ -45,7 +52,6 @@ LARGE_RATIO = 0.3  # an update of a third of the weights' norm
 #: an adaptive optimizer whose nominal step (the LR on every element) is half the weights' size
 #: themselves: its measured ratio falls once most units die, its LR stays the cause
 NOMINAL_RATIO = 0.5
-PINNED = 0.5  # the weights' norm at half of where the run began
 RISE_LR = 2.0  # an LR twice the one the run was stable at
 #: an update ratio ten times the run's stable one: more than an adaptive optimizer's own swing
 #: (Adam's step grows about 4x when a noisy gradient turns consistent, as on new data)
@@ -55,20 +61,6 @@ HISTORY = 64  # measured updates kept for the stable baseline
 LR_WINDOW = 32  # steps over which the LR's own swings are counted
 LR_MOVE = math.log(1.25)  # an LR step of a quarter or more, up or down
 LR_REVERSALS = 8  # ... going back and forth at least this often in the window
-ORDERED_SHARE = 0.5  # half of the labels' variance between batches: the data comes in order
-#: ... judged on batches of 8 samples or more: shuffled batches of B put about 1/B of the
-#: variance between them, a half for batches of two
-MIN_BATCH = 8
-
-
-@dataclass(frozen=True)
-class Mechanism:
-    """A mechanism the records show: a code, the sentence that says it, what to do."""
-
-    code: str
-    text: str
-    remedy: str
-    evidence: dict[str, float] = field(default_factory=dict)
 
 
 class UpdateEvidence:
@@ -179,7 +171,7 @@ class UpdateEvidence:
         return self.updates >= MIN_UPDATES and len(self.ratio) >= MIN_UPDATES
 
     def recent_ratio(self) -> float:
-        return _median(self.ratio)
+        return median(self.ratio)
 
     def stall(self, ctx: RunContext, lr: float) -> list[Mechanism]:
         """The mechanisms that explain a loss that does not fall, the most certain first."""
@@ -192,17 +184,17 @@ class UpdateEvidence:
                 "give the prediction and the target the same shape (pred.squeeze(-1) against a "
                 "(B,) target, or y.view(-1, 1)); torch's mse_loss warns about this mismatch",
             )
-        out: list[Mechanism | None] = [found, *_loss_graph(ctx)]
+        out: list[Mechanism | None] = [found, *loss_graph_faults(ctx)]
         if self.ready:
             # a huge LR kills units, after which the measured updates are tiny: large first
-            rounded = _frozen(self.frozen, ctx)
-            pinned = _pinned(self.weight_start, self.weight, ctx)
+            rounded = updates_frozen(self.frozen, ctx)
+            pinned = weights_pinned(self.weight_start, self.weight, ctx)
             out += [rounded, pinned, self._large(lr, ctx), self._tiny(lr)]
         return [m for m in out if m is not None]
 
     def _missing_gradients(self) -> Mechanism | None:
         if self.no_grad_run >= NO_GRAD_UPDATES and self.ran_without_grad >= NO_GRAD_UPDATES:
-            share = _median(self.no_grad)
+            share = median(self.no_grad)
             return Mechanism(
                 "params_without_grad",
                 f"{fmt(100 * share)}% of the trainable parameters the optimizer holds have never "
@@ -215,7 +207,7 @@ class UpdateEvidence:
                 {"share_without_grad": share},
             )
         if self.unoptimized_run >= NO_GRAD_UPDATES:
-            share = _median(self.unoptimized)
+            share = median(self.unoptimized)
             return Mechanism(
                 "params_not_in_optimizer",
                 f"{fmt(100 * share)}% of the model's parameters get gradients but are in no "
@@ -231,7 +223,7 @@ class UpdateEvidence:
         ratio = self.recent_ratio()
         if not ratio < TINY_RATIO or self._lr_rising(lr):
             return None  # a warmup from a tiny LR is not a stall: its updates grow by design
-        g = _median(self.grad_ratio)
+        g = median(self.grad_ratio)
         ev = {"update_to_weight_ratio": ratio, "grad_to_weight_ratio": g, "lr": lr}
         if math.isfinite(g) and g < TINY_RATIO and not (math.isfinite(lr) and lr * g >= ratio * 10):
             return Mechanism(
@@ -289,7 +281,7 @@ class UpdateEvidence:
         stayed their usual size; None: none was measured since (unknown)."""
         if self.rise(since, row.lr0) is not None:
             return True
-        then = _median([r for s, r in self.ratio_history if s < since][-RECENT:])
+        then = median([r for s, r in self.ratio_history if s < since][-RECENT:])
         now = _row_ratio(row, self._dense)
         if math.isfinite(now) and then > 0:
             return now >= RISE_RATIO * then
@@ -300,7 +292,7 @@ class UpdateEvidence:
         """What in the updates backs a loss that has risen since step ``since``: an LR now well
         above the one before, an update ratio several times its earlier level, growing weights."""
         before = [lr0 for s, lr0 in self.lr_at if s < since]
-        lr_then = _median(before[-RECENT:])
+        lr_then = median(before[-RECENT:])
         if math.isfinite(lr) and lr_then > 0 and lr >= RISE_LR * lr_then:
             return Mechanism(
                 "lr_rose",
@@ -310,8 +302,8 @@ class UpdateEvidence:
                 "lower its peak",
                 {"lr_before": lr_then, "lr": lr},
             )
-        then = _median([r for s, r in self.ratio_history if s < since][-RECENT:])
-        now = _median([r for s, r in self.ratio_history if s >= since])
+        then = median([r for s, r in self.ratio_history if s < since][-RECENT:])
+        now = median([r for s, r in self.ratio_history if s >= since])
         if then > 0 and now >= RISE_RATIO * then:
             return Mechanism(
                 "update_ratio_rose",
@@ -321,7 +313,7 @@ class UpdateEvidence:
                 "or clip the gradients",
                 {"update_ratio_before": then, "update_ratio_now": now},
             )
-        w_then = _median([w for s, w in self.weights if s < since][-RECENT:])
+        w_then = median([w for s, w in self.weights if s < since][-RECENT:])
         w_now = self.weight
         if w_then > 0 and w_now >= RISE_WEIGHTS * w_then:
             return Mechanism(
@@ -365,100 +357,9 @@ class UpdateEvidence:
         all of it lies between the batches."""
         if self._mix is not None and self._mix[0] == k:
             return self._mix[1]
-        found = _label_mix(self.labels, self.batch, k)
+        found = labels_in_order(self.labels, self.batch, k)
         self._mix = (k, found)
         return found
-
-
-def _label_mix(
-    labels: deque[tuple[float, float, float]], batch: float, k: int | None
-) -> Mechanism | None:
-    """The labels' variance between batches against that within them (see ``label_mix``)."""
-    if not k or k < 2 or len(labels) < 8 or not batch >= MIN_BATCH:
-        return None
-    means = [m for _, m, _ in labels]
-    mu = sum(means) / len(means)
-    between = sum((m - mu) ** 2 for m in means) / (len(means) - 1)
-    within = sum(v for _, _, v in labels) / len(labels)
-    share = between / (between + within) if between + within > 0 else 0.0
-    if share < ORDERED_SHARE:
-        return None
-    classes = math.exp(_median([e for e, _, _ in labels]))
-    return Mechanism(
-        "batches_not_shuffled",
-        f"the batches come in order of their labels: each holds about {fmt(classes)} of the "
-        f"{k} classes, and {fmt(100 * share)}% of the labels' variance lies between batches "
-        "(shuffled batches put all but about 1/batch-size of it within each one)",
-        "shuffle the data (DataLoader(..., shuffle=True), or a new random permutation each "
-        "epoch)",
-        {"label_variance_between_batches": share, "classes_per_batch": classes},
-    )
-
-
-def _frozen(frozen: deque[float], ctx: RunContext) -> Mechanism | None:
-    """Updates that leave a share of the weights they should move unchanged (``frozen``: that
-    share per recent measured update)."""
-    share = _median(frozen)
-    if not (len(frozen) >= MIN_UPDATES and share >= FROZEN_SHARE):
-        return None
-    ev = {"unchanged_share": share, "half_precision_share": ctx.half_precision_share}
-    if ctx.half_precision_share > 0:
-        return Mechanism(
-            "updates_rounded_away",
-            f"each update leaves {fmt(100 * share)}% of the weights it should move (those "
-            "with a non-zero gradient) bit for bit unchanged: in half precision an update "
-            "smaller than half the weight's last digit rounds away",
-            "keep the weights in float32 and compute in low precision with torch.autocast (or "
-            "keep float32 master weights); a larger LR only hides it",
-            ev,
-        )
-    return Mechanism(
-        "updates_rounded_away",
-        f"each update leaves {fmt(100 * share)}% of the weights it should move (those with a "
-        "non-zero gradient) bit for bit unchanged: their gradients are so small that LR x "
-        "gradient is below the weights' float32 precision",
-        "find why the gradient is so small (vanishing through saturated or deep layers, a "
-        "loss scaled down) before raising the LR",
-        ev,
-    )
-
-
-def _pinned(start: float, now: float, ctx: RunContext) -> Mechanism | None:
-    """Weights whose norm fell from ``start`` to ``now`` (half or less) under a weight decay."""
-    if not (ctx.weight_decay > 0 and start > 0 and now <= PINNED * start):
-        return None
-    return Mechanism(
-        "weights_pinned_by_decay",
-        f"the weights shrank from norm {fmt(start)} to {fmt(now)} ({fmt(now / start)}x) under "
-        f"weight_decay={fmt(ctx.weight_decay)}: the decay outweighs what the gradient adds",
-        f"lower weight_decay (={fmt(ctx.weight_decay)}; 1e-4 to 0.1 is usual, and far less "
-        "for SGD's coupled L2 than for AdamW), or check that it was not meant as the LR",
-        {"weight_norm_start": start, "weight_norm_now": now, "weight_decay": ctx.weight_decay},
-    )
-
-
-def _loss_graph(ctx: RunContext) -> list[Mechanism]:
-    """What the first loss's graph shows about a loss that cannot fall."""
-    out = []
-    if ctx.loss_detached:
-        out.append(Mechanism(
-            "loss_detached",
-            "the loss's graph never reaches the model's output: it was computed from a detached "
-            "copy (.data, .detach(), .item(), numpy) or made to require a gradient by hand, so "
-            "only its other terms (a weight penalty) reach the weights",
-            "compute the loss from the model's output tensor itself; if backward() complained "
-            "that the loss does not require grad, the detach is the bug (setting "
-            "loss.requires_grad = True only hides it)",
-        ))  # fmt: skip
-    if ctx.loss_squashed:
-        out.append(Mechanism(
-            "loss_squashed_twice",
-            f"{ctx.loss_squashed}: squashed twice, every prediction stays in a narrow band "
-            "near chance and its gradient shrinks",
-            "remove the model's last Sigmoid/Softmax (BCEWithLogitsLoss and CrossEntropyLoss "
-            "apply it themselves), or keep it and use BCELoss / NLLLoss on its log",
-        ))  # fmt: skip
-    return out
 
 
 def _adaptive_step(lr: float, ctx: RunContext) -> float:
@@ -490,9 +391,3 @@ def _run(values: deque[float], share: float, run: int) -> int:
     return run + 1 if share >= NO_GRAD_SHARE else 0
 
 
-def _median(values: deque[float] | list[float]) -> float:
-    v = sorted(x for x in values if math.isfinite(x))
-    if not v:
-        return math.nan
-    h = len(v) // 2
-    return v[h] if len(v) % 2 else 0.5 * (v[h - 1] + v[h])

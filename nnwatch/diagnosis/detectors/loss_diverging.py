@@ -62,8 +62,8 @@ from nnwatch.diagnosis.history import (
     kendall_tau,
     median,
 )
+from nnwatch.diagnosis.mechanism import Mechanism
 from nnwatch.diagnosis.row import Row
-from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 from nnwatch.store.schema import FieldName
 

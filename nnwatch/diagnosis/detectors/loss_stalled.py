@@ -55,8 +55,8 @@ from nnwatch.diagnosis.detectors.base import Detector, lr_now
 from nnwatch.diagnosis.differential import remedy_text
 from nnwatch.diagnosis.episode import Episode
 from nnwatch.diagnosis.history import RunHistory, linear_fit, median
+from nnwatch.diagnosis.mechanism import Mechanism
 from nnwatch.diagnosis.row import Row
-from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 from nnwatch.store.schema import FieldName
 

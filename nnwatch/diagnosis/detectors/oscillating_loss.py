@@ -52,8 +52,8 @@ from nnwatch.diagnosis.history import (
     lag1_autocorr,
     median,
 )
+from nnwatch.diagnosis.mechanism import Mechanism
 from nnwatch.diagnosis.row import Row
-from nnwatch.diagnosis.update_evidence import Mechanism
 from nnwatch.store.finding import Finding, fmt
 
 WINDOW = 24
