@@ -56,6 +56,9 @@ CHECK_UPDATES = 32  # steps over which w.step() calls without an optimizer step 
 class CycleOwner(Protocol):
     """What the step cycle needs of the watch around it."""
 
+    #: the number of the step being recorded: the run's, advanced here at each step's end
+    step_index: int
+
     @property
     def disabled(self) -> str | None: ...
 
@@ -114,7 +117,6 @@ class StepCycle:
         self.record = record
         self.files = files
         self.start_step = start_step
-        self.step_index = start_step
         self.batch_size = batch_size
         self.seq_first = seq_first
         self.has_layers = bool(plan.stat_modules)
@@ -257,7 +259,7 @@ class StepCycle:
 
     def _step(self, loss: Any, batch: Any, batch_size: int | None, t0: float) -> None:
         now = _now()
-        if not self.step_open and not self.backward_seen and self.step_index > self.start_step:
+        if not self.step_open and not self.backward_seen and self.owner.step_index > self.start_step:
             self.owner.warn_once(
                 "double-step",
                 "w.step() was called again with no forward or backward pass since the last call; "
@@ -289,7 +291,7 @@ class StepCycle:
             if sched.sampled:
                 sampled = layers.stats.finish(self.buffers.act_stats, self.buffers.act_dead)
         record.write_host(
-            self.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
+            self.owner.step_index, now, dt, bs, rec.threshold, sampled, measured, rec.kept, shares
         )
         if not self.layers.finalized:
             _first_step(self, loss)
@@ -298,7 +300,7 @@ class StepCycle:
             snaps.write(batch)  # a request that came mid-step waits for the next one
         if self.shards is not None:
             self._launched = True
-            self.shards.launch(self.step_index)
+            self.shards.launch(self.owner.step_index)
         # a light step wrote only the loss (and AMP fields), which the next step overwrites
         for done in self.buffers.commit(
             reset=measured or sampled or rec.done or rec.clip_seen or loss is None
@@ -311,10 +313,11 @@ class StepCycle:
         measured, sampled = sched.measure, sched.sampled
         layers.sums_stored = False
         self.guard.inputs = None
-        first = self.step_index == self.start_step  # it also sets up the run files: not a step's cost
+        owner = self.owner
+        first = owner.step_index == self.start_step  # it also sets up the run files: not a step's cost
         step_time = now - self.last_time
         self.last_time = now
-        self.step_index = index = self.step_index + 1
+        owner.step_index = index = owner.step_index + 1
         self.step_open = self.backward_seen = self.closure_step = False
         snaps.armed = False
         hooks = sched.advance(index, snaps.reason is not None) or layers.sums_always

@@ -93,11 +93,15 @@ class WatchedRun:
         self._ending_status: str | None = None  # how the run ended, once it has
         self._clip_before_unscale = False  # torch's clip was seen on still-scaled AMP gradients
         self._has_dir = False  # run_dir is None until the run has a directory of its own
+        #: the number of the step being recorded (the next ``w.step()``): the run's place, read
+        #: by every part, advanced by the step cycle at each step's end
+        self.step_index = 0
         self.parts = _builder.build(
             self, model, optimizer, scaler, options,
             snapshot_owner=SnapshotView(self), on_scaled_norm=self._on_scaled_norm,
         )  # fmt: skip
         self.schema = self.parts.buffers.schema  # the record's layout, fixed at the first step
+        self.step_index = self.parts.cycle.start_step  # a resumed run goes on from its last step
         self.parts.consistency = _builder.build_consistency(self, model, self.parts.plan, optimizer, options)
 
     def attach(self) -> bool:
@@ -128,11 +132,6 @@ class WatchedRun:
 
     # ------------------------------------------------------------------------------------------
     # what the parts read
-    @property
-    def step_index(self) -> int:
-        """The number of the step being recorded (the next ``w.step()``)."""
-        return self.parts.cycle.step_index
-
     @property
     def run_dir(self) -> Path | None:
         """The run's directory; None when monitoring is off and none was made."""
