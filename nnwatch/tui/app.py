@@ -127,7 +127,7 @@ class NNWatchApp(App[int]):
             ranks_interval=ranks_interval, job_views=job_views,
         )  # fmt: skip
         self.ctx = PaneContext(self.state, source, gpu_uuids=gpu_uuids)
-        self.steering = Steering(self, self.ctx)
+        self.steering = Steering(self, self.feeds, self.ctx)
         self.navigation = Navigation(self, self.ctx, decode=decode)
         self.overlays = Overlays(self, self.feeds, self.ctx, lister=lister, open_run=open_run)
         self.rank_switch = RankSwitch(self, self.feeds)

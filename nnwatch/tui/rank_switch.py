@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from nnwatch.sources.base import RunSource, SourceError
+from nnwatch.sources.base import SourceError
 from nnwatch.sources.live import LiveSource
 from nnwatch.tui.collectors import JobViewCollector
 from nnwatch.tui.feeds import Feeds
@@ -16,9 +16,6 @@ class RankHost(Notifier, Protocol):
     """What switching ranks needs of the app: a word to the user, and a main run that changed."""
 
     title: str
-
-    @property
-    def source(self) -> RunSource: ...
 
     def main_run_changed(self) -> None: ...
 
@@ -47,7 +44,7 @@ class RankSwitch:
             )
             return
         order = job.ranks
-        here = self.host.source.meta.rank
+        here = self.feeds.source.meta.rank
         i = order.index(here) if here in order else -1 if delta > 0 else 0
         self.switch(order[(i + delta) % len(order)])
 
@@ -61,7 +58,7 @@ class RankSwitch:
                 f"Rank {rank} is not on this machine.", title="rank", severity="warning"
             )
             return False
-        if rank == self.host.source.meta.rank:
+        if rank == self.feeds.source.meta.rank:
             return True
         try:
             source = LiveSource.from_info(info)

@@ -30,9 +30,9 @@ from nnwatch.tui.widgets.base import Outcome, PaneContext
 CMD_SNAPSHOT, CMD_PAUSE, CMD_RESUME, CMD_CLIP, CMD_ANOMALY = SNAPSHOT, PAUSE, RESUME, SET_CLIP, ANOMALY
 
 
-class SteeringHost(ScreenPusher, Protocol):
-    """What steering needs of the app: the main run (it changes with a rank switch or a swap),
-    dialogs, the outcome line, and the keys as the user mapped them."""
+class SteeredRun(Protocol):
+    """The main run steering sends to (the app's feeds: it changes with a rank switch or a
+    swap, so it is read at each key): its source, its state, and the collector that owns it."""
 
     @property
     def source(self) -> RunSource: ...
@@ -43,6 +43,11 @@ class SteeringHost(ScreenPusher, Protocol):
     @property
     def collector(self) -> SourceCollector: ...
 
+
+class SteeringHost(ScreenPusher, Protocol):
+    """What steering needs of the app: dialogs, the outcome line, and the keys as the user
+    mapped them."""
+
     def show_outcome(self, text: str, *, error: bool) -> None: ...
 
     def key_of(self, binding: Binding) -> str: ...
@@ -51,13 +56,14 @@ class SteeringHost(ScreenPusher, Protocol):
 class Steering:
     """Commands to the trainer, and their answers."""
 
-    def __init__(self, host: SteeringHost, ctx: PaneContext) -> None:
+    def __init__(self, host: SteeringHost, run: SteeredRun, ctx: PaneContext) -> None:
         self.host = host
+        self.run = run
         self.ctx = ctx
 
     def _send(self, name: str, **args: Any) -> None:
         self.ctx.outcome = Outcome(f"{name}: sent, waiting for the trainer…")
-        self.host.collector.command(name, args)
+        self.run.collector.command(name, args)
 
     def finished(self, message: CommandFinished) -> None:
         reply, name = message.reply, message.name
@@ -95,7 +101,7 @@ class Steering:
         self._send(CMD_SNAPSHOT, reason=f"key {self._current_key(CMD_SNAPSHOT)} in nnwatch")
 
     def _toggle_pause(self) -> None:
-        paused = self.host.state.status.state == "paused"
+        paused = self.run.state.status.state == "paused"
         verb = "Resume" if paused else "Pause"
         detail = (
             "Training continues from where it stopped."
@@ -110,11 +116,11 @@ class Steering:
                 self.host.show_outcome(f"{verb.lower()} cancelled", error=False)
 
         self.host.push_screen(
-            ConfirmScreen(f"{verb} training of {self.host.source.meta.name}?", detail), answer
+            ConfirmScreen(f"{verb} training of {self.run.source.meta.name}?", detail), answer
         )
 
     def _set_clip(self) -> None:
-        current = self.host.state.history.latest_finite(FieldName.CLIP_THRESHOLD)
+        current = self.run.state.history.latest_finite(FieldName.CLIP_THRESHOLD)
 
         def got_value(value: float | None) -> None:
             if value is None:
@@ -129,7 +135,7 @@ class Steering:
 
             self.host.push_screen(
                 ConfirmScreen(
-                    f"Clip gradients of {self.host.source.meta.name} at max norm {value:g}?",
+                    f"Clip gradients of {self.run.source.meta.name} at max norm {value:g}?",
                     "It applies from the next optimizer step, and shows in the records.",
                 ),
                 answer,
@@ -150,7 +156,7 @@ class Steering:
         if spec.required:
             self.host.show_outcome(
                 f"{name} needs {', '.join(spec.required)}; send it with "
-                f"`nnwatch ctl {self.host.source.meta.name} {spec.usage(name)}`",
+                f"`nnwatch ctl {self.run.source.meta.name} {spec.usage(name)}`",
                 error=True,
             )
             return
@@ -162,7 +168,7 @@ class Steering:
                 self.host.show_outcome(f"{name} cancelled", error=False)
 
         self.host.push_screen(
-            ConfirmScreen(f"Send {name} to {self.host.source.meta.name}?", spec.summary), answer
+            ConfirmScreen(f"Send {name} to {self.run.source.meta.name}?", spec.summary), answer
         )
 
 

@@ -27,13 +27,19 @@ class Sent:
         self.commands.append((name, args))
 
 
-class SmallHost:
-    """Just what ``SteeringHost`` asks for: the run, its collector, dialogs, outcomes, keys."""
+class SmallRun:
+    """Just what ``SteeredRun`` asks for: the run, its state, its collector."""
 
     def __init__(self) -> None:
         self.source = FixtureSource(10)
         self.state = RunState(self.source.meta)
         self.collector = Sent()
+
+
+class SmallHost:
+    """Just what ``SteeringHost`` asks for: dialogs, outcomes, keys."""
+
+    def __init__(self) -> None:
         self.outcomes: list[tuple[str, bool]] = []
         self.screens: list[Any] = []
 
@@ -48,15 +54,15 @@ class SmallHost:
 
 
 def test_steering_needs_only_its_narrow_host() -> None:
-    host = SmallHost()
-    ctx = PaneContext(host.state, host.source)
-    steering = Steering(host, ctx)  # type: ignore[arg-type]  # a FixtureSource stands for a RunSource
+    host, run = SmallHost(), SmallRun()
+    ctx = PaneContext(run.state, run.source)
+    steering = Steering(host, run, ctx)  # type: ignore[arg-type]  # a FixtureSource stands for a RunSource
     steering.steer("snapshot")
-    assert host.collector.commands == [("snapshot", {"reason": "key S in nnwatch"})]
+    assert run.collector.commands == [("snapshot", {"reason": "key S in nnwatch"})]
     assert ctx.outcome == Outcome("snapshot: sent, waiting for the trainer…")
     steering.steer("pause")  # asks first: a dialog, nothing sent yet
     (screen, answer), = host.screens
-    assert "Pause training" in str(screen.question) and len(host.collector.commands) == 1
+    assert "Pause training" in str(screen.question) and len(run.collector.commands) == 1
     answer(False)
     assert host.outcomes == [("pause cancelled", False)]
 
