@@ -446,7 +446,7 @@ def trainer_side_cost(root: Path, steps: int, rounds: int = 3) -> dict[str, dict
                     rec["step"] = n
                     rec["time"] = time.time()
                     t = clock()
-                    end.publish(view)
+                    end.ring.publish(view)
                     for cmd in end.server.drain() if end.server is not None else []:
                         cmd.reply(n)
                     times[i] = clock() - t

@@ -54,11 +54,12 @@ class CommandTarget(Protocol):
 class RunEndpoint:
     """Ring + heartbeat + command server + registry entry for the calling process's run.
 
-    ``publish`` and :meth:`at_step_boundary` are for the training thread: the second hands the
+    ``ring.publish`` and :meth:`at_step_boundary` are for the training thread: the second hands the
     commands that came to a target that applies them, and waits while it holds a pause (a
     synthetic ``resume`` arrives when the connection that paused closes, or stops renewing its
     lease). ``heartbeat=None`` leaves the beats to the caller (the probe beats from its system
-    sampler thread: ``ring.beat``).
+    sampler thread: ``ring.beat``). The ring's other parts (its capacity, the log's failure in
+    its header) are the ring's own: ``ring.slots``, ``ring.set_log_error``.
     """
 
     def __init__(
@@ -128,23 +129,7 @@ class RunEndpoint:
         except OSError as exc:
             log.warning("nnwatch: cannot register the run (%s); `nnwatch ls` will not list it", exc)
 
-    # -- training thread -------------------------------------------------------------------------
-    def publish(self, record: bytes | memoryview) -> None:
-        self.ring.publish(record)
-
-    def beat(self) -> None:
-        """One heartbeat (for a caller that beats from its own thread: ``heartbeat=None``)."""
-        self.ring.beat()
-
-    def set_log_error(self, why: str) -> None:
-        """Say in the ring header why the run log stopped (monitors show it)."""
-        self.ring.set_log_error(why)
-
-    @property
-    def slots(self) -> int:
-        """Records the ring holds: the log needs to keep at least what a monitor may miss."""
-        return self.ring.slots
-
+    # -- training thread: ``ring.publish`` (one call a record), then this at each step's end ----
     def at_step_boundary(self, target: CommandTarget, poll: float = 0.2) -> None:
         """Hand what monitors sent to ``target``, then hold the calling thread while the target
         is ``holding`` (a pause), handing it what arrives meanwhile; the ring says "paused"

@@ -93,7 +93,7 @@ def _make_channel(run: OutputsOwner, parts: Parts) -> RunEndpoint | None:
     try:
         assert run.meta is not None and run.run_dir is not None
         endpoint = RunEndpoint(run.meta, run.run_dir, heartbeat=None)
-        parts.sysmon.beats.append(endpoint.beat)
+        parts.sysmon.beats.append(endpoint.ring.beat)
         return endpoint
     except Exception as exc:  # noqa: BLE001 - a monitor is optional; training goes on without
         run.warn_once("channel", f"live monitoring is off: {exc!r}")

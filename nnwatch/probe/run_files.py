@@ -271,8 +271,8 @@ class RunFiles:
         if channel is not None:
             self.sinks.append(channel.ring.publish)  # the ring's own method: one call a record
             if self.log is not None:
-                self.log.keep_within(channel.slots)
-                self.log.on_error.append(channel.set_log_error)
+                self.log.keep_within(channel.ring.slots)
+                self.log.on_error.append(channel.ring.set_log_error)
 
     def flush_early(self) -> None:
         """The outputs started: write the events that came before the log."""

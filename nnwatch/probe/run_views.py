@@ -117,7 +117,7 @@ class SnapshotView:
         """Show ``why`` in the ring header, where monitors read the run's trouble."""
         channel = self._run.files.channel
         if channel is not None:
-            channel.set_log_error(why)
+            channel.ring.set_log_error(why)
 
 
 class DiagnosedView:

@@ -120,7 +120,7 @@ def _open_run(
         (run_dir / "meta.json").write_text(meta.to_json())
     end = RunEndpoint(meta, run_dir, slots=args.slots or None, subscribe_mode=args.subscribe_mode)
     if log is not None:
-        log.keep_within(end.slots)
+        log.keep_within(end.ring.slots)
     return run_dir, log, end
 
 
@@ -190,7 +190,7 @@ def _step_loop(
         record[FieldName.LAYER_STATS] = 1.0 if step % c.layer_interval == 0 else 0.0
         record[FieldName.LAYER_SUMS] = 1.0
         record[FieldName.ACT_SUM] = step
-        end.publish(view)
+        end.ring.publish(view)
         if log is not None:
             log.put(bytes(view))
         end.at_step_boundary(c, poll=0.5)

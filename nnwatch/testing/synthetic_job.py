@@ -98,7 +98,7 @@ def _open_ranks(args: argparse.Namespace) -> list[_Rank]:
         run_dir = ensure_private_dir(root / f"{args.name}-{stamp}-{os.getpid()}-r{r}")
         log = RunLogWriter(run_dir, meta)
         end = RunEndpoint(meta, run_dir, serve=False)
-        log.keep_within(end.slots)
+        log.keep_within(end.ring.slots)
         record = np.zeros(1, meta.schema.record_dtype())
         ranks.append((r, run_dir, log, end, record))
     return ranks
@@ -132,7 +132,7 @@ def _step_ranks(args: argparse.Namespace, ranks: list[_Rank], steps: list[int]) 
             record[FieldName.RSS] = 2.0e8
             record[FieldName.LAYER_STATS], record[FieldName.LAYER_SUMS] = 0.0, 1.0
             view = record.view(np.uint8).data
-            end.publish(view)
+            end.ring.publish(view)
             log.put(bytes(view))
             last[r] = now
             steps[r] += 1
@@ -208,7 +208,7 @@ def _one_rank(args: argparse.Namespace) -> int:
     run_dir = ensure_private_dir(root / f"{args.name}-{os.getpid()}-r{rank}")
     log = RunLogWriter(run_dir, meta)
     end = RunEndpoint(meta, run_dir)
-    log.keep_within(end.slots)
+    log.keep_within(end.ring.slots)
     record = np.zeros(1, meta.schema.record_dtype())
     print(json.dumps({"run_dir": str(run_dir), "pid": os.getpid()}), flush=True)
     t0, step = time.monotonic(), 0
@@ -219,7 +219,7 @@ def _one_rank(args: argparse.Namespace) -> int:
             record[FieldName.STEP], record[FieldName.TIME] = step, time.time()
             record[FieldName.LOSS], record[FieldName.GRAD_NORM], record[FieldName.STEP_TIME] = 1.0, 1.0, 1.0 / args.rate
             view = record.view(np.uint8).data
-            end.publish(view)
+            end.ring.publish(view)
             log.put(bytes(view))
             step += 1
             time.sleep(1.0 / max(args.rate, 0.1))

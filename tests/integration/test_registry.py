@@ -58,7 +58,7 @@ def test_live_run_is_listed_with_step_and_rate(run_root: Path) -> None:
         rec = np.zeros(1, end.meta.schema.record_dtype())
         for s in range(5):
             rec["step"] = s
-            end.publish(memoryview(rec.view(np.uint8)))
+            end.ring.publish(memoryview(rec.view(np.uint8)))
             time.sleep(0.01)
         (info,) = registry.list_runs()
         assert info.live and info.state == "running"

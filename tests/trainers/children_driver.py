@@ -67,7 +67,7 @@ def stream(scratch: Path) -> int:
     end = RunEndpoint(meta, run_dir, root=scratch / "root", subscribe_mode="process")
     try:
         for step in range(10):
-            end.publish(record(meta.schema.record_dtype(), step, 1.0))
+            end.ring.publish(record(meta.schema.record_dtype(), step, 1.0))
         assert end.socket_path is not None, end.problem
         sub = Subscription(end.socket_path, history=True)
         got = 0
