@@ -1,7 +1,8 @@
 """Commands from monitors (``nnwatch.channel.commands``), applied by the training thread.
 
-The channel link drains the command socket at a step boundary and hands each validated command
-to :meth:`CommandHandler.apply`; a reply says at which step it took effect. This part owns what
+At each step's end the step cycle hands this handler to the run's endpoint, which drains the
+command socket and gives it each validated command (:meth:`CommandHandler.apply_pending`); a
+reply says at which step it took effect. This part owns what
 the commands switch: the pause, the stop request and a bounded stretch of anomaly detection.
 """
 
