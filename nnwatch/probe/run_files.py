@@ -100,11 +100,18 @@ def choose_run_dir(
     """Make the run's directory: ``run_dir`` (or a fresh sibling when it holds a run), else a
     new one under the private root named after the run, its start time, pid and rank.
 
+    In a job of several ranks every rank is given the same ``run_dir`` (one script for all), and
+    none has written its ``meta.json`` yet when they choose: each rank gets ``<run_dir>-r<rank>``,
+    as the default directories are named, so that no two logs land in one directory.
+
     ``append``: ``run_dir`` is the run this watch continues (``resume=True``): its log will be
     appended to (see :func:`same_layout`).
     """
     if run_dir is not None:
         path = Path(run_dir).expanduser()
+        if rank.world_size > 1 and not append:
+            path = path.parent / f"{path.name}-r{rank.rank}"
+            warn("run-dir-rank", f"rank {rank.rank} of {rank.world_size} writes to {path}")
         if append and (path / "meta.json").exists():
             return make_run_dir(path)  # still ours, still not a symlink
         if (path / "meta.json").exists():  # an earlier run's directory: never mix two logs

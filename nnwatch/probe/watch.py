@@ -285,7 +285,8 @@ def watch(
     step, torch's own value), other clipping from the gradients measured when backward ends.
 
     ``options`` are the fields of :class:`~nnwatch.probe.options.WatchOptions`: ``name``,
-    ``num_classes`` (the first loss is then expected near ln K), ``run_dir``, ``layer_interval`` (full per-layer activation stats every N steps; by
+    ``num_classes`` (the first loss is then expected near ln K), ``run_dir`` (in a job of several
+    ranks, rank R writes to ``<run_dir>-rR``), ``layer_interval`` (full per-layer activation stats every N steps; by
     default every 10, stretched to at most 100 when the cost budget needs it; an explicit N is
     kept), ``stat_cap`` (elements per activation used for the stats), ``guard`` (one non-finite
     check before ``optimizer.step()``: on by default on the CPU, where it is free),

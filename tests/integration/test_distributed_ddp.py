@@ -8,6 +8,7 @@ false alarm.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -121,3 +122,52 @@ def test_torchrun_job_is_grouped_and_ranks_agree(
     text = "\n".join(lines)  # the two ranks' lines can arrive glued together
     assert "rank 0 checks 3 diverged 0" in text and "rank 1 checks 3 diverged 0" in text
     assert not view.cross_rank_findings
+
+
+SHARED_RUN_DIR = """
+import json, sys, torch, torch.nn as nn, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import nnwatch
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)
+norms = []
+with nnwatch.watch(model, opt, name="shared", run_dir=sys.argv[1]) as w:  # the same on both ranks
+    for step in range(20):
+        x, y = torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        opt.step()
+        w.step(loss)
+print(f"rank {rank} run_dir {w.run_dir} norms {json.dumps(norms)}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_one_run_dir_given_to_every_rank_keeps_each_ranks_log_apart(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """One script for every rank passes one ``run_dir``: each rank writes ``<run_dir>-r<rank>``
+    (two logs in one directory interleaved both ranks' rows under rank 0's description), and the
+    norms each records are the ones torch's clip returned on that rank, step by step."""
+    script = tmp_path / "train.py"
+    script.write_text(SHARED_RUN_DIR)
+    shared = tmp_path / "runs" / "exp"
+    done = subprocess.run(
+        [*TORCHRUN, str(script), str(shared)], cwd=tmp_path, env=subprocess_env,
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.findall(r"rank (\d) run_dir (\S+) norms (\[.*?\])", done.stdout)
+    assert sorted(rank for rank, _, _ in found) == ["0", "1"], done.stdout
+    assert not shared.exists()
+    for rank, run_dir, norms in found:
+        assert Path(run_dir) == tmp_path / "runs" / f"exp-r{rank}"
+        run = nnwatch.load_run(run_dir)
+        assert run.meta.rank == int(rank) and run["step"].tolist() == list(range(20))
+        np.testing.assert_allclose(run["grad_norm"], json.loads(norms), rtol=1e-6)
