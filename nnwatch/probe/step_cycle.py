@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import struct
 import time
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
@@ -339,15 +338,19 @@ class StepCycle:
     def publish(self, record: bytes) -> None:
         """One finished record: to the loss trend, the run log, the ring and the recent tail
         (a sharded model's a step late, once its whole norms are in)."""
-        self._out(self.shards.hold(record) if self.shards is not None else (record,))
+        if self.shards is None:
+            self._out(record)
+        else:
+            for data in self.shards.hold(record):
+                self._out(data)
 
-    def _out(self, records: Iterable[bytes]) -> None:
-        for data in records:  # the loss as published (on a GPU a step late: read without a sync)
-            self.schedule.on_loss(
-                int(_STEP_FIELD.unpack_from(data, 0)[0]),
-                _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
-            )
-            self.files.publish(data)
+    def _out(self, data: bytes) -> None:
+        # the loss as published (on a GPU a step late, so reading it costs no sync)
+        self.schedule.on_loss(
+            int(_STEP_FIELD.unpack_from(data, 0)[0]),
+            _LOSS_FIELD.unpack_from(data, self.buffers.schema.host_size)[0],
+        )
+        self.files.publish(data)
 
     def finish_records(self) -> None:
         """At the end of the run: the records still in flight, and the sharded ones still held
@@ -355,7 +358,8 @@ class StepCycle:
         for record in self.buffers.flush():
             self.publish(record)
         if self.shards is not None:
-            self._out(self.shards.close())
+            for data in self.shards.close():
+                self._out(data)
 
 
 # -- outside the class: the norms w.step() owes, the first step's setup, the early steps' check ----
