@@ -125,7 +125,7 @@ def test_torchrun_job_is_grouped_and_ranks_agree(
 
 
 SHARED_RUN_DIR = """
-import json, sys, torch, torch.nn as nn, torch.distributed as dist
+import json, os, sys, torch, torch.nn as nn, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 import nnwatch
 dist.init_process_group("gloo")
@@ -144,7 +144,8 @@ with nnwatch.watch(model, opt, name="shared", run_dir=sys.argv[1]) as w:  # the 
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
         opt.step()
         w.step(loss)
-print(f"rank {rank} run_dir {w.run_dir} norms {json.dumps(norms)}", flush=True)
+line = f"rank {rank} run_dir {w.run_dir} norms {json.dumps(norms)}\\n"
+os.write(1, line.encode())  # one write: the two ranks' lines never splice
 dist.destroy_process_group()
 """
 

@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import nnwatch
 from nnwatch.probe.watch import internals
+from tests.trainers.one_line import say
 
 
 def main() -> int:
@@ -71,10 +72,10 @@ def main() -> int:
     w = nnwatch.watch(model, opt, name="ddp", consistency_every=args.every) if watched else None
     with w or contextlib.nullcontext():
         if w is not None:
-            print(f"rank {rank} run_dir {w.run_dir}", flush=True)
+            say(f"rank {rank} run_dir {w.run_dir}")
         for step in range(args.steps):
             if step == args.hold_at and args.go is not None:
-                print(f"rank {rank} holding", flush=True)
+                say(f"rank {rank} holding")
                 while not args.go.exists():
                     time.sleep(0.05)
             x = torch.randn(8, 16, generator=gen)
@@ -105,7 +106,7 @@ def main() -> int:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, args.save)
     checks = 0 if check is None else len(check.results)
     diverged = 0 if check is None else sum(1 for r in check.results if r.diverged)
-    print(f"rank {rank} checks {checks} diverged {diverged}", flush=True)
+    say(f"rank {rank} checks {checks} diverged {diverged}")
     dist.destroy_process_group()
     return 0
 

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import nnwatch
 from nnwatch.probe.watch import internals
+from tests.trainers.one_line import say
 
 
 def stuck_loading_data() -> None:
@@ -65,7 +66,7 @@ def main() -> int:
     ) if watched else None
     with w or contextlib.nullcontext():
         if w is not None:
-            print(f"rank {rank} run_dir {w.run_dir}", flush=True)
+            say(f"rank {rank} run_dir {w.run_dir}")
         step = 0
         while args.steps <= 0 or step < args.steps:
             if rank == args.hang_rank and args.hang_file and os.path.exists(args.hang_file):
@@ -83,7 +84,7 @@ def main() -> int:
             step += 1
     check = internals(w).parts.consistency if w is not None else None
     launched = check.summary.launched if check is not None and check.summary is not None else 0
-    print(f"rank {rank} done summaries {launched}", flush=True)
+    say(f"rank {rank} done summaries {launched}")
     dist.destroy_process_group()
     return 0
 

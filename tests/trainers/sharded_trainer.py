@@ -43,6 +43,7 @@ from torch.distributed.tensor.parallel import (
 from torch.utils.checkpoint import checkpoint
 
 import nnwatch
+from tests.trainers.one_line import say
 
 
 class Block(nn.Module):
@@ -179,7 +180,7 @@ def main() -> int:
     w = nnwatch.watch(net, opt, name=f"sharded-{args.layout}", **every) if watched else None
     with w or contextlib.nullcontext():
         if w is not None:
-            print(f"rank {rank} run_dir {w.run_dir}", flush=True)
+            say(f"rank {rank} run_dir {w.run_dir}")
         for step in range(args.steps):
             x = torch.randn(4, 6, 8, generator=gen)
             y = torch.randint(0, 4, (4, 6), generator=gen)
@@ -210,7 +211,7 @@ def main() -> int:
             if w is not None:
                 w.step(full(loss).detach(), batch=(x, y))
     (args.out / f"ref-r{rank}.json").write_text(json.dumps(refs))
-    print(f"rank {rank} done", flush=True)
+    say(f"rank {rank} done")
     dist.destroy_process_group()
     return 0
 
