@@ -69,6 +69,4 @@ def json_default(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, np.ndarray):
         return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)
+    return str(obj)  # a path, or anything else a line may carry
