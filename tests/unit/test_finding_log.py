@@ -94,9 +94,11 @@ def test_a_failing_write_on_another_thread_never_waits_on_an_add() -> None:
     another thread that waits for that lock to write must not hold the findings' lock meanwhile."""
     findings = FindingLog()
     events_lock = threading.Lock()
+    writing = threading.Event()
 
     class LockedLog:
         def event(self, event: object) -> None:
+            writing.set()
             with events_lock:  # the writer's lock around its write
                 pass
 
@@ -104,7 +106,7 @@ def test_a_failing_write_on_another_thread_never_waits_on_an_add() -> None:
     events_lock.acquire()  # a write in progress on the log's side...
     adder = threading.Thread(target=findings.add, args=(_finding(1),), daemon=True)
     adder.start()
-    adder.join(0.2)  # ...the add now waits for the log's lock
+    assert writing.wait(30)  # ...the add has reached the log's write, and waits for its lock
     reported = threading.Event()
     threading.Thread(
         target=lambda: (findings.keep(_finding(2, "nnwatch_error")), reported.set()), daemon=True
